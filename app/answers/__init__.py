@@ -1,0 +1,1 @@
+"""Answering queries from a release (post-processing; no budget spent)."""

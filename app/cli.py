@@ -1,0 +1,5 @@
+"""The ``curator`` command."""
+
+
+def main() -> None:
+    raise SystemExit("curator: the command line is not assembled yet")

@@ -1,0 +1,1 @@
+"""Shared plumbing: database engine and sessions, errors, auth dependencies."""

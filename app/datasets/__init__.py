@@ -1,0 +1,1 @@
+"""Datasets: upload, schema validation, grants."""

@@ -1,0 +1,1 @@
+"""The append-only privacy budget ledger."""

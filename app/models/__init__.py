@@ -1,0 +1,1 @@
+"""SQLAlchemy ORM classes."""

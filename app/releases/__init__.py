@@ -1,0 +1,1 @@
+"""Release requests, their two worker stages and their artifacts."""

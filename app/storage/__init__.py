@@ -1,0 +1,1 @@
+"""Raw-data and artifact stores (encrypted raw files, Parquet/CSV artifacts)."""

@@ -1,0 +1,1 @@
+"""Users, API keys and roles."""

@@ -1,0 +1,1 @@
+"""Task queue (Huey) setup."""
