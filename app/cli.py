@@ -1,5 +1,189 @@
-"""The ``curator`` command."""
+"""The ``curator`` command: serve, worker, migrate, create-user, create-key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import uuid
+from collections.abc import Sequence
+
+from app import __version__
+from app.config import ConfigError, Settings, load_settings
+from app.core import migrations
+from app.core.services import Services, set_current
+from app.models import Role
+
+log = logging.getLogger("curator")
 
 
-def main() -> None:
-    raise SystemExit("curator: the command line is not assembled yet")
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"curator: {message}", file=sys.stderr)
+    return code
+
+
+def _settings() -> Settings:
+    settings = load_settings()
+    configure_logging(settings.log_level)
+    settings.prepare()
+    return settings
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    settings = _settings()
+    url = settings.resolved_database_url
+    migrations.upgrade(url, args.revision)
+    print(f"database at revision {migrations.current_revision(url)}")
+    return 0
+
+
+def _check_schema(settings: Settings, migrate: bool) -> int | None:
+    url = settings.resolved_database_url
+    if migrate:
+        migrations.upgrade(url)
+        return None
+    current, head = migrations.current_revision(url), migrations.head_revision(url)
+    if current != head:
+        return _fail(
+            f"the database is at revision {current}, the code needs {head}; run: curator migrate"
+        )
+    return None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = _settings()
+    refused = _check_schema(settings, migrate=not args.no_migrate)
+    if refused is not None:
+        return refused
+    app = create_app(settings, embedded_worker=not args.no_worker)
+    log.info(
+        "privacy curator %s on http://%s:%s (data in %s, %s, worker %s)",
+        __version__,
+        args.host,
+        args.port,
+        settings.data_dir.resolve(),
+        "PostgreSQL" if settings.resolved_database_url.startswith("postgresql") else "SQLite",
+        "off" if args.no_worker else "embedded",
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower())
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _settings()
+    refused = _check_schema(settings, migrate=False)
+    if refused is not None:
+        return refused
+    services = Services.build(settings)
+    set_current(services)
+    consumer = services.queue.consumer(args.threads or settings.worker_threads, embedded=False)
+    log.info(
+        "worker started (%s queue, tasks: %s)", services.queue.backend, services.queue.task_names
+    )
+    try:
+        consumer.run()
+    finally:
+        services.close()
+    return 0
+
+
+def cmd_create_user(args: argparse.Namespace) -> int:
+    from app.users import service
+
+    settings = _settings()
+    refused = _check_schema(settings, migrate=False)
+    if refused is not None:
+        return refused
+    services = Services.build(settings)
+    try:
+        with services.db.transaction() as session:
+            user, key, secret = service.create_user(session, args.name, Role(args.role), None)
+            out = {
+                "id": str(user.id),
+                "name": user.name,
+                "role": user.role,
+                "key_id": str(key.id),
+                "api_key": secret,
+            }
+    finally:
+        services.close()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"created {out['role']} {out['name']} ({out['id']})")
+        print(f"API key (shown once): {out['api_key']}")
+    return 0
+
+
+def cmd_create_key(args: argparse.Namespace) -> int:
+    from app.users import service
+
+    settings = _settings()
+    services = Services.build(settings)
+    try:
+        with services.db.transaction() as session:
+            key, secret = service.create_key(session, args.user_id, None)
+    finally:
+        services.close()
+    out = {"key_id": str(key.id), "api_key": secret}
+    print(json.dumps(out) if args.json else f"API key (shown once): {secret}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="curator", description="privacy curator service")
+    parser.add_argument("--version", action="version", version=f"curator {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the API with an embedded worker")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not upgrade the database first; refuse to start if it is not current",
+    )
+    serve.add_argument("--no-worker", action="store_true", help="run the API only")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run a worker (no API)")
+    worker.add_argument("--threads", type=int, default=None)
+    worker.set_defaults(func=cmd_worker)
+
+    migrate = sub.add_parser("migrate", help="upgrade the database schema")
+    migrate.add_argument("--revision", default="head")
+    migrate.set_defaults(func=cmd_migrate)
+
+    create_user = sub.add_parser("create-user", help="create a user and print its API key")
+    create_user.add_argument("--name", required=True)
+    create_user.add_argument("--role", required=True, choices=[r.value for r in Role])
+    create_user.add_argument("--json", action="store_true")
+    create_user.set_defaults(func=cmd_create_user)
+
+    create_key = sub.add_parser("create-key", help="issue another API key for a user")
+    create_key.add_argument("--user-id", required=True, type=uuid.UUID)
+    create_key.add_argument("--json", action="store_true")
+    create_key.set_defaults(func=cmd_create_key)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except ConfigError as exc:
+        code = _fail(f"configuration error: {exc}")
+    raise SystemExit(code)

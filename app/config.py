@@ -1,1 +1,156 @@
-"""Settings."""
+"""Settings, read from the environment (prefix ``CURATOR_``) and checked before anything starts.
+
+- ``CURATOR_DATA_DIR`` (default ``./curator-data``): encrypted datasets, artifacts, the
+  SQLite database and the SQLite job queue.
+- ``CURATOR_DATABASE_URL`` (default ``sqlite:///<DATA_DIR>/curator.db``): ``sqlite:///...``
+  or ``postgresql+psycopg://...``.
+- ``CURATOR_REDIS_URL`` (default unset): Redis for the job queue; unset means a SQLite
+  queue in DATA_DIR.
+- ``CURATOR_DATA_KEY`` (default: generated once into ``<DATA_DIR>/data.key``, mode 0600):
+  the Fernet key that protects raw files at rest.
+- ``CURATOR_MAX_UPLOAD_BYTES`` (default 1 GiB): larger uploads get 413.
+- ``CURATOR_LOG_LEVEL`` (default ``INFO``).
+- ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
+- ``CURATOR_QUEUE_NAME`` (default ``curator``): the queue's name (Redis key prefix), so
+  that several deployments can share one Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from cryptography.fernet import Fernet
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KEY_FILE_NAME = "data.key"
+
+
+class ConfigError(Exception):
+    """The configuration cannot work; the message says what to change."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CURATOR_", extra="ignore")
+
+    data_dir: Path = Path("./curator-data")
+    database_url: str | None = None
+    redis_url: str | None = None
+    data_key: SecretStr | None = None
+    max_upload_bytes: int = Field(default=1 << 30, gt=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    worker_threads: int = Field(default=1, ge=1, le=64)
+    queue_name: str = Field(default="curator", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("sqlite:", "postgresql")):
+            raise ValueError("must start with sqlite:/// or postgresql+psycopg://")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value == "":
+            return None
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    # Derived locations -----------------------------------------------------------------------
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'curator.db').resolve()}"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.data_dir / "datasets"
+
+    @property
+    def releases_dir(self) -> Path:
+        return self.data_dir / "releases"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.data_dir / "tmp"
+
+    @property
+    def queue_path(self) -> Path:
+        return self.data_dir / "queue.db"
+
+    def prepare(self) -> bytes:
+        """Create the data directories and return the Fernet key (bytes) for raw files.
+
+        Raises :class:`ConfigError` with a message that says what to fix.
+        """
+        try:
+            for path in (self.data_dir, self.datasets_dir, self.releases_dir, self.tmp_dir):
+                path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"CURATOR_DATA_DIR ({self.data_dir}) cannot be created: {exc.strerror}"
+            ) from exc
+        if not os.access(self.data_dir, os.W_OK):
+            raise ConfigError(f"CURATOR_DATA_DIR ({self.data_dir}) is not writable")
+        return self._load_key()
+
+    def _load_key(self) -> bytes:
+        if self.data_key is not None:
+            key = self.data_key.get_secret_value().encode()
+            _check_fernet_key(key, "CURATOR_DATA_KEY")
+            return key
+        key_file = self.data_dir / KEY_FILE_NAME
+        if key_file.exists():
+            mode = stat.S_IMODE(key_file.stat().st_mode)
+            if mode & 0o077:
+                raise ConfigError(
+                    f"{key_file} is readable by other users (mode {oct(mode)}); "
+                    f"run: chmod 600 {key_file}"
+                )
+            key = key_file.read_bytes().strip()
+            _check_fernet_key(key, str(key_file))
+            return key
+        key = Fernet.generate_key()
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(key + b"\n")
+        return key
+
+
+def _check_fernet_key(key: bytes, where: str) -> None:
+    try:
+        Fernet(key)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{where} is not a Fernet key (32 url-safe base64-encoded bytes); "
+            'generate one with: python -c "from cryptography.fernet import Fernet; '
+            'print(Fernet.generate_key().decode())"'
+        ) from exc
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment; raise :class:`ConfigError` on a bad value."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"CURATOR_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from exc
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return load_settings()

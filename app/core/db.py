@@ -1,0 +1,117 @@
+"""Database engine and transactions.
+
+One rule: services never commit, the caller owns the transaction. A request gets a
+session from :func:`get_session` (committed after the endpoint returns, before the
+response is sent; rolled back on any error); a worker stage uses
+:meth:`Database.transaction`. Work that must happen only once the transaction has
+committed (enqueueing a job) or undone when it rolls back (deleting a file written for
+it) is registered with :func:`on_commit` / :func:`on_rollback`.
+
+SQLite: every transaction starts with ``BEGIN IMMEDIATE``, so write transactions are
+serialised by the database itself (the budget check and the ledger append cannot
+interleave), with WAL journaling and a 30 s busy timeout. PostgreSQL: the ledger locks
+the dataset row with ``SELECT ... FOR UPDATE``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger("curator.db")
+
+_ON_COMMIT = "curator_on_commit"
+_ON_ROLLBACK = "curator_on_rollback"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine configured for this service (see the module docstring)."""
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+            # Take transaction control away from the sqlite3 module so that BEGIN is ours.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(connection: Any) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, **kwargs)
+
+
+def on_commit(session: Session, callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the session's transaction has committed."""
+    session.info.setdefault(_ON_COMMIT, []).append(callback)
+
+
+def on_rollback(session: Session, callback: Callable[[], None]) -> None:
+    """Run ``callback`` if the session's transaction rolls back (e.g. remove a written file)."""
+    session.info.setdefault(_ON_ROLLBACK, []).append(callback)
+
+
+def _run_hooks(session: Session, key: str) -> None:
+    hooks: list[Callable[[], None]] = session.info.pop(key, [])
+    session.info.pop(_ON_ROLLBACK if key == _ON_COMMIT else _ON_COMMIT, None)
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            log.exception("a %s hook failed", key.removeprefix("curator_"))
+
+
+class Database:
+    """An engine and its session factory."""
+
+    def __init__(self, url: str, **engine_kwargs: Any) -> None:
+        self.url = url
+        self.engine = make_engine(url, **engine_kwargs)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False, autoflush=True)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session whose transaction commits at the end of the block, or rolls back."""
+        session = self.sessions()
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            _run_hooks(session, _ON_ROLLBACK)
+            raise
+        else:
+            _run_hooks(session, _ON_COMMIT)
+        finally:
+            session.close()
+
+    def ping(self) -> None:
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def uses_row_locks(session: Session) -> bool:
+    """True on PostgreSQL (lock rows with ``FOR UPDATE``); False on SQLite, where the
+    ``BEGIN IMMEDIATE`` transaction already holds the database write lock."""
+    return session.get_bind().dialect.name != "sqlite"

@@ -1,0 +1,149 @@
+"""One error base class and the handlers that render every error the same way.
+
+Every client-facing error is ``{"error": {"code": ..., "message": ..., ...}}``.
+4xx are the client's mistakes; 422 is payload validation; a 5xx is a bug, and its
+response says nothing about the cause (the log has the traceback, without the
+exception message, which could quote a data value).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("curator.errors")
+
+
+class ServiceError(Exception):
+    """Base of every error a service raises for the client."""
+
+    status_code: ClassVar[int] = 400
+    code: ClassVar[str] = "bad_request"
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, **self.extra}}
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status_code = 409
+    code = "conflict"
+
+
+class BudgetExhausted(ServiceError):
+    status_code = 409
+    code = "budget_exhausted"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class InvalidRequest(ServiceError):
+    """The request is well-formed JSON but asks for something impossible."""
+
+    status_code = 422
+    code = "invalid_request"
+
+
+class InvalidUpload(ServiceError):
+    """An uploaded file does not match its declared schema. ``problems`` lists each
+    problem as ``{"column", "problem", "rows"}``; never a value."""
+
+    status_code = 422
+    code = "invalid_upload"
+
+
+def error_responses(*errors: type[ServiceError]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for the errors an endpoint can raise."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for err in errors:
+        out.setdefault(err.status_code, {"description": err.code})
+    return out
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        location = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{location}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # The message names fields and rules only; pydantic's "input" (the submitted value)
+        # is deliberately left out.
+        body = {"error": {"code": "validation_error", "message": _validation_message(exc)}}
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "error")
+        message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        return JSONResponse(
+            {"error": {"code": code, "message": message}},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        log.error(
+            "unhandled %s on %s %s\n%s",
+            type(exc).__name__,
+            request.method,
+            request.url.path,
+            frames,
+        )
+        body = {"error": {"code": "internal_error", "message": "internal error; this is a bug"}}
+        return JSONResponse(body, status_code=500)

@@ -1,0 +1,52 @@
+"""Running Alembic from the service: ``curator migrate``, and the check ``serve`` makes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from app.core.db import make_engine
+
+
+def alembic_ini() -> Path:
+    """``CURATOR_ALEMBIC_INI`` or the ``alembic.ini`` next to the ``app`` package."""
+    explicit = os.environ.get("CURATOR_ALEMBIC_INI")
+    path = Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "alembic.ini"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"alembic.ini not found at {path}; set CURATOR_ALEMBIC_INI to its location"
+        )
+    return path
+
+
+def alembic_config(url: str, *, configure_logging: bool = False) -> Config:
+    config = Config(str(alembic_ini()))
+    config.attributes["url"] = url
+    config.attributes["configure_logging"] = configure_logging
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revision(url: str) -> str | None:
+    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+
+
+def current_revision(url: str) -> str | None:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

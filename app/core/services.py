@@ -1,0 +1,48 @@
+"""The process-wide services (settings, database, raw-data key, queue), outside FastAPI so
+that the worker builds the same thing the API does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.config import Settings
+from app.core.db import Database
+from app.worker.queue import Queue
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    data_key: bytes
+    queue: Queue
+
+    @classmethod
+    def build(cls, settings: Settings) -> Services:
+        """Prepare the data directory and key, connect the database, bind the queue.
+        Raises :class:`~app.config.ConfigError` when the configuration cannot work."""
+        key = settings.prepare()
+        return cls(
+            settings=settings,
+            db=Database(settings.resolved_database_url),
+            data_key=key,
+            queue=Queue(settings),
+        )
+
+    def close(self) -> None:
+        self.db.dispose()
+
+
+_current: Services | None = None
+
+
+def set_current(services: Services | None) -> None:
+    """Make ``services`` what worker tasks in this process use."""
+    global _current
+    _current = services
+
+
+def current() -> Services:
+    if _current is None:
+        raise RuntimeError("no services configured in this process (curator serve/worker set them)")
+    return _current

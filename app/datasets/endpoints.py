@@ -1,0 +1,151 @@
+"""Routes: datasets, their budgets and grants."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from app.core.deps import CuratorUser, CurrentUser, ServicesDep, SessionDep
+from app.core.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    InvalidUpload,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    UnsupportedMediaType,
+    error_responses,
+)
+from app.datasets import service
+from app.datasets.schemas import BudgetOut, BudgetUpdate, DatasetOut, GrantCreate, GrantOut
+from app.datasets.upload import receive_multipart
+
+router = APIRouter(prefix="/v1", tags=["datasets"], responses=error_responses(Unauthorized))
+
+_UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "schema"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "CSV (with a header row) or Parquet",
+                        },
+                        "schema": {
+                            "type": "string",
+                            "description": "JSON: {name, columns, budget, out_of_bounds}",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/datasets",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatasetOut,
+    responses=error_responses(
+        Forbidden, InvalidRequest, InvalidUpload, PayloadTooLarge, UnsupportedMediaType
+    ),
+    openapi_extra=_UPLOAD_BODY,
+)
+async def create_dataset(
+    request: Request, curator: CuratorUser, session: SessionDep, services: ServicesDep
+) -> DatasetOut:
+    """Upload a table with its declared schema and budget (multipart: ``file``, ``schema``)."""
+    upload = await receive_multipart(
+        request, services.settings.tmp_dir, services.settings.max_upload_bytes
+    )
+    try:
+        declaration = service.parse_declaration(upload.fields.get("schema"))
+        return await run_in_threadpool(
+            service.create_dataset, session, services, curator, declaration, upload
+        )
+    finally:
+        upload.discard()
+
+
+@router.get("/datasets", response_model=list[DatasetOut])
+def list_datasets(user: CurrentUser, session: SessionDep) -> list[DatasetOut]:
+    return service.list_datasets(session, user)
+
+
+@router.get(
+    "/datasets/{dataset_id}", response_model=DatasetOut, responses=error_responses(NotFound)
+)
+def get_dataset(dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> DatasetOut:
+    return service.get_dataset(session, user, dataset_id)
+
+
+@router.get(
+    "/datasets/{dataset_id}/budget", response_model=BudgetOut, responses=error_responses(NotFound)
+)
+def get_budget(dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> BudgetOut:
+    """Totals, spent, reserved, remaining, and every ledger entry."""
+    return service.get_budget(session, user, dataset_id)
+
+
+@router.patch(
+    "/datasets/{dataset_id}/budget",
+    response_model=BudgetOut,
+    responses=error_responses(NotFound, Forbidden, Conflict),
+)
+def update_budget(
+    dataset_id: uuid.UUID, body: BudgetUpdate, user: CurrentUser, session: SessionDep
+) -> BudgetOut:
+    """Change the totals: up freely, down never below spent + reserved."""
+    return service.update_budget(session, user, dataset_id, body.epsilon, body.delta)
+
+
+@router.get(
+    "/datasets/{dataset_id}/grants",
+    response_model=list[GrantOut],
+    responses=error_responses(NotFound, Forbidden),
+)
+def list_grants(dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> list[GrantOut]:
+    return [GrantOut.model_validate(g) for g in service.list_grants(session, user, dataset_id)]
+
+
+@router.post(
+    "/datasets/{dataset_id}/grants",
+    response_model=GrantOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        200: {"description": "the grant already existed"},
+        **error_responses(NotFound, Forbidden, InvalidRequest),
+    },
+)
+def create_grant(
+    dataset_id: uuid.UUID,
+    body: GrantCreate,
+    user: CurrentUser,
+    session: SessionDep,
+    response: Response,
+) -> GrantOut:
+    grant, created = service.grant(session, user, dataset_id, body.user_id)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return GrantOut.model_validate(grant)
+
+
+@router.delete(
+    "/datasets/{dataset_id}/grants/{user_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(NotFound, Forbidden),
+)
+def revoke_grant(
+    dataset_id: uuid.UUID, user_id: uuid.UUID, user: CurrentUser, session: SessionDep
+) -> Response:
+    service.revoke_grant(session, user, dataset_id, user_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

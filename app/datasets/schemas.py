@@ -1,0 +1,199 @@
+"""The curator's declared schema, and the datasets endpoints' bodies.
+
+The declaration is public by definition (bounds and categories are what the curator
+says, never what the data says, DESIGN §2 rule 1), so error messages about it may quote
+it; error messages about the *file* never quote a cell.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Category = Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
+
+MAX_COLUMNS = 2_000
+MAX_CATEGORIES = 10_000
+
+
+class ContinuousColumn(BaseModel):
+    """A real-valued column with public bounds; stored normalised to ``[-1, 1]``:
+    ``x' = 2 (x - lower) / (upper - lower) - 1``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ColumnName
+    kind: Literal["continuous"]
+    lower: float
+    upper: float
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ContinuousColumn:
+        if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
+            raise ValueError(f"column {self.name!r}: lower and upper must be finite numbers")
+        if not self.lower < self.upper:
+            raise ValueError(
+                f"column {self.name!r}: lower ({self.lower}) must be < upper ({self.upper})"
+            )
+        return self
+
+
+class CategoricalColumn(BaseModel):
+    """A column taking one of the declared categories; stored as the category's index.
+    Cells match categories by their text (``"3"`` matches category ``3``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ColumnName
+    kind: Literal["categorical"]
+    categories: Annotated[list[Category], Field(min_length=1, max_length=MAX_CATEGORIES)]
+
+    @model_validator(mode="after")
+    def _distinct(self) -> CategoricalColumn:
+        labels = [str(c) for c in self.categories]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"column {self.name!r}: categories must be distinct")
+        return self
+
+    @property
+    def labels(self) -> list[str]:
+        return [str(c) for c in self.categories]
+
+
+class BinaryColumn(BaseModel):
+    """A 0/1 column (cells ``0``, ``1``, ``true``, ``false``); stored as 0/1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ColumnName
+    kind: Literal["binary"]
+
+
+Column = Annotated[ContinuousColumn | CategoricalColumn | BinaryColumn, Field(discriminator="kind")]
+
+
+class BudgetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon: float
+    delta: float = 0.0
+
+    @model_validator(mode="after")
+    def _valid(self) -> BudgetIn:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"budget.epsilon ({self.epsilon}) must be a positive finite number")
+        if self.epsilon > 1e6:
+            raise ValueError(f"budget.epsilon ({self.epsilon}) must be at most 1e6")
+        if not (0.0 <= self.delta < 1.0):
+            raise ValueError(f"budget.delta ({self.delta}) must lie in [0, 1)")
+        return self
+
+
+class DatasetDeclaration(BaseModel):
+    """The ``schema`` form field of ``POST /v1/datasets``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+    columns: Annotated[list[Column], Field(min_length=1, max_length=MAX_COLUMNS)]
+    budget: BudgetIn
+    out_of_bounds: Literal["clip", "reject"] = "clip"
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> DatasetDeclaration:
+        counts = Counter(c.name for c in self.columns)
+        duplicates = sorted(name for name, count in counts.items() if count > 1)
+        if duplicates:
+            raise ValueError(f"duplicate column names in the schema: {duplicates}")
+        return self
+
+
+class BudgetSummary(BaseModel):
+    epsilon_total: float
+    delta_total: float
+    epsilon_spent: float
+    delta_spent: float
+    epsilon_reserved: float
+    delta_reserved: float
+    epsilon_remaining: float
+    delta_remaining: float
+
+
+class ValidationReport(BaseModel):
+    """What validation found. Shown to the dataset's curator only: clip counts are
+    exact statistics of the data."""
+
+    format: Literal["csv", "parquet"]
+    n_rows: int
+    clipped: dict[str, int]
+
+
+class DatasetOut(BaseModel):
+    id: uuid.UUID
+    name: str
+    kind: str
+    owner_id: uuid.UUID
+    columns: list[Column]
+    n_rows: int
+    out_of_bounds: Literal["clip", "reject"]
+    budget: BudgetSummary
+    created_at: datetime
+    validation: ValidationReport | None = Field(
+        default=None, description="present for the dataset's curator only"
+    )
+
+
+class LedgerEntryOut(BaseModel):
+    id: int
+    kind: Literal["reserve", "commit", "refund"]
+    release_id: uuid.UUID
+    epsilon: float
+    delta: float
+    actor: str
+    created_at: datetime
+
+
+class BudgetOut(BudgetSummary):
+    entries: list[LedgerEntryOut]
+
+
+class BudgetUpdate(BaseModel):
+    """New totals. A total may go up, or down to no less than spent + reserved."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon: float | None = None
+    delta: float | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> BudgetUpdate:
+        if self.epsilon is None and self.delta is None:
+            raise ValueError("give epsilon, delta or both")
+        if self.epsilon is not None and not (
+            math.isfinite(self.epsilon) and 0 < self.epsilon <= 1e6
+        ):
+            raise ValueError(f"epsilon ({self.epsilon}) must be a positive number up to 1e6")
+        if self.delta is not None and not (0.0 <= self.delta < 1.0):
+            raise ValueError(f"delta ({self.delta}) must lie in [0, 1)")
+        return self
+
+
+class GrantCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: uuid.UUID
+
+
+class GrantOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    dataset_id: uuid.UUID
+    user_id: uuid.UUID
+    granted_by: uuid.UUID
+    created_at: datetime

@@ -1,0 +1,263 @@
+"""Dataset use cases: upload, visibility, budget, grants.
+
+Visibility: a dataset is visible to its curator and to analysts it is granted to; to
+anyone else it does not exist (404, never 403). A granted analyst who attempts a
+curator's action gets 403 (they already know it exists).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.audit import record
+from app.core.db import on_rollback
+from app.core.errors import Forbidden, InvalidRequest, InvalidUpload, NotFound
+from app.core.services import Services
+from app.datasets.schemas import (
+    BudgetOut,
+    BudgetSummary,
+    DatasetDeclaration,
+    DatasetOut,
+    LedgerEntryOut,
+    ValidationReport,
+)
+from app.datasets.upload import ReceivedUpload
+from app.datasets.validation import validate_and_store
+from app.ledger import service as ledger
+from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
+from app.models import Dataset, Grant, Role, User
+
+
+def parse_declaration(raw: str | None) -> DatasetDeclaration:
+    """Parse the ``schema`` form field; 422 with every problem named."""
+    if raw is None:
+        raise InvalidRequest("the 'schema' form field is missing")
+    try:
+        return DatasetDeclaration.model_validate_json(raw)
+    except ValidationError as exc:
+        messages = []
+        for err in exc.errors(include_input=False, include_url=False):
+            location = ".".join(str(p) for p in err["loc"])
+            message = err["msg"].removeprefix("Value error, ")
+            messages.append(f"schema.{location}: {message}" if location else f"schema: {message}")
+        raise InvalidRequest("invalid schema: " + "; ".join(messages)) from None
+
+
+def create_dataset(
+    session: Session,
+    services: Services,
+    curator: User,
+    declaration: DatasetDeclaration,
+    upload: ReceivedUpload,
+) -> DatasetOut:
+    """Validate the uploaded file against the declaration, store it encrypted, record it.
+
+    Nothing is left behind on failure: the stored file is removed if validation fails or
+    the transaction rolls back.
+    """
+    if upload.file is None:
+        raise InvalidRequest("the 'file' part is missing")
+    dataset_id = uuid.uuid4()
+    storage_name = f"{dataset_id}.parquet"
+    destination = services.settings.datasets_dir / storage_name
+    on_rollback(session, lambda: destination.unlink(missing_ok=True))
+    with upload.file.open() as reader:
+        stored = validate_and_store(
+            reader,
+            upload.file.size,
+            declaration.columns,
+            declaration.out_of_bounds,
+            destination,
+            services.data_key,
+        )
+    report = ValidationReport(format=stored.format, n_rows=stored.n_rows, clipped=stored.clipped)
+    dataset = Dataset(
+        id=dataset_id,
+        owner_id=curator.id,
+        name=declaration.name,
+        kind="table",
+        columns=[c.model_dump() for c in declaration.columns],
+        n_rows=stored.n_rows,
+        out_of_bounds=declaration.out_of_bounds,
+        epsilon_total=epsilon_units(declaration.budget.epsilon, charge=False),
+        delta_total=delta_units(declaration.budget.delta, charge=False),
+        storage_name=storage_name,
+        validation=report.model_dump(),
+    )
+    if dataset.epsilon_total <= 0:
+        raise InvalidUpload("budget.epsilon is below the ledger's resolution (1e-12)")
+    session.add(dataset)
+    session.flush()
+    record(
+        session,
+        curator.id,
+        "dataset.create",
+        "dataset",
+        dataset.id,
+        n_columns=len(declaration.columns),
+        format=stored.format,
+        epsilon_total=declaration.budget.epsilon,
+        delta_total=declaration.budget.delta,
+    )
+    return to_out(session, dataset, curator)
+
+
+def can_see(session: Session, user: User, dataset: Dataset) -> bool:
+    if user.role == Role.curator:
+        return dataset.owner_id == user.id
+    if user.role == Role.analyst:
+        return session.get(Grant, (dataset.id, user.id)) is not None
+    return False
+
+
+def visible_dataset(session: Session, user: User, dataset_id: uuid.UUID) -> Dataset:
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None or not can_see(session, user, dataset):
+        raise NotFound("dataset not found")
+    return dataset
+
+
+def owned_dataset(session: Session, user: User, dataset_id: uuid.UUID) -> Dataset:
+    """The dataset, if ``user`` is its curator (404 if invisible, 403 if only granted)."""
+    dataset = visible_dataset(session, user, dataset_id)
+    if dataset.owner_id != user.id:
+        raise Forbidden("only the dataset's curator may do this")
+    return dataset
+
+
+def budget_summary(balance: ledger.Balance) -> BudgetSummary:
+    return BudgetSummary(
+        epsilon_total=epsilon_value(balance.epsilon_total),
+        delta_total=delta_value(balance.delta_total),
+        epsilon_spent=epsilon_value(balance.epsilon_spent),
+        delta_spent=delta_value(balance.delta_spent),
+        epsilon_reserved=epsilon_value(balance.epsilon_reserved),
+        delta_reserved=delta_value(balance.delta_reserved),
+        epsilon_remaining=epsilon_value(balance.epsilon_remaining),
+        delta_remaining=delta_value(balance.delta_remaining),
+    )
+
+
+def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
+    is_owner = dataset.owner_id == viewer.id
+    data: dict[str, Any] = {
+        "id": dataset.id,
+        "name": dataset.name,
+        "kind": dataset.kind,
+        "owner_id": dataset.owner_id,
+        "columns": dataset.columns,
+        "n_rows": dataset.n_rows,
+        "out_of_bounds": dataset.out_of_bounds,
+        "budget": budget_summary(ledger.balance(session, dataset)),
+        "created_at": dataset.created_at,
+        "validation": dataset.validation if is_owner else None,
+    }
+    return DatasetOut.model_validate(data)
+
+
+def list_datasets(session: Session, user: User) -> list[DatasetOut]:
+    if user.role == Role.curator:
+        stmt = select(Dataset).where(Dataset.owner_id == user.id)
+    elif user.role == Role.analyst:
+        stmt = (
+            select(Dataset)
+            .join(Grant, Grant.dataset_id == Dataset.id)
+            .where(Grant.user_id == user.id)
+        )
+    else:
+        return []
+    return [to_out(session, d, user) for d in session.scalars(stmt.order_by(Dataset.created_at))]
+
+
+def get_dataset(session: Session, user: User, dataset_id: uuid.UUID) -> DatasetOut:
+    return to_out(session, visible_dataset(session, user, dataset_id), user)
+
+
+def get_budget(session: Session, user: User, dataset_id: uuid.UUID) -> BudgetOut:
+    dataset = visible_dataset(session, user, dataset_id)
+    summary = budget_summary(ledger.balance(session, dataset))
+    entries = [
+        LedgerEntryOut(
+            id=e.id,
+            kind=e.kind,
+            release_id=e.release_id,
+            epsilon=epsilon_value(e.epsilon),
+            delta=delta_value(e.delta),
+            actor=e.actor,
+            created_at=e.created_at,
+        )
+        for e in ledger.entries(session, dataset.id)
+    ]
+    return BudgetOut(**summary.model_dump(), entries=entries)
+
+
+def update_budget(
+    session: Session,
+    user: User,
+    dataset_id: uuid.UUID,
+    epsilon: float | None,
+    delta: float | None,
+) -> BudgetOut:
+    owned_dataset(session, user, dataset_id)
+    ledger.set_totals(
+        session,
+        dataset_id,
+        epsilon_units(epsilon, charge=False) if epsilon is not None else None,
+        delta_units(delta, charge=False) if delta is not None else None,
+    )
+    record(
+        session,
+        user.id,
+        "dataset.budget_update",
+        "dataset",
+        dataset_id,
+        epsilon_total=epsilon,
+        delta_total=delta,
+    )
+    return get_budget(session, user, dataset_id)
+
+
+def list_grants(session: Session, user: User, dataset_id: uuid.UUID) -> list[Grant]:
+    owned_dataset(session, user, dataset_id)
+    return list(
+        session.scalars(
+            select(Grant).where(Grant.dataset_id == dataset_id).order_by(Grant.created_at)
+        )
+    )
+
+
+def grant(
+    session: Session, user: User, dataset_id: uuid.UUID, analyst_id: uuid.UUID
+) -> tuple[Grant, bool]:
+    """Grant an analyst read access; returns the grant and whether it is new."""
+    owned_dataset(session, user, dataset_id)
+    analyst = session.get(User, analyst_id)
+    if analyst is None:
+        raise InvalidRequest(f"user {analyst_id} does not exist")
+    if analyst.role != Role.analyst:
+        raise InvalidRequest(f"user {analyst_id} is not an analyst; only analysts get grants")
+    existing = session.get(Grant, (dataset_id, analyst_id))
+    if existing is not None:
+        return existing, False
+    new = Grant(dataset_id=dataset_id, user_id=analyst_id, granted_by=user.id)
+    session.add(new)
+    session.flush()
+    record(session, user.id, "grant.create", "dataset", dataset_id, user_id=str(analyst_id))
+    return new, True
+
+
+def revoke_grant(
+    session: Session, user: User, dataset_id: uuid.UUID, analyst_id: uuid.UUID
+) -> None:
+    owned_dataset(session, user, dataset_id)
+    existing = session.get(Grant, (dataset_id, analyst_id))
+    if existing is None:
+        raise NotFound("grant not found")
+    session.delete(existing)
+    session.flush()
+    record(session, user.id, "grant.delete", "dataset", dataset_id, user_id=str(analyst_id))

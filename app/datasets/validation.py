@@ -1,0 +1,393 @@
+"""Validate an uploaded table against its declared schema and store it normalised.
+
+One streaming pass over the file (CSV via pyarrow's incremental reader, Parquet by row
+group): every cell of every declared column is checked; continuous columns are
+normalised with the *declared* bounds, ``x' = 2 (x - lower) / (upper - lower) - 1``
+(clipped to ``[-1, 1]`` or rejected, per the dataset's policy); categorical columns
+become category indices (int32); binary columns 0/1 (int8). The normalised batches go to
+an encrypted Parquet file. Problems are counted per column and kind, for the whole file,
+and reported together, with counts and never with values: pyarrow's own error messages
+quote rows, so they are translated, never forwarded.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from app.core.errors import InvalidUpload
+from app.datasets.schemas import BinaryColumn, CategoricalColumn, Column, ContinuousColumn
+from app.storage.tables import EncryptedTableWriter
+
+CSV_BLOCK_BYTES = 4 << 20
+PARQUET_BATCH_ROWS = 65_536
+_NUMBER = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
+_NAN = r"^\s*[+-]?nan\s*$"
+_INFINITY = r"^\s*[+-]?(inf|infinity)\s*$"
+_BINARY_TRUE = ("1", "true", "1.0")
+_BINARY_FALSE = ("0", "false", "0.0")
+
+FileFormat = Literal["csv", "parquet"]
+
+
+@dataclass
+class Problems:
+    """Problems found so far: (column or None, kind) -> number of offending rows, or None
+    for a problem that is not about rows (a missing column, a file that cannot be read)."""
+
+    counts: dict[tuple[str | None, str], int | None] = field(default_factory=dict)
+
+    def add_rows(self, column: str, problem: str, rows: int) -> None:
+        """Count ``rows`` offending rows of ``column`` (nothing recorded for 0)."""
+        if rows:
+            self.counts[(column, problem)] = (self.counts.get((column, problem)) or 0) + rows
+
+    def add(self, column: str | None, problem: str) -> None:
+        """Record a problem of a column (or, with ``None``, of the file) that has no row count."""
+        self.counts[(column, problem)] = None
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def raise_if_any(self) -> None:
+        if not self.counts:
+            return
+        problems = [
+            {"column": column, "problem": problem, "rows": rows}
+            for (column, problem), rows in self.counts.items()
+        ]
+        parts = [
+            (f"column {p['column']!r}: " if p["column"] is not None else "")
+            + str(p["problem"])
+            + (f" ({p['rows']} rows)" if p["rows"] is not None else "")
+            for p in problems
+        ]
+        raise InvalidUpload(
+            "the file does not match the schema: " + "; ".join(parts), problems=problems
+        )
+
+
+def file_problem(message: str) -> InvalidUpload:
+    """An error about the file as a whole (no column)."""
+    return InvalidUpload(
+        f"the file does not match the schema: {message}",
+        problems=[{"column": None, "problem": message, "rows": None}],
+    )
+
+
+def _describe_arrow_error(exc: Exception, fmt: FileFormat) -> str:
+    """A message for a pyarrow read error that never quotes the file's contents."""
+    text = str(exc)
+    if "Empty CSV file" in text:
+        return "the file is empty"
+    if "Expected" in text and "columns" in text:
+        return "some rows have a different number of fields than the header row"
+    if "UTF8" in text or "UTF-8" in text:
+        return "the file is not valid UTF-8 text"
+    if fmt == "parquet":
+        return "the file could not be read as Parquet"
+    return "the file could not be read as CSV"
+
+
+# Column checks --------------------------------------------------------------------------
+
+
+def _as_text(array: pa.Array) -> pa.Array | None:
+    """The column as trimmed strings (nulls as ""), or None if its type has no text form."""
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        text = array
+    elif (
+        pa.types.is_integer(array.type)
+        or pa.types.is_floating(array.type)
+        or pa.types.is_boolean(array.type)
+    ):
+        text = pc.cast(array, pa.string())
+    elif pa.types.is_dictionary(array.type):
+        return _as_text(array.cast(array.type.value_type))
+    else:
+        return None
+    return pc.utf8_trim_whitespace(pc.fill_null(text, ""))
+
+
+def _mask(array: pa.Array) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+class ColumnCheck(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def process(self, array: pa.Array, problems: Problems) -> pa.Array: ...
+
+    @property
+    def arrow_type(self) -> pa.DataType: ...
+
+
+@dataclass
+class ContinuousCheck:
+    spec: ContinuousColumn
+    policy: Literal["clip", "reject"]
+    clipped: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return pa.float64()
+
+    def process(self, array: pa.Array, problems: Problems) -> pa.Array:
+        n = len(array)
+        if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
+            empty = _mask(pc.is_null(array))
+            values = np.asarray(
+                pc.fill_null(pc.cast(array, pa.float64()), 0.0).to_numpy(zero_copy_only=False),
+                dtype=np.float64,
+            )
+            nan = np.isnan(values) & ~empty
+            non_numeric = np.zeros(n, dtype=bool)
+        else:
+            text = _as_text(array)
+            if text is None or pa.types.is_boolean(array.type):
+                problems.add_rows(self.name, f"has type {array.type}; expected numbers", n)
+                return pa.nulls(n, pa.float64())
+            empty = _mask(pc.equal(text, ""))
+            lowered = pc.utf8_lower(text)
+            nan = _mask(pc.match_substring_regex(lowered, _NAN))
+            infinite_text = _mask(pc.match_substring_regex(lowered, _INFINITY))
+            numeric = pc.match_substring_regex(text, _NUMBER)
+            values = np.array(  # a writable copy: Arrow-backed views are read-only
+                pc.cast(pc.if_else(numeric, text, "0"), pa.float64()).to_numpy(
+                    zero_copy_only=False
+                ),
+                dtype=np.float64,
+            )
+            values[infinite_text] = np.inf
+            non_numeric = ~(_mask(numeric) | empty | nan | infinite_text)
+        infinite = np.isinf(values) & ~empty
+        problems.add_rows(self.name, "empty cells", int(empty.sum()))
+        problems.add_rows(self.name, "NaN cells", int(nan.sum()))
+        problems.add_rows(self.name, "infinite values", int(infinite.sum()))
+        problems.add_rows(self.name, "non-numeric values", int(non_numeric.sum()))
+        good = ~(empty | nan | infinite | non_numeric)
+        lower, upper = self.spec.lower, self.spec.upper
+        outside = good & ((values < lower) | (values > upper))
+        if self.policy == "reject":
+            problems.add_rows(
+                self.name,
+                f"values outside the declared bounds [{lower}, {upper}]",
+                int(outside.sum()),
+            )
+        else:
+            self.clipped += int(outside.sum())
+        values = np.where(good, values, lower)
+        normalised = np.clip(2.0 * (values - lower) / (upper - lower) - 1.0, -1.0, 1.0)
+        return pa.array(normalised, type=pa.float64())
+
+
+@dataclass
+class CategoricalCheck:
+    spec: CategoricalColumn
+
+    def __post_init__(self) -> None:
+        self._value_set = pa.array(self.spec.labels, type=pa.string())
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return pa.int32()
+
+    def process(self, array: pa.Array, problems: Problems) -> pa.Array:
+        text = _as_text(array)
+        if text is None:
+            problems.add_rows(
+                self.name, f"has type {array.type}; expected category labels", len(array)
+            )
+            return pa.nulls(len(array), pa.int32())
+        empty = _mask(pc.equal(text, ""))
+        codes = pc.index_in(text, value_set=self._value_set)
+        unknown = _mask(pc.is_null(codes)) & ~empty
+        problems.add_rows(self.name, "empty cells", int(empty.sum()))
+        problems.add_rows(self.name, "values that are not declared categories", int(unknown.sum()))
+        return pc.cast(pc.fill_null(codes, 0), pa.int32())
+
+
+@dataclass
+class BinaryCheck:
+    spec: BinaryColumn
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return pa.int8()
+
+    def process(self, array: pa.Array, problems: Problems) -> pa.Array:
+        text = _as_text(array)
+        if text is None:
+            problems.add_rows(self.name, f"has type {array.type}; expected 0/1", len(array))
+            return pa.nulls(len(array), pa.int8())
+        lowered = pc.utf8_lower(text)
+        ones = _mask(pc.is_in(lowered, value_set=pa.array(_BINARY_TRUE)))
+        zeros = _mask(pc.is_in(lowered, value_set=pa.array(_BINARY_FALSE)))
+        empty = _mask(pc.equal(text, ""))
+        problems.add_rows(self.name, "empty cells", int(empty.sum()))
+        problems.add_rows(
+            self.name, "values other than 0/1/true/false", int((~(ones | zeros | empty)).sum())
+        )
+        return pa.array(ones.astype(np.int8), type=pa.int8())
+
+
+def make_check(spec: Column, policy: Literal["clip", "reject"]) -> ColumnCheck:
+    if isinstance(spec, ContinuousColumn):
+        return ContinuousCheck(spec, policy)
+    if isinstance(spec, CategoricalColumn):
+        return CategoricalCheck(spec)
+    return BinaryCheck(spec)
+
+
+# Reading ---------------------------------------------------------------------------------
+
+
+def detect_format(reader: io.RawIOBase, size: int) -> FileFormat:
+    if size == 0:
+        raise file_problem("the file is empty")
+    head = reader.read(4) or b""
+    reader.seek(0)
+    if size >= 8 and head == b"PAR1":
+        return "parquet"
+    return "csv"
+
+
+def _open(
+    reader: Any, fmt: FileFormat, declared: list[str]
+) -> tuple[list[str], Iterator[pa.RecordBatch]]:
+    if fmt == "csv":
+        stream = pacsv.open_csv(
+            reader,
+            read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+            convert_options=pacsv.ConvertOptions(
+                column_types={name: pa.string() for name in declared},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+                null_values=[],
+                include_columns=declared,
+                include_missing_columns=False,
+            ),
+        )
+        return list(stream.schema.names), iter(stream)
+    parquet = pq.ParquetFile(reader)
+    names = list(parquet.schema_arrow.names)
+    present = [n for n in declared if n in names]
+    return names, parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=present)
+
+
+def _header_names(reader: Any, fmt: FileFormat) -> list[str]:
+    if fmt == "csv":
+        stream = pacsv.open_csv(
+            reader,
+            read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+            convert_options=pacsv.ConvertOptions(strings_can_be_null=False, null_values=[]),
+        )
+        return list(stream.schema.names)
+    return list(pq.ParquetFile(reader).schema_arrow.names)
+
+
+def _check_header(file_names: list[str], declared: list[str], problems: Problems) -> None:
+    declared_set = set(declared)
+    counts = Counter(file_names)
+    for name in declared:
+        if counts[name] == 0:
+            problems.add(name, "missing from the file")
+        elif counts[name] > 1:
+            problems.add(name, f"appears {counts[name]} times in the file's header")
+    # Header names not in the schema are reported by position: a file without a header row
+    # would otherwise have its first data row quoted back.
+    extra = [i + 1 for i, name in enumerate(file_names) if name not in declared_set]
+    if extra:
+        problems.add(
+            None,
+            f"{len(extra)} column(s) of the file are not declared in the schema "
+            f"(positions {extra[:20]}{'...' if len(extra) > 20 else ''})",
+        )
+    if problems and extra and all(counts[name] == 0 for name in declared):
+        problems.add(None, "no declared column was found: does the file start with a header row?")
+
+
+@dataclass(frozen=True)
+class StoredTable:
+    format: FileFormat
+    n_rows: int
+    clipped: dict[str, int]
+
+
+def validate_and_store(
+    reader: io.RawIOBase,
+    size: int,
+    columns: list[Column],
+    policy: Literal["clip", "reject"],
+    destination: Path,
+    key: bytes,
+) -> StoredTable:
+    """Validate the whole file, write the normalised table encrypted to ``destination``.
+
+    Raises :class:`InvalidUpload` (nothing written) if any problem is found.
+    """
+    fmt = detect_format(reader, size)
+    declared = [c.name for c in columns]
+    try:
+        file_names = _header_names(reader, fmt)
+        reader.seek(0)
+        problems = Problems()
+        _check_header(file_names, declared, problems)
+        problems.raise_if_any()
+        _, batches = _open(reader, fmt, declared)
+        checks = [make_check(spec, policy) for spec in columns]
+        schema = pa.schema([pa.field(c.name, c.arrow_type, nullable=False) for c in checks])
+        writer: EncryptedTableWriter | None = None
+        n_rows = 0
+        try:
+            for batch in batches:
+                n_rows += batch.num_rows
+                arrays = [check.process(batch.column(check.name), problems) for check in checks]
+                if problems:
+                    continue  # keep counting problems; nothing more is written
+                if writer is None:
+                    writer = EncryptedTableWriter(destination, schema, key)
+                writer.write(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        finally:
+            if writer is not None:
+                writer.close()
+    except InvalidUpload:
+        destination.unlink(missing_ok=True)
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        # pyarrow's read errors only; anything else is a bug and must surface as one.
+        destination.unlink(missing_ok=True)
+        raise file_problem(_describe_arrow_error(exc, fmt)) from None
+    except BaseException:
+        destination.unlink(missing_ok=True)
+        raise
+    if problems or n_rows == 0:
+        destination.unlink(missing_ok=True)
+        if n_rows == 0:
+            problems.add(None, "the file has no data rows")
+        problems.raise_if_any()
+    clipped = {c.name: c.clipped for c in checks if isinstance(c, ContinuousCheck) and c.clipped}
+    return StoredTable(format=fmt, n_rows=n_rows, clipped=clipped)

@@ -1,0 +1,48 @@
+"""Datasets (declared schema, budget, encrypted storage) and analyst grants."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.models.base import Base, new_id, utcnow
+
+
+class Dataset(Base):
+    """A curator's table. ``columns`` is the declared schema (public by definition);
+    budget totals are in ledger units (see :mod:`app.ledger.units`)."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (
+        CheckConstraint("out_of_bounds IN ('clip', 'reject')", name="out_of_bounds"),
+        CheckConstraint("epsilon_total > 0", name="epsilon_total_positive"),
+        CheckConstraint("delta_total >= 0", name="delta_total_nonnegative"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    owner_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16), default="table")
+    columns: Mapped[list[Any]]
+    n_rows: Mapped[int] = mapped_column(Integer)
+    out_of_bounds: Mapped[str] = mapped_column(String(8))
+    epsilon_total: Mapped[int] = mapped_column(BigInteger)
+    delta_total: Mapped[int] = mapped_column(BigInteger)
+    storage_name: Mapped[str] = mapped_column(String(200))
+    validation: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Grant(Base):
+    """An analyst's read access to one dataset and its releases."""
+
+    __tablename__ = "grants"
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"), primary_key=True, index=True)
+    granted_by: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

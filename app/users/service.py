@@ -1,0 +1,84 @@
+"""Users and API keys: creation, key rotation and revocation, the audit log."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.audit import record
+from app.core.errors import Forbidden, NotFound
+from app.core.security import display_prefix, generate_api_key, hash_api_key
+from app.models import ApiKey, AuditEvent, Role, User
+from app.models.base import utcnow
+
+
+def _issue_key(session: Session, user: User) -> tuple[ApiKey, str]:
+    secret = generate_api_key()
+    key = ApiKey(user_id=user.id, key_hash=hash_api_key(secret), prefix=display_prefix(secret))
+    session.add(key)
+    session.flush()
+    return key, secret
+
+
+def create_user(
+    session: Session, name: str, role: Role, actor_id: uuid.UUID | None
+) -> tuple[User, ApiKey, str]:
+    """Create a user and its first API key; the key's secret is returned once."""
+    user = User(name=name, role=role.value)
+    session.add(user)
+    session.flush()
+    key, secret = _issue_key(session, user)
+    record(session, actor_id, "user.create", "user", user.id, role=role.value)
+    record(session, actor_id, "api_key.create", "api_key", key.id, user_id=str(user.id))
+    return user, key, secret
+
+
+def get_user(session: Session, user_id: uuid.UUID) -> User:
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound("user not found")
+    return user
+
+
+def list_users(session: Session) -> list[User]:
+    return list(session.scalars(select(User).order_by(User.created_at)))
+
+
+def create_key(
+    session: Session, user_id: uuid.UUID, actor_id: uuid.UUID | None
+) -> tuple[ApiKey, str]:
+    user = get_user(session, user_id)
+    key, secret = _issue_key(session, user)
+    record(session, actor_id, "api_key.create", "api_key", key.id, user_id=str(user.id))
+    return key, secret
+
+
+def keys_of(session: Session, user_id: uuid.UUID) -> list[ApiKey]:
+    return list(
+        session.scalars(select(ApiKey).where(ApiKey.user_id == user_id).order_by(ApiKey.created_at))
+    )
+
+
+def revoke_key(session: Session, key_id: uuid.UUID, actor: User) -> ApiKey:
+    """Revoke a key: admins revoke any key, other users only their own."""
+    key = session.get(ApiKey, key_id)
+    if key is None or (actor.role != Role.admin and key.user_id != actor.id):
+        raise NotFound("API key not found")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        record(session, actor.id, "api_key.revoke", "api_key", key.id, user_id=str(key.user_id))
+    session.flush()
+    return key
+
+
+def audit_events(
+    session: Session, actor: User, limit: int, before_id: int | None
+) -> list[AuditEvent]:
+    if actor.role != Role.admin:
+        raise Forbidden("the audit log is for admins")
+    stmt = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
+    if before_id is not None:
+        stmt = stmt.where(AuditEvent.id < before_id)
+    return list(session.scalars(stmt))

@@ -1,0 +1,106 @@
+"""The job queue: Huey on SQLite (embedded default) or Redis (``CURATOR_REDIS_URL``).
+
+Tasks are plain functions registered by name with :func:`task` in the domain packages'
+``tasks.py`` (listed in ``TASK_MODULES``); a :class:`Queue` binds them to its Huey
+instance. Jobs carry ids only; a task re-reads its rows in its own transaction.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from huey import RedisHuey, SqliteHuey
+from huey.api import Huey
+from huey.consumer import Consumer
+
+from app.config import Settings
+
+log = logging.getLogger("curator.worker")
+
+#: Modules whose import registers tasks.
+TASK_MODULES: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    fn: Callable[..., None]
+    retries: int
+    retry_delay: int
+
+
+_REGISTRY: dict[str, TaskSpec] = {}
+
+
+def task(
+    name: str, retries: int = 0, retry_delay: int = 0
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register ``fn`` as the task ``name`` (bound to every :class:`Queue`)."""
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        _REGISTRY[name] = TaskSpec(name, fn, retries, retry_delay)
+        return fn
+
+    return register
+
+
+class _EmbeddedConsumer(Consumer):  # type: ignore[misc]
+    """A consumer inside another process (the API server): it leaves the host's signal
+    handlers alone; the host stops it."""
+
+    def _set_signal_handlers(self) -> None:
+        return None
+
+
+class Queue:
+    def __init__(self, settings: Settings) -> None:
+        self.backend = "redis" if settings.redis_url else "sqlite"
+        self.huey: Huey
+        if settings.redis_url:
+            self.huey = RedisHuey(settings.queue_name, url=settings.redis_url, results=False)
+        else:
+            settings.queue_path.parent.mkdir(parents=True, exist_ok=True)
+            self.huey = SqliteHuey(
+                settings.queue_name, filename=str(settings.queue_path), results=False
+            )
+        for module in TASK_MODULES:
+            importlib.import_module(module)
+        self._tasks: dict[str, Any] = {
+            spec.name: self.huey.task(
+                name=spec.name, retries=spec.retries, retry_delay=spec.retry_delay
+            )(spec.fn)
+            for spec in _REGISTRY.values()
+        }
+
+    @property
+    def task_names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def enqueue(self, name: str, *args: Any) -> None:
+        self._tasks[name](*args)
+
+    def ping(self) -> None:
+        """Raise if the queue's storage cannot be reached."""
+        if self.backend == "redis":
+            self.huey.storage.conn.ping()
+        else:
+            self.huey.pending_count()
+
+    def pending(self) -> int:
+        return int(self.huey.pending_count())
+
+    def consumer(self, workers: int, *, embedded: bool) -> Consumer:
+        cls = _EmbeddedConsumer if embedded else Consumer
+        return cls(
+            self.huey,
+            workers=workers,
+            worker_type="thread",
+            periodic=True,
+            initial_delay=0.05,
+            max_delay=1.0,
+            shutdown_timeout=30,
+        )

@@ -1,0 +1,144 @@
+"""Who sees which dataset: curators their own, analysts what they are granted, nobody else."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi.testclient import TestClient
+
+from tests.conftest import Caller, make_user
+from tests.datasets.helpers import csv_bytes, upload
+
+
+def _dataset(client: TestClient, curator: Caller) -> str:
+    response = upload(client, curator, csv_bytes())
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def test_analyst_without_grant_gets_404_everywhere(
+    client: TestClient, curator: Caller, analyst: Caller
+) -> None:
+    dataset_id = _dataset(client, curator)
+    for path in (f"/v1/datasets/{dataset_id}", f"/v1/datasets/{dataset_id}/budget"):
+        response = client.get(path, headers=analyst.headers)
+        assert response.status_code == 404, path
+        assert response.json() == {"error": {"code": "not_found", "message": "dataset not found"}}
+    # indistinguishable from a dataset that does not exist
+    missing = client.get(f"/v1/datasets/{uuid.uuid4()}", headers=analyst.headers)
+    assert (
+        missing.json() == client.get(f"/v1/datasets/{dataset_id}", headers=analyst.headers).json()
+    )
+    assert client.get("/v1/datasets", headers=analyst.headers).json() == []
+    assert (
+        client.post(
+            f"/v1/datasets/{dataset_id}/grants",
+            headers=analyst.headers,
+            json={"user_id": str(analyst.id)},
+        ).status_code
+        == 404
+    )
+
+
+def test_other_curators_and_admins_see_nothing(
+    client: TestClient, curator: Caller, admin: Caller
+) -> None:
+    dataset_id = _dataset(client, curator)
+    other = make_user(client, "curator")
+    for caller in (other, admin):
+        assert client.get(f"/v1/datasets/{dataset_id}", headers=caller.headers).status_code == 404
+        assert (
+            client.get(f"/v1/datasets/{dataset_id}/budget", headers=caller.headers).status_code
+            == 404
+        )
+        assert (
+            client.patch(
+                f"/v1/datasets/{dataset_id}/budget", headers=caller.headers, json={"epsilon": 9}
+            ).status_code
+            == 404
+        )
+        assert client.get("/v1/datasets", headers=caller.headers).json() == []
+
+
+def test_grant_gives_read_access_and_revoke_takes_it_back(
+    client: TestClient, curator: Caller, analyst: Caller
+) -> None:
+    dataset_id = _dataset(client, curator)
+    granted = client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    assert granted.status_code == 201
+    again = client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    assert again.status_code == 200
+    seen = client.get(f"/v1/datasets/{dataset_id}", headers=analyst.headers)
+    assert seen.status_code == 200
+    assert seen.json()["validation"] is None  # clip counts are the curator's only
+    assert (
+        client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()["validation"]
+        is not None
+    )
+    assert (
+        client.get(f"/v1/datasets/{dataset_id}/budget", headers=analyst.headers).status_code == 200
+    )
+    assert [d["id"] for d in client.get("/v1/datasets", headers=analyst.headers).json()] == [
+        dataset_id
+    ]
+    listed = client.get(f"/v1/datasets/{dataset_id}/grants", headers=curator.headers).json()
+    assert [g["user_id"] for g in listed] == [str(analyst.id)]
+    # a granted analyst may look, not act
+    assert (
+        client.post(
+            f"/v1/datasets/{dataset_id}/grants",
+            headers=analyst.headers,
+            json={"user_id": str(analyst.id)},
+        ).status_code
+        == 403
+    )
+    assert (
+        client.patch(
+            f"/v1/datasets/{dataset_id}/budget", headers=analyst.headers, json={"epsilon": 9}
+        ).status_code
+        == 403
+    )
+    assert (
+        client.delete(
+            f"/v1/datasets/{dataset_id}/grants/{analyst.id}", headers=curator.headers
+        ).status_code
+        == 204
+    )
+    assert client.get(f"/v1/datasets/{dataset_id}", headers=analyst.headers).status_code == 404
+    assert (
+        client.delete(
+            f"/v1/datasets/{dataset_id}/grants/{analyst.id}", headers=curator.headers
+        ).status_code
+        == 404
+    )
+
+
+def test_grants_go_to_existing_analysts_only(
+    client: TestClient, curator: Caller, admin: Caller
+) -> None:
+    dataset_id = _dataset(client, curator)
+    other_curator = make_user(client, "curator")
+    for user_id in (uuid.uuid4(), other_curator.id, admin.id):
+        response = client.post(
+            f"/v1/datasets/{dataset_id}/grants",
+            headers=curator.headers,
+            json={"user_id": str(user_id)},
+        )
+        assert response.status_code == 422
+        assert response.json()["error"]["code"] == "invalid_request"
+
+
+def test_curator_lists_own_datasets(client: TestClient, curator: Caller) -> None:
+    first, second = _dataset(client, curator), _dataset(client, curator)
+    make_user(client, "curator")
+    listed = client.get("/v1/datasets", headers=curator.headers).json()
+    assert [d["id"] for d in listed] == [first, second]
+    assert all(d["n_rows"] == 4 for d in listed)

@@ -1,0 +1,69 @@
+"""GET/PATCH /v1/datasets/{id}/budget."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi.testclient import TestClient
+
+from app.core.services import Services
+from app.ledger import service as ledger
+from app.ledger.units import epsilon_units
+from app.models import Release
+from tests.conftest import Caller
+from tests.datasets.helpers import csv_bytes, upload
+
+
+def test_budget_shows_totals_and_entries(client: TestClient, curator: Caller) -> None:
+    dataset_id = uuid.UUID(upload(client, curator, csv_bytes()).json()["id"])
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    with services.db.transaction() as session:
+        release = Release(
+            dataset_id=dataset_id,
+            mechanism="test",
+            epsilon=0,
+            delta=0,
+            params={},
+            created_by=curator.id,
+        )
+        session.add(release)
+        session.flush()
+        ledger.reserve(
+            session,
+            dataset_id,
+            release.id,
+            epsilon_units(0.3, charge=True),
+            0,
+            ledger.Actor.user(curator.id),
+        )
+    body = client.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
+    assert body["epsilon_total"] == 1.0
+    assert body["epsilon_reserved"] == 0.3
+    assert body["epsilon_remaining"] == 0.7
+    assert [(e["kind"], e["epsilon"], e["actor"]) for e in body["entries"]] == [
+        ("reserve", 0.3, f"user:{curator.id}")
+    ]
+
+
+def test_curator_raises_and_lowers_totals(
+    client: TestClient, curator: Caller, admin: Caller
+) -> None:
+    dataset_id = upload(client, curator, csv_bytes()).json()["id"]
+    raised = client.patch(
+        f"/v1/datasets/{dataset_id}/budget",
+        headers=curator.headers,
+        json={"epsilon": 4, "delta": 1e-5},
+    )
+    assert raised.status_code == 200, raised.text
+    assert (raised.json()["epsilon_total"], raised.json()["delta_total"]) == (4.0, 1e-5)
+    lowered = client.patch(
+        f"/v1/datasets/{dataset_id}/budget", headers=curator.headers, json={"epsilon": 0.5}
+    )
+    assert lowered.json()["epsilon_remaining"] == 0.5
+    for bad in ({}, {"epsilon": 0}, {"epsilon": -1}, {"delta": 1.0}, {"epsilon": 1, "x": 1}):
+        response = client.patch(
+            f"/v1/datasets/{dataset_id}/budget", headers=curator.headers, json=bad
+        )
+        assert response.status_code == 422, bad
+    events = client.get("/v1/audit", headers=admin.headers).json()
+    assert [e["action"] for e in events].count("dataset.budget_update") == 2

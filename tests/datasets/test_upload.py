@@ -1,0 +1,433 @@
+"""POST /v1/datasets: validation against the declared schema, normalisation, encryption."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from fastapi.testclient import TestClient
+
+from app.core.services import Services
+from app.models import AuditEvent, Dataset
+from app.storage.tables import open_table
+from tests.conftest import Caller
+from tests.datasets.helpers import (
+    HEADER,
+    ROWS,
+    SCHEMA,
+    SENTINELS,
+    csv_bytes,
+    parquet_bytes,
+    upload,
+    with_columns,
+)
+
+
+def _services(client: TestClient) -> Services:
+    return client.app.state.services  # type: ignore[attr-defined,no-any-return]
+
+
+def assert_nothing_stored(client: TestClient) -> None:
+    services = _services(client)
+    assert list(services.settings.datasets_dir.iterdir()) == []
+    assert list(services.settings.tmp_dir.iterdir()) == []
+    with services.db.transaction() as session:
+        assert session.query(Dataset).count() == 0
+        assert session.query(AuditEvent).filter(AuditEvent.action == "dataset.create").count() == 0
+
+
+def assert_no_raw_values(text: str) -> None:
+    for value in SENTINELS:
+        assert value not in text
+
+
+def test_csv_upload_is_validated_normalised_and_encrypted(
+    client: TestClient, curator: Caller
+) -> None:
+    response = upload(client, curator, csv_bytes())
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["n_rows"] == 4
+    assert body["budget"]["epsilon_total"] == 1.0
+    assert body["budget"]["delta_total"] == 1e-6
+    assert body["budget"]["epsilon_remaining"] == 1.0
+    assert body["validation"] == {"format": "csv", "n_rows": 4, "clipped": {}}
+    assert_no_raw_values(response.text)
+
+    services = _services(client)
+    stored = services.settings.datasets_dir / f"{body['id']}.parquet"
+    raw = stored.read_bytes()
+    assert raw[:4] == b"PARE"  # encrypted footer: Parquet modular encryption
+    assert all(value.encode() not in raw for value in SENTINELS)
+    assert list(services.settings.tmp_dir.iterdir()) == []  # the spool is gone
+
+    table = open_table(stored, services.data_key).read()
+    np.testing.assert_allclose(
+        table["age"].to_numpy(), [2 * 37.123456 / 100 - 1, 2 * 59.987654 / 100 - 1, -0.6, 0.6]
+    )
+    np.testing.assert_allclose(
+        table["weight"].to_numpy(),
+        [2 * (81.654321 - 20) / 200 - 1, 2 * (70.5 - 20) / 200 - 1, -0.6, 0.0],
+    )
+    assert table["blood"].to_pylist() == [0, 3, 2, 1]
+    assert table["smoker"].to_pylist() == [1, 0, 1, 0]
+    assert table.schema.field("blood").type == pa.int32()
+
+
+def test_stored_file_needs_the_key(client: TestClient, curator: Caller) -> None:
+    from cryptography.fernet import Fernet
+
+    body = upload(client, curator, csv_bytes()).json()
+    stored = _services(client).settings.datasets_dir / f"{body['id']}.parquet"
+    with pytest.raises(PermissionError, match="does not open this file"):
+        open_table(stored, Fernet.generate_key()).read()
+
+
+def test_parquet_upload(client: TestClient, curator: Caller) -> None:
+    table = pa.table(
+        {
+            "age": pa.array([10.0, 50.0]),
+            "weight": pa.array([20, 220], type=pa.int64()),
+            "blood": pa.array(["O", "A"]),
+            "smoker": pa.array([True, False]),
+        }
+    )
+    response = upload(client, curator, parquet_bytes(table), filename="x.parquet")
+    assert response.status_code == 201, response.text
+    assert response.json()["validation"]["format"] == "parquet"
+    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
+    out = open_table(stored, _services(client).data_key).read()
+    np.testing.assert_allclose(out["age"].to_numpy(), [-0.8, 0.0])
+    np.testing.assert_allclose(out["weight"].to_numpy(), [-1.0, 1.0])
+    assert out["blood"].to_pylist() == [3, 0]
+    assert out["smoker"].to_pylist() == [1, 0]
+
+
+def test_clip_reports_counts_per_column(client: TestClient, curator: Caller) -> None:
+    rows = ["-5,60,A,0", "150,60,A,0", "101,300,A,1", "50,60,A,1"]
+    response = upload(client, curator, csv_bytes(rows=rows))
+    assert response.status_code == 201, response.text
+    assert response.json()["validation"]["clipped"] == {"age": 3, "weight": 1}
+    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
+    out = open_table(stored, _services(client).data_key).read()
+    assert out["age"].to_pylist() == [-1.0, 1.0, 1.0, 0.0]
+
+
+def test_reject_policy_refuses_out_of_bounds(client: TestClient, curator: Caller) -> None:
+    rows = ["-5,60,A,0", "150,60,A,0", "50,60,A,1"]
+    response = upload(client, curator, csv_bytes(rows=rows), with_columns(out_of_bounds="reject"))
+    assert response.status_code == 422
+    problems = response.json()["error"]["problems"]
+    assert problems == [
+        {"column": "age", "problem": "values outside the declared bounds [0.0, 100.0]", "rows": 2}
+    ]
+    assert_nothing_stored(client)
+
+
+CONTINUOUS = {"name": "age", "kind": "continuous", "lower": 0, "upper": 100}
+
+
+@pytest.mark.parametrize(
+    ("content", "schema", "column", "problem", "rows"),
+    [
+        pytest.param(
+            csv_bytes("weight,blood,smoker", [r.split(",", 1)[1] for r in ROWS]),
+            None,
+            "age",
+            "missing from the file",
+            None,
+            id="missing-column",
+        ),
+        pytest.param(
+            csv_bytes(HEADER + ",extra", [r + ",1" for r in ROWS]),
+            None,
+            None,
+            "1 column(s) of the file are not declared in the schema (positions [5])",
+            None,
+            id="extra-column",
+        ),
+        pytest.param(
+            csv_bytes("age,age,weight,blood,smoker", ["1," + r for r in ROWS]),
+            None,
+            "age",
+            "appears 2 times in the file's header",
+            None,
+            id="duplicate-header",
+        ),
+        pytest.param(
+            csv_bytes(rows=[f"{SENTINELS[0]},{SENTINELS[1]},A,1", "abc,60,A,1", "12x,61,B,0"]),
+            None,
+            "age",
+            "non-numeric values",
+            2,
+            id="non-numeric",
+        ),
+        pytest.param(
+            csv_bytes(rows=[f"{SENTINELS[0]},,A,1", "20,60,A,1"]),
+            None,
+            "weight",
+            "empty cells",
+            1,
+            id="empty-cell",
+        ),
+        pytest.param(
+            csv_bytes(rows=[f"NaN,{SENTINELS[1]},A,1", "nan,60,A,1", "20,60,A,1"]),
+            None,
+            "age",
+            "NaN cells",
+            2,
+            id="nan-cells",
+        ),
+        pytest.param(
+            csv_bytes(rows=[f"inf,{SENTINELS[1]},A,1", "20,60,A,1"]),
+            None,
+            "age",
+            "infinite values",
+            1,
+            id="infinite",
+        ),
+        pytest.param(
+            csv_bytes(rows=[f"{SENTINELS[0]},60,Z,1", "20,60,A,1", "20,60,,1"]),
+            None,
+            "blood",
+            "values that are not declared categories",
+            1,
+            id="unknown-category",
+        ),
+        pytest.param(
+            csv_bytes(rows=[f"{SENTINELS[0]},60,A,2", "20,60,A,yes"]),
+            None,
+            "smoker",
+            "values other than 0/1/true/false",
+            2,
+            id="bad-binary",
+        ),
+    ],
+)
+def test_malformed_uploads_name_the_column_and_store_nothing(
+    client: TestClient,
+    curator: Caller,
+    content: bytes,
+    schema: dict[str, Any] | None,
+    column: str | None,
+    problem: str,
+    rows: int | None,
+) -> None:
+    response = upload(client, curator, content, schema)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_upload"
+    assert {"column": column, "problem": problem, "rows": rows} in error["problems"]
+    if column is not None:
+        assert f"column {column!r}" in error["message"]
+    assert_no_raw_values(response.text)
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        pytest.param(b"", "the file is empty", id="empty-file"),
+        pytest.param((HEADER + "\n").encode(), "the file has no data rows", id="header-only"),
+        pytest.param(
+            csv_bytes(rows=[f"{SENTINELS[0]},{SENTINELS[1]},A", "20,60,A,1"]),
+            "some rows have a different number of fields than the header row",
+            id="ragged-rows",
+        ),
+        pytest.param(
+            HEADER.encode() + b"\n1,2,\xff\xfe,1\n",
+            "the file is not valid UTF-8 text",
+            id="not-utf8",
+        ),
+        pytest.param(
+            b"PAR1" + b"\x00" * 64 + SENTINELS[0].encode(),
+            "the file could not be read as Parquet",
+            id="broken-parquet",
+        ),
+    ],
+)
+def test_unreadable_files(
+    client: TestClient, curator: Caller, content: bytes, problem: str
+) -> None:
+    response = upload(client, curator, content)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["problems"] == [
+        {"column": None, "problem": problem, "rows": None}
+    ]
+    assert_no_raw_values(response.text)
+    assert_nothing_stored(client)
+
+
+def test_headerless_file_is_not_quoted_back(client: TestClient, curator: Caller) -> None:
+    # Without a header the first data row would be the "column names": never echo them.
+    response = upload(client, curator, csv_bytes(header=ROWS[0], rows=ROWS[1:]))
+    assert response.status_code == 422
+    assert "header row" in response.text
+    assert_no_raw_values(response.text)
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("schema", "fragment"),
+    [
+        pytest.param(
+            with_columns({**CONTINUOUS, "lower": 5, "upper": 5}),
+            "lower (5.0) must be < upper (5.0)",
+            id="lower-ge-upper",
+        ),
+        pytest.param(
+            '{"name": "x", "columns": [{"name": "age", "kind": "continuous", "lower": 0, "upper": Infinity}], "budget": {"epsilon": 1}}',
+            "must be finite",
+            id="non-finite-bound",
+        ),
+        pytest.param(
+            with_columns(CONTINUOUS, CONTINUOUS),
+            "duplicate column names in the schema: ['age']",
+            id="duplicate-names",
+        ),
+        pytest.param(
+            with_columns(budget={"epsilon": 0}),
+            "budget.epsilon (0.0) must be a positive",
+            id="epsilon-zero",
+        ),
+        pytest.param(
+            with_columns(budget={"epsilon": -1}),
+            "budget.epsilon (-1.0) must be a positive",
+            id="epsilon-negative",
+        ),
+        pytest.param(
+            with_columns(budget={"epsilon": 1, "delta": 1}),
+            "budget.delta (1.0) must lie in [0, 1)",
+            id="delta-one",
+        ),
+        pytest.param(
+            with_columns(budget={"epsilon": 1, "delta": -0.1}),
+            "budget.delta (-0.1) must lie in [0, 1)",
+            id="delta-negative",
+        ),
+        pytest.param(
+            with_columns({"name": "c", "kind": "categorical", "categories": ["a", "a"]}),
+            "categories must be distinct",
+            id="repeated-category",
+        ),
+        pytest.param(
+            with_columns({"name": "c", "kind": "ordinal"}), "schema.columns.0", id="unknown-kind"
+        ),
+        pytest.param(with_columns(out_of_bounds="wrap"), "out_of_bounds", id="bad-policy"),
+        pytest.param("{not json", "invalid schema", id="not-json"),
+    ],
+)
+def test_bad_schemas_are_422(
+    client: TestClient, curator: Caller, schema: Any, fragment: str
+) -> None:
+    response = upload(client, curator, csv_bytes(), schema)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert fragment in response.json()["error"]["message"]
+    assert_nothing_stored(client)
+
+
+def test_missing_parts(client: TestClient, curator: Caller) -> None:
+    no_schema = client.post(
+        "/v1/datasets", headers=curator.headers, files={"file": ("d.csv", csv_bytes())}
+    )
+    assert no_schema.status_code == 422
+    assert "'schema' form field is missing" in no_schema.json()["error"]["message"]
+    no_file = client.post(
+        "/v1/datasets",
+        headers=curator.headers,
+        data={"schema": json.dumps(SCHEMA)},
+        files={"other": ("x", b"1")},
+    )
+    assert no_file.status_code == 422
+    assert "'file' part is missing" in no_file.json()["error"]["message"]
+    not_multipart = client.post("/v1/datasets", headers=curator.headers, json=SCHEMA)
+    assert not_multipart.status_code == 415
+    assert_nothing_stored(client)
+
+
+def test_upload_over_the_limit_is_413_and_leaves_nothing(
+    client: TestClient, curator: Caller
+) -> None:
+    limit = _services(client).settings.max_upload_bytes
+    rows = ["50,60,A,1"] * (limit // 9 + 10)
+    response = upload(client, curator, csv_bytes(rows=rows))
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+    assert_nothing_stored(client)
+
+
+def test_streamed_upload_without_length_is_counted(client: TestClient, curator: Caller) -> None:
+    limit = _services(client).settings.max_upload_bytes
+    boundary = "b0undary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="schema"\r\n\r\n{json.dumps(SCHEMA)}\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="d.csv"\r\n\r\n'
+        ).encode()
+        + csv_bytes(rows=["50,60,A,1"] * (limit // 9 + 10))
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+
+    def chunks() -> Any:
+        for start in range(0, len(body), 65536):
+            yield body[start : start + 65536]
+
+    response = client.post(
+        "/v1/datasets",
+        headers={**curator.headers, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        content=chunks(),
+    )
+    assert response.status_code == 413
+    assert_nothing_stored(client)
+
+
+def test_only_curators_upload(client: TestClient, analyst: Caller, admin: Caller) -> None:
+    for caller in (analyst, admin):
+        response = upload(client, caller, csv_bytes())
+        assert response.status_code == 403
+        assert response.json()["error"]["code"] == "forbidden"
+    assert client.post("/v1/datasets", files={"file": ("d.csv", csv_bytes())}).status_code == 401
+    assert_nothing_stored(client)
+
+
+def test_upload_is_audited_without_values(client: TestClient, curator: Caller) -> None:
+    body = upload(client, curator, csv_bytes()).json()
+    with _services(client).db.transaction() as session:
+        event = session.query(AuditEvent).filter(AuditEvent.action == "dataset.create").one()
+        assert event.actor_id == curator.id
+        assert event.object_id == body["id"]
+        assert_no_raw_values(json.dumps(event.details))
+
+
+def test_failed_commit_removes_the_stored_file(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.datasets import service
+
+    def boom(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("simulated failure after the file was written")
+
+    monkeypatch.setattr(service, "record", boom)
+    failing = TestClient(client.app, raise_server_exceptions=False)
+    response = upload(failing, curator, csv_bytes())
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    assert "simulated" not in response.text
+    assert_nothing_stored(client)
+
+
+def test_path_of_datasets_dir(tmp_path: Path) -> None:
+    # the settings keep raw tables, artifacts and spools apart under DATA_DIR
+    from app.config import Settings
+
+    s = Settings(data_dir=tmp_path)
+    assert {s.datasets_dir.name, s.releases_dir.name, s.tmp_dir.name} == {
+        "datasets",
+        "releases",
+        "tmp",
+    }

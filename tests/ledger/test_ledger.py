@@ -1,0 +1,259 @@
+"""The budget ledger: exact units, reserve/commit/refund, append-only, no overspending."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from app.core.errors import BudgetExhausted, Conflict
+from app.core.services import Services
+from app.ledger import service as ledger
+from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
+from app.models import Dataset, LedgerEntry, Release, Role
+from app.users import service as users
+
+WORKER = ledger.Actor.worker()
+
+
+def test_units_are_exact() -> None:
+    assert sum([epsilon_units(0.1, charge=True)] * 10) == epsilon_units(1.0, charge=False)
+    assert epsilon_units(0.1, charge=True) == 10**11
+    assert delta_units(1e-10, charge=True) == 10**8
+    assert epsilon_value(epsilon_units(0.3, charge=True)) == 0.3
+    assert delta_value(delta_units(1e-9, charge=True)) == 1e-9
+    # rounding never favours spending: charges round up, totals round down
+    assert epsilon_units(Decimal("1e-13"), charge=True) == 1
+    assert epsilon_units(Decimal("1e-13"), charge=False) == 0
+
+
+def _dataset(services: Services, epsilon: float, delta: float) -> uuid.UUID:
+    with services.db.transaction() as session:
+        owner, _, _ = users.create_user(session, "owner", Role.curator, None)
+        dataset = Dataset(
+            owner_id=owner.id,
+            name="d",
+            columns=[],
+            n_rows=10,
+            out_of_bounds="clip",
+            epsilon_total=epsilon_units(epsilon, charge=False),
+            delta_total=delta_units(delta, charge=False),
+            storage_name="none",
+            validation={},
+        )
+        session.add(dataset)
+        session.flush()
+        return dataset.id
+
+
+def _releases(services: Services, dataset_id: uuid.UUID, count: int) -> list[uuid.UUID]:
+    with services.db.transaction() as session:
+        dataset = session.get(Dataset, dataset_id)
+        assert dataset is not None
+        releases = [
+            Release(
+                dataset_id=dataset_id,
+                mechanism="test",
+                epsilon=0,
+                delta=0,
+                params={},
+                created_by=dataset.owner_id,
+            )
+            for _ in range(count)
+        ]
+        session.add_all(releases)
+        session.flush()
+        return [r.id for r in releases]
+
+
+def _balance(services: Services, dataset_id: uuid.UUID) -> ledger.Balance:
+    with services.db.transaction() as session:
+        dataset = session.get(Dataset, dataset_id)
+        assert dataset is not None
+        return ledger.balance(session, dataset)
+
+
+def test_ten_spends_of_a_tenth_exhaust_one_exactly(services: Services) -> None:
+    dataset_id = _dataset(services, 1.0, 0.0)
+    release_ids = _releases(services, dataset_id, 11)
+    for release_id in release_ids[:10]:
+        with services.db.transaction() as session:
+            ledger.reserve(
+                session, dataset_id, release_id, epsilon_units(0.1, charge=True), 0, WORKER
+            )
+            ledger.commit(session, release_id, WORKER)
+    balance = _balance(services, dataset_id)
+    assert balance.epsilon_remaining == 0
+    assert balance.epsilon_spent == balance.epsilon_total
+    with pytest.raises(BudgetExhausted) as info, services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_ids[10], 1, 0, WORKER)
+    assert info.value.extra["remaining"] == {"epsilon": 0.0, "delta": 0.0}
+
+
+def test_reserve_commit_refund_balances(services: Services) -> None:
+    dataset_id = _dataset(services, 2.0, 1e-6)
+    a, b = _releases(services, dataset_id, 2)
+    with services.db.transaction() as session:
+        ledger.reserve(
+            session,
+            dataset_id,
+            a,
+            epsilon_units(0.5, charge=True),
+            delta_units(1e-7, charge=True),
+            WORKER,
+        )
+        ledger.reserve(session, dataset_id, b, epsilon_units(0.25, charge=True), 0, WORKER)
+    balance = _balance(services, dataset_id)
+    assert (epsilon_value(balance.epsilon_reserved), epsilon_value(balance.epsilon_remaining)) == (
+        0.75,
+        1.25,
+    )
+    assert delta_value(balance.delta_remaining) == 9e-7
+    with services.db.transaction() as session:
+        ledger.commit(session, a, WORKER)
+        ledger.refund(session, b, WORKER)
+    balance = _balance(services, dataset_id)
+    assert epsilon_value(balance.epsilon_spent) == 0.5
+    assert balance.epsilon_reserved == 0
+    assert epsilon_value(balance.epsilon_remaining) == 1.5
+    with services.db.transaction() as session:
+        assert ledger.reservation_state(session, a) == "committed"
+        assert ledger.reservation_state(session, b) == "refunded"
+
+
+def test_a_reservation_settles_once(services: Services) -> None:
+    dataset_id = _dataset(services, 1.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, 10, 0, WORKER)
+        ledger.commit(session, release_id, WORKER)
+    for settle in (ledger.commit, ledger.refund):
+        with (
+            pytest.raises(Conflict, match="already committed"),
+            services.db.transaction() as session,
+        ):
+            settle(session, release_id, WORKER)
+    (unreserved,) = _releases(services, dataset_id, 1)
+    with (
+        pytest.raises(Conflict, match="holds no reservation"),
+        services.db.transaction() as session,
+    ):
+        ledger.refund(session, unreserved, WORKER)
+
+
+def test_the_database_refuses_a_second_settlement(services: Services) -> None:
+    # even code that bypasses the service cannot settle twice (partial unique index)
+    dataset_id = _dataset(services, 1.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, 10, 0, WORKER)
+        ledger.commit(session, release_id, WORKER)
+    with pytest.raises(DBAPIError), services.db.transaction() as session:
+        session.add(
+            LedgerEntry(
+                dataset_id=dataset_id,
+                release_id=release_id,
+                kind="refund",
+                epsilon=10,
+                delta=0,
+                actor="x",
+            )
+        )
+        session.flush()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE ledger_entries SET epsilon = 0",
+        "DELETE FROM ledger_entries",
+        "UPDATE audit_events SET action = 'x'",
+        "DELETE FROM audit_events",
+    ],
+)
+def test_ledger_and_audit_are_append_only(services: Services, statement: str) -> None:
+    dataset_id = _dataset(services, 1.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, 10, 0, WORKER)
+    with pytest.raises(DBAPIError, match="append-only"), services.db.transaction() as session:
+        session.execute(text(statement))
+
+
+def test_totals_never_drop_below_spent_plus_reserved(services: Services) -> None:
+    dataset_id = _dataset(services, 1.0, 1e-6)
+    a, b = _releases(services, dataset_id, 2)
+    with services.db.transaction() as session:
+        ledger.reserve(
+            session,
+            dataset_id,
+            a,
+            epsilon_units(0.4, charge=True),
+            delta_units(5e-7, charge=True),
+            WORKER,
+        )
+        ledger.commit(session, a, WORKER)
+        ledger.reserve(session, dataset_id, b, epsilon_units(0.2, charge=True), 0, WORKER)
+    with (
+        pytest.raises(Conflict, match=r"budget.epsilon cannot go below spent \+ reserved \(0.6\)"),
+        services.db.transaction() as session,
+    ):
+        ledger.set_totals(session, dataset_id, epsilon_units(0.59, charge=False), None)
+    with pytest.raises(Conflict, match=r"budget\.delta"), services.db.transaction() as session:
+        ledger.set_totals(session, dataset_id, None, delta_units(4e-7, charge=False))
+    with services.db.transaction() as session:
+        _, balance = ledger.set_totals(session, dataset_id, epsilon_units(0.6, charge=False), None)
+    assert balance.epsilon_remaining == 0
+    with services.db.transaction() as session:
+        _, balance = ledger.set_totals(
+            session, dataset_id, epsilon_units(3, charge=False), delta_units(1e-5, charge=False)
+        )
+    assert epsilon_value(balance.epsilon_remaining) == 2.4
+
+
+@pytest.mark.parametrize(("k", "cost"), [(7, 0.1), (5, 0.2)])
+def test_concurrent_reservations_never_overspend(services: Services, k: int, cost: float) -> None:
+    """50 reservations race for a budget that fits exactly k of them."""
+    attempts = 50
+    dataset_id = _dataset(services, k * cost, k * 1e-9)
+    release_ids = _releases(services, dataset_id, attempts)
+    barrier = threading.Barrier(attempts)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def attempt(release_id: uuid.UUID) -> None:
+        barrier.wait()
+        try:
+            with services.db.transaction() as session:
+                ledger.reserve(
+                    session,
+                    dataset_id,
+                    release_id,
+                    epsilon_units(cost, charge=True),
+                    delta_units(1e-9, charge=True),
+                    WORKER,
+                )
+            outcome = "ok"
+        except BudgetExhausted:
+            outcome = "exhausted"
+        except Exception as exc:  # anything else is a failure of the test
+            outcome = f"error: {type(exc).__name__}: {exc}"
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=attempt, args=(r,)) for r in release_ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(outcomes) == attempts
+    assert sorted(set(outcomes)) == ["exhausted", "ok"], outcomes
+    assert outcomes.count("ok") == k
+    balance = _balance(services, dataset_id)
+    assert balance.epsilon_remaining == 0
+    assert balance.delta_remaining == 0
+    assert balance.epsilon_reserved == k * epsilon_units(cost, charge=True)

@@ -1,0 +1,66 @@
+"""Application-wide behaviour: health, readiness, the error envelope, the body limit."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from app.core.services import Services
+from tests.conftest import Caller
+
+
+def test_healthz_and_readyz(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "database": "ok", "queue": "ok"}
+
+
+def test_readyz_reports_an_unreachable_database(client: TestClient) -> None:
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+
+    def down() -> None:
+        raise ConnectionError("db down")
+
+    services.db.ping = down  # type: ignore[method-assign]
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json() == {"status": "not ready", "database": "unreachable", "queue": "ok"}
+
+
+def test_error_envelope_for_framework_errors(client: TestClient, curator: Caller) -> None:
+    assert client.get("/v1/nope").json() == {"error": {"code": "not_found", "message": "Not Found"}}
+    assert client.put("/healthz").json()["error"]["code"] == "method_not_allowed"
+    bad_id = client.get("/v1/datasets/not-a-uuid", headers=curator.headers)
+    assert bad_id.status_code == 422
+    assert bad_id.json()["error"]["code"] == "validation_error"
+    assert "dataset_id" in bad_id.json()["error"]["message"]
+
+
+def test_validation_errors_do_not_echo_input(client: TestClient, admin: Caller) -> None:
+    response = client.post(
+        "/v1/users", headers=admin.headers, json={"name": "x", "role": "s3cr3t-value"}
+    )
+    assert response.status_code == 422
+    assert "s3cr3t-value" not in response.text
+
+
+def test_body_limit_by_content_length(client: TestClient, curator: Caller) -> None:
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    too_big = services.settings.max_upload_bytes + (9 << 20)
+    response = client.post(
+        "/v1/datasets",
+        headers={
+            **curator.headers,
+            "Content-Length": str(too_big),
+            "Content-Type": "multipart/form-data; boundary=x",
+        },
+        content=b"",
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_openapi_documents_the_upload(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert body["schema"]["required"] == ["file", "schema"]

@@ -1,0 +1,107 @@
+"""The curator command: migrate, create-user, and serve as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CURATOR_")}
+    env["CURATOR_DATA_DIR"] = str(tmp_path / "data")
+    return env
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", *args],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_create_user_prints_json_after_migrate(tmp_path: Path) -> None:
+    unmigrated = _run(tmp_path, "create-user", "--name", "root", "--role", "admin", "--json")
+    assert unmigrated.returncode == 2
+    assert "run: curator migrate" in unmigrated.stderr
+    assert _run(tmp_path, "migrate").returncode == 0
+    created = _run(tmp_path, "create-user", "--name", "root", "--role", "admin", "--json")
+    assert created.returncode == 0, created.stderr
+    out = json.loads(created.stdout)
+    assert set(out) >= {"id", "api_key"}
+    assert out["api_key"].startswith("cur_")
+
+
+def test_configuration_errors_exit_2_with_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CURATOR_DATA_KEY", "nope")
+    with pytest.raises(SystemExit) as info:
+        main(["migrate"])
+    assert info.value.code == 2
+    assert "configuration error: CURATOR_DATA_KEY is not a Fernet key" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_serve_migrates_answers_and_stops_cleanly(tmp_path: Path) -> None:
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port)],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/readyz", timeout=2
+                ) as response:
+                    assert json.load(response) == {
+                        "status": "ready",
+                        "database": "ok",
+                        "queue": "ok",
+                    }
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # uvicorn finishes its shutdown, then re-raises SIGTERM so that supervisors see it
+    assert process.returncode in (0, -signal.SIGTERM), output
+    assert "Application shutdown complete" in output
+    assert "embedded worker started" in output
+    assert "embedded worker stopped" in output
+
+
+def test_serve_no_migrate_refuses_an_old_database(tmp_path: Path) -> None:
+    result = _run(tmp_path, "serve", "--no-migrate", "--port", str(_free_port()))
+    assert result.returncode == 2
+    assert "run: curator migrate" in result.stderr

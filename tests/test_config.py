@@ -1,0 +1,74 @@
+"""Settings: defaults, the data key, refusing bad configurations."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+
+from app.config import KEY_FILE_NAME, ConfigError, Settings, load_settings
+
+
+def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("DATA_DIR", "DATABASE_URL", "REDIS_URL", "DATA_KEY", "LOG_LEVEL"):
+        monkeypatch.delenv(f"CURATOR_{name}", raising=False)
+    settings = load_settings()
+    assert settings.data_dir == Path("curator-data")
+    assert settings.resolved_database_url == f"sqlite:///{tmp_path / 'curator-data' / 'curator.db'}"
+    assert settings.redis_url is None
+    assert settings.log_level == "INFO"
+
+
+def test_key_is_generated_once_with_mode_0600(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "d")
+    key = settings.prepare()
+    key_file = tmp_path / "d" / KEY_FILE_NAME
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    Fernet(key)
+    assert Settings(data_dir=tmp_path / "d").prepare() == key
+
+
+def test_explicit_key_wins(tmp_path: Path) -> None:
+    key = Fernet.generate_key()
+    assert Settings(data_dir=tmp_path, data_key=key.decode()).prepare() == key
+    assert not (tmp_path / KEY_FILE_NAME).exists()
+
+
+def test_bad_key_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="CURATOR_DATA_KEY is not a Fernet key"):
+        Settings(data_dir=tmp_path, data_key="not-a-key").prepare()
+
+
+def test_world_readable_key_file_is_refused(tmp_path: Path) -> None:
+    Settings(data_dir=tmp_path).prepare()
+    (tmp_path / KEY_FILE_NAME).chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        Settings(data_dir=tmp_path).prepare()
+
+
+def test_unwritable_data_dir_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="cannot be created"):
+        Settings(data_dir=blocker / "sub").prepare()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("DATABASE_URL", "mysql://x", "CURATOR_DATABASE_URL"),
+        ("REDIS_URL", "http://x", "CURATOR_REDIS_URL"),
+        ("LOG_LEVEL", "LOUD", "CURATOR_LOG_LEVEL"),
+        ("MAX_UPLOAD_BYTES", "-1", "CURATOR_MAX_UPLOAD_BYTES"),
+        ("QUEUE_NAME", "a b", "CURATOR_QUEUE_NAME"),
+    ],
+)
+def test_bad_values_are_refused_with_their_name(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, fragment: str
+) -> None:
+    monkeypatch.setenv(f"CURATOR_{name}", value)
+    with pytest.raises(ConfigError, match=fragment):
+        load_settings()
