@@ -1,0 +1,41 @@
+"""The container files stay honest even where no Docker engine runs (CI here has none;
+``.ci/run`` also runs ``docker compose config`` when a compose client exists)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_compose_has_the_services_and_their_order() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "api", "worker"}
+    for name in ("api", "worker"):
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+        assert depends["redis"]["condition"] == "service_healthy"
+        assert "curator-data:/data" in services[name]["volumes"]
+    assert services["migrate"]["command"] == ["curator", "migrate"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "--no-migrate" in services["api"]["command"]
+    assert "--no-worker" in services["api"]["command"]
+    assert services["worker"]["command"] == ["curator", "worker"]
+    env = services["api"]["environment"]
+    assert env["CURATOR_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert env["CURATOR_REDIS_URL"].startswith("redis://")
+    assert env["CURATOR_DATA_KEY"].startswith("${CURATOR_DATA_KEY:?")  # required, shared by all
+
+
+def test_dockerfile_is_multistage_nonroot_with_healthcheck() -> None:
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    assert text.count("\nFROM ") + text.startswith("FROM ") >= 2
+    assert "\nUSER curator" in text
+    assert "\nHEALTHCHECK " in text
+    assert "CURATOR_ALEMBIC_INI=/srv/curator/alembic.ini" in text
+    for path in ("alembic.ini", "alembic"):
+        assert f"COPY {path} " in text
+        assert (ROOT / path).exists()

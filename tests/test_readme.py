@@ -1,0 +1,83 @@
+"""The README's curl walkthrough works verbatim against a running server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def walkthrough() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Walkthrough with curl", 1)[1]
+    match = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert match, "no bash block in the walkthrough section"
+    return match.group(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_walkthrough_runs_verbatim(tmp_path: Path) -> None:
+    # A scratch checkout: the examples, and a .venv whose activate puts this interpreter first.
+    work = tmp_path / "checkout"
+    (work / ".venv" / "bin").mkdir(parents=True)
+    (work / "examples").symlink_to(ROOT / "examples")
+    bin_dir = Path(sys.executable).parent
+    (work / ".venv" / "bin" / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CURATOR_")}
+    env |= {"CURATOR_DATA_DIR": str(tmp_path / "data"), "CURATOR_URL": f"http://127.0.0.1:{port}"}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    server = subprocess.Popen(
+        [sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port)],
+        env=env,
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).close()
+                break
+            except OSError:
+                assert server.poll() is None, "the server exited"
+                assert time.monotonic() < deadline, "the server did not start in 60 s"
+                time.sleep(0.3)
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", walkthrough()],
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("dataset ")
+    assert lines[1] == "404"
+    assert lines[2] == "569"
+    budget = json.loads(lines[3])
+    assert budget["epsilon_total"] == 5.0
+    assert budget["epsilon_remaining"] == 5.0
