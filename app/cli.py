@@ -87,15 +87,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     refused = _check_schema(settings, migrate=False)
     if refused is not None:
         return refused
+    from app.releases.stages import Sweeper
+
     services = Services.build(settings)
     set_current(services)
     consumer = services.queue.consumer(args.threads or settings.worker_threads, embedded=False)
+    sweeper = Sweeper(services).start()
     log.info(
         "worker started (%s queue, tasks: %s)", services.queue.backend, services.queue.task_names
     )
     try:
         consumer.run()
     finally:
+        sweeper.stop()
         services.close()
     return 0
 

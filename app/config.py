@@ -11,6 +11,8 @@
 - ``CURATOR_MAX_UPLOAD_BYTES`` (default 1 GiB): larger uploads get 413.
 - ``CURATOR_LOG_LEVEL`` (default ``INFO``).
 - ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
+- ``CURATOR_LEASE_SECONDS`` (default 60): how long a worker holds a release stage without
+  renewing it; after that a sweeper hands the stage to another worker.
 - ``CURATOR_QUEUE_NAME`` (default ``curator``): the queue's name (Redis key prefix), so
   that several deployments can share one Redis.
 """
@@ -45,6 +47,7 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     worker_threads: int = Field(default=1, ge=1, le=64)
     queue_name: str = Field(default="curator", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    lease_seconds: float = Field(default=60.0, ge=0.5, le=3600)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -16,6 +16,8 @@ from app.config import Settings, load_settings
 from app.core.errors import install_error_handlers
 from app.core.services import Services, set_current
 from app.datasets.endpoints import router as datasets_router
+from app.releases.endpoints import router as releases_router
+from app.releases.stages import Sweeper
 from app.users.endpoints import router as users_router
 
 log = logging.getLogger("curator")
@@ -63,15 +65,17 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         set_current(services)
-        consumer = None
+        consumer, sweeper = None, None
         if embedded_worker:
             consumer = services.queue.consumer(settings.worker_threads, embedded=True)
             consumer.start()
+            sweeper = Sweeper(services).start()
             log.info("embedded worker started (%s queue)", services.queue.backend)
         try:
             yield
         finally:
-            if consumer is not None:
+            if consumer is not None and sweeper is not None:
+                sweeper.stop()
                 await run_in_threadpool(consumer.stop, True)
                 log.info("embedded worker stopped")
             set_current(None)
@@ -87,6 +91,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     install_error_handlers(app)
     app.include_router(users_router)
     app.include_router(datasets_router)
+    app.include_router(releases_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

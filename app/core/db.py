@@ -7,10 +7,12 @@ response is sent; rolled back on any error); a worker stage uses
 committed (enqueueing a job) or undone when it rolls back (deleting a file written for
 it) is registered with :func:`on_commit` / :func:`on_rollback`.
 
-SQLite: every transaction starts with ``BEGIN IMMEDIATE``, so write transactions are
-serialised by the database itself (the budget check and the ledger append cannot
-interleave), with WAL journaling and a 30 s busy timeout. PostgreSQL: the ledger locks
-the dataset row with ``SELECT ... FOR UPDATE``.
+SQLite: a transaction that may write starts with ``BEGIN IMMEDIATE``, so write
+transactions are serialised by the database itself (the budget check and the ledger
+append cannot interleave; a deferred transaction could not safely upgrade to a write
+under WAL), with a 30 s busy timeout. Read-only transactions (``read_only=True``: the
+API key lookup, GET requests) start ``BEGIN DEFERRED`` and never block writers.
+PostgreSQL: the ledger locks the dataset row with ``SELECT ... FOR UPDATE``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 log = logging.getLogger("curator.db")
 
 _ON_COMMIT = "curator_on_commit"
+_BEGIN_OPTION = "curator_sqlite_begin"
 _ON_ROLLBACK = "curator_on_rollback"
 
 
@@ -49,7 +52,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(connection: Any) -> None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            mode = connection.get_execution_options().get(_BEGIN_OPTION, "IMMEDIATE")
+            connection.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
     return create_engine(url, pool_pre_ping=True, **kwargs)
@@ -80,17 +84,24 @@ class Database:
 
     def __init__(self, url: str, **engine_kwargs: Any) -> None:
         self.url = url
+        if not url.startswith("sqlite"):
+            engine_kwargs.setdefault("pool_size", 10)
+            engine_kwargs.setdefault("max_overflow", 20)
         self.engine = make_engine(url, **engine_kwargs)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, autoflush=True)
+        self._read_engine = self.engine.execution_options(**{_BEGIN_OPTION: "DEFERRED"})
 
     @property
     def is_sqlite(self) -> bool:
         return self.engine.dialect.name == "sqlite"
 
     @contextmanager
-    def transaction(self) -> Iterator[Session]:
-        """A session whose transaction commits at the end of the block, or rolls back."""
-        session = self.sessions()
+    def transaction(self, *, read_only: bool = False) -> Iterator[Session]:
+        """A session whose transaction commits at the end of the block, or rolls back.
+
+        ``read_only`` transactions must not write; on SQLite they do not take the write lock.
+        """
+        session = self.sessions(bind=self._read_engine) if read_only else self.sessions()
         try:
             yield session
             session.commit()

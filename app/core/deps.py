@@ -24,33 +24,45 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_session(services: ServicesDep) -> Iterator[Session]:
+#: Requests holding a transaction at once. It must stay below the threadpool's size (40):
+#: a request holding a lock needs a free thread to reach its commit, and requests waiting
+#: for this limit hold no thread.
+MAX_CONCURRENT_TRANSACTIONS = 16
+
+
+def get_session(request: Request, services: ServicesDep) -> Iterator[Session]:
     """The request's transaction: committed after the endpoint returns and before the
-    response is sent (``scope="function"``), rolled back if anything raises."""
-    with services.db.transaction() as session:
+    response is sent (``scope="function"``), rolled back if anything raises. GET and
+    HEAD requests get read-only transactions."""
+    read_only = request.method in ("GET", "HEAD")
+    with services.db.transaction(read_only=read_only) as session:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+SessionDep = Annotated[
+    Session,
+    Depends(get_session, scope="function", max_concurrency=MAX_CONCURRENT_TRANSACTIONS),
+]
 
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 
 
 def current_user(
-    session: SessionDep,
+    services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> User:
+    """The caller, looked up in a short read-only transaction of its own, so that a request
+    holds no database lock before its endpoint runs (an upload may stream for minutes)."""
     if credentials is None or not credentials.credentials:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    key = session.scalars(
-        select(ApiKey).where(ApiKey.key_hash == hash_api_key(credentials.credentials))
-    ).one_or_none()
-    if key is None or key.revoked_at is not None:
-        raise Unauthorized("invalid or revoked API key")
-    user = session.get(User, key.user_id)
-    if user is None:
-        raise Unauthorized("invalid or revoked API key")
-    return user
+    with services.db.transaction(read_only=True) as session:
+        key = session.scalars(
+            select(ApiKey).where(ApiKey.key_hash == hash_api_key(credentials.credentials))
+        ).one_or_none()
+        user = session.get(User, key.user_id) if key is not None else None
+        if key is None or key.revoked_at is not None or user is None:
+            raise Unauthorized("invalid or revoked API key")
+        return user
 
 
 CurrentUser = Annotated[User, Depends(current_user)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -93,11 +94,14 @@ def error_responses(*errors: type[ServiceError]) -> dict[int | str, dict[str, An
     return out
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def describe_errors(errors: Sequence[Mapping[str, Any]], prefix: str = "") -> str:
+    """``"loc.path: message; ..."`` for pydantic errors, without the submitted values."""
     parts = []
-    for err in exc.errors():
-        location = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{location}: {err.get('msg', 'invalid')}")
+    for err in errors:
+        location = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        location = f"{prefix}.{location}" if prefix and location else (location or prefix or "body")
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{location}: {message}")
     return "; ".join(parts) or "invalid request"
 
 
@@ -122,7 +126,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         # The message names fields and rules only; pydantic's "input" (the submitted value)
         # is deliberately left out.
-        body = {"error": {"code": "validation_error", "message": _validation_message(exc)}}
+        body = {"error": {"code": "validation_error", "message": describe_errors(exc.errors())}}
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)

@@ -16,7 +16,13 @@ from sqlalchemy.orm import Session
 
 from app.core.audit import record
 from app.core.db import on_rollback
-from app.core.errors import Forbidden, InvalidRequest, InvalidUpload, NotFound
+from app.core.errors import (
+    Forbidden,
+    InvalidRequest,
+    InvalidUpload,
+    NotFound,
+    describe_errors,
+)
 from app.core.services import Services
 from app.datasets.schemas import (
     BudgetOut,
@@ -40,12 +46,8 @@ def parse_declaration(raw: str | None) -> DatasetDeclaration:
     try:
         return DatasetDeclaration.model_validate_json(raw)
     except ValidationError as exc:
-        messages = []
-        for err in exc.errors(include_input=False, include_url=False):
-            location = ".".join(str(p) for p in err["loc"])
-            message = err["msg"].removeprefix("Value error, ")
-            messages.append(f"schema.{location}: {message}" if location else f"schema: {message}")
-        raise InvalidRequest("invalid schema: " + "; ".join(messages)) from None
+        problems = describe_errors(exc.errors(include_input=False), "schema")
+        raise InvalidRequest(f"invalid schema: {problems}") from None
 
 
 def create_dataset(

@@ -1,10 +1,11 @@
 """Ledger use cases: reserve, commit, refund, balances, totals (DESIGN §2 rule 6).
 
-A reservation is atomic: the dataset row is locked (``SELECT ... FOR UPDATE`` on
-PostgreSQL; SQLite transactions are ``BEGIN IMMEDIATE`` and hold the write lock), the
-balance is summed from the ledger itself, ``spent + reserved + cost <= total`` is checked
-for epsilon and delta, and the entry is appended, all in the caller's transaction.
-Nothing here commits.
+A reservation is atomic: the dataset row is locked (``SELECT ... FOR NO KEY UPDATE`` on
+PostgreSQL, which serialises reservations yet stays compatible with the key-share locks
+that inserting a release or ledger row takes on it; SQLite transactions are
+``BEGIN IMMEDIATE`` and hold the write lock), the balance is summed from the ledger
+itself, ``spent + reserved + cost <= total`` is checked for epsilon and delta, and the
+entry is appended, all in the caller's transaction. Nothing here commits.
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ class Balance:
 
 
 def lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
+    """Lock the dataset's budget for this transaction (see the module docstring)."""
     stmt = select(Dataset).where(Dataset.id == dataset_id).execution_options(populate_existing=True)
     if uses_row_locks(session):
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(key_share=True)  # renders FOR NO KEY UPDATE
     dataset = session.scalars(stmt).one_or_none()
     if dataset is None:
         raise NotFound("dataset not found")

@@ -4,7 +4,7 @@ from app.models.audit import AuditEvent
 from app.models.base import Base
 from app.models.dataset import Dataset, Grant
 from app.models.ledger import LedgerEntry
-from app.models.release import Release
+from app.models.release import Release, ReleaseMeasurement
 from app.models.user import ApiKey, Role, User
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "Grant",
     "LedgerEntry",
     "Release",
+    "ReleaseMeasurement",
     "Role",
     "User",
 ]

@@ -1,4 +1,11 @@
-"""Releases: one mechanism run on one dataset, with its reserved budget."""
+"""Releases: one mechanism run on one dataset, with its reserved budget and its stages.
+
+Lifecycle (DESIGN §2 rule 4): ``queued`` -> ``measuring`` (the only stage that reads raw
+rows; it ends by persisting the noisy measurements and committing the spend in one
+transaction) -> ``synthesizing`` (post-processing of the stored measurements only) ->
+``succeeded``; or ``failed`` / ``cancelled``. A stage runs under a lease (owner, expiry)
+that its worker renews; a sweeper hands stages with expired leases to another worker.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,24 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, String
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.models.base import Base, new_id, utcnow
 
 RELEASE_STATUSES = ("queued", "measuring", "synthesizing", "succeeded", "failed", "cancelled")
+ACTIVE_STATUSES = ("queued", "measuring", "synthesizing")
 
 
 class Release(Base):
@@ -21,6 +40,15 @@ class Release(Base):
             "status IN ('queued', 'measuring', 'synthesizing', 'succeeded', 'failed', 'cancelled')",
             name="status",
         ),
+        Index(
+            "uq_releases_idempotency",
+            "created_by",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+        Index("ix_releases_status_lease", "status", "lease_expires_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -33,3 +61,33 @@ class Release(Base):
     created_by: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    columns: Mapped[list[Any]] = mapped_column(default=list)
+    #: Seed of the post-processing generator: a retried synthesis reproduces its artifacts.
+    seed: Mapped[int] = mapped_column(BigInteger, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    request_hash: Mapped[str] = mapped_column(String(64), default="")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str | None] = mapped_column(Text, default=None)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    resolved: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    privacy_cost: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    synthesis_params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    synthesis_version: Mapped[int] = mapped_column(Integer, default=0)
+    artifacts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    measured_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class ReleaseMeasurement(Base):
+    """The noisy measurements of a release: written once, in the transaction that commits
+    the spend; every later stage reads only this."""
+
+    __tablename__ = "release_measurements"
+
+    release_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -22,7 +22,7 @@ from app.config import Settings
 log = logging.getLogger("curator.worker")
 
 #: Modules whose import registers tasks.
-TASK_MODULES: tuple[str, ...] = ()
+TASK_MODULES: tuple[str, ...] = ("app.releases.tasks",)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The release types the service offers; importing this package registers them."""

@@ -1,0 +1,153 @@
+"""Routes: release requests, status, cancellation, re-synthesis, previews, downloads."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import FileResponse
+
+from app.core.deps import CurrentUser, ServicesDep, SessionDep
+from app.core.errors import (
+    BudgetExhausted,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+    error_responses,
+)
+from app.releases import downloads, service
+from app.releases.schemas import PreviewOut, ReleaseCreate, ReleaseOut, ResynthesizeRequest
+
+router = APIRouter(prefix="/v1", tags=["releases"], responses=error_responses(Unauthorized))
+
+
+@router.post(
+    "/datasets/{dataset_id}/releases",
+    response_model=ReleaseOut,
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={
+        200: {"description": "replay of an earlier request with the same Idempotency-Key"},
+        **error_responses(NotFound, Forbidden, InvalidRequest, BudgetExhausted),
+    },
+)
+def create_release(
+    dataset_id: uuid.UUID,
+    body: ReleaseCreate,
+    user: CurrentUser,
+    session: SessionDep,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> ReleaseOut:
+    """Request a release: the budget is reserved now (409 ``budget_exhausted`` if it does
+    not fit) and a worker measures and synthesises in the background."""
+    release, created = service.create_release(
+        session, services, user, dataset_id, body, idempotency_key
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return release
+
+
+@router.get(
+    "/datasets/{dataset_id}/releases",
+    response_model=list[ReleaseOut],
+    responses=error_responses(NotFound),
+)
+def list_releases(
+    dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep
+) -> list[ReleaseOut]:
+    return service.list_releases(session, user, dataset_id)
+
+
+@router.post(
+    "/datasets/{dataset_id}/preview",
+    response_model=PreviewOut,
+    responses=error_responses(NotFound, Forbidden, InvalidRequest),
+)
+def preview(
+    dataset_id: uuid.UUID, body: ReleaseCreate, user: CurrentUser, session: SessionDep
+) -> PreviewOut:
+    """What a release request would resolve to, cost and achieve; no data is read and no
+    budget is spent."""
+    return service.preview(session, user, dataset_id, body)
+
+
+@router.get(
+    "/releases/{release_id}", response_model=ReleaseOut, responses=error_responses(NotFound)
+)
+def get_release(release_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> ReleaseOut:
+    return service.to_out(service.visible_release(session, user, release_id))
+
+
+@router.delete(
+    "/releases/{release_id}",
+    response_model=ReleaseOut,
+    responses=error_responses(NotFound, Forbidden, Conflict),
+)
+def cancel_release(release_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> ReleaseOut:
+    """Cancel: the budget is refunded if nothing was measured yet; otherwise it stays spent."""
+    return service.cancel_release(session, user, release_id)
+
+
+@router.post(
+    "/releases/{release_id}/resynthesize",
+    response_model=ReleaseOut,
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=error_responses(NotFound, Forbidden, Conflict, InvalidRequest),
+)
+def resynthesize(
+    release_id: uuid.UUID,
+    body: ResynthesizeRequest,
+    user: CurrentUser,
+    session: SessionDep,
+    services: ServicesDep,
+) -> ReleaseOut:
+    """Post-process the stored measurements again with other parameters (no budget)."""
+    return service.resynthesize(session, services, user, release_id, body.params)
+
+
+@router.get(
+    "/releases/{release_id}/artifacts/{name}",
+    response_class=FileResponse,
+    responses=error_responses(NotFound, Conflict),
+)
+def artifact(
+    release_id: uuid.UUID, name: str, user: CurrentUser, session: SessionDep, services: ServicesDep
+) -> FileResponse:
+    return downloads.artifact(session, services, user, release_id, name)
+
+
+@router.get(
+    "/releases/{release_id}/synthetic",
+    response_class=FileResponse,
+    responses=error_responses(NotFound, Conflict),
+)
+def synthetic(
+    release_id: uuid.UUID,
+    user: CurrentUser,
+    session: SessionDep,
+    services: ServicesDep,
+    format: Annotated[Literal["csv", "parquet"], Query()] = "csv",
+    kind: Annotated[
+        Literal["sample", "support"],
+        Query(description="m sampled rows, or the weighted support points"),
+    ] = "sample",
+) -> FileResponse:
+    """The synthetic database in original units."""
+    return downloads.artifact(session, services, user, release_id, f"{kind}.{format}")
+
+
+@router.get(
+    "/releases/{release_id}/synopsis",
+    response_class=FileResponse,
+    responses=error_responses(NotFound, Conflict),
+)
+def synopsis(
+    release_id: uuid.UUID, user: CurrentUser, session: SessionDep, services: ServicesDep
+) -> FileResponse:
+    """The synopsis (noisy moments, basis, bounds, noise) as JSON, for offline evaluation."""
+    return downloads.artifact(session, services, user, release_id, "synopsis.json")

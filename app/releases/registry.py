@@ -1,0 +1,194 @@
+"""Release types: how each mechanism plugs into the release lifecycle.
+
+A :class:`Mechanism` adapts one library mechanism of :mod:`app.mechanisms` to the
+service. It validates the request's parameters without touching data (``parse_params``,
+``check``), predicts cost and accuracy (``preview``), measures from a
+:class:`~app.mechanisms.data.RowSource` (the only call that sees raw rows), turns the
+stored measurements into artifacts (``synthesize``: post-processing only) and answers
+queries from them (``answer``). Adapters are stateless singletons in :data:`REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ValidationError
+
+from app.core.errors import InvalidRequest, describe_errors
+from app.mechanisms.data import RowSource
+from app.mechanisms.privacy import PrivacyCost
+
+ProgressFn = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """A released column as declared by the curator (public)."""
+
+    name: str
+    kind: str
+    lower: float | None = None
+    upper: float | None = None
+    categories: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_declared(cls, spec: Mapping[str, Any]) -> ColumnInfo:
+        categories = spec.get("categories")
+        return cls(
+            name=str(spec["name"]),
+            kind=str(spec["kind"]),
+            lower=float(spec["lower"]) if "lower" in spec else None,
+            upper=float(spec["upper"]) if "upper" in spec else None,
+            categories=tuple(str(c) for c in categories) if categories is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a mechanism may know about the dataset: public by design (n and the schema)."""
+
+    n_rows: int
+    columns: tuple[ColumnInfo, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def d(self) -> int:
+        return len(self.columns)
+
+    def bounds(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        lower = np.array([c.lower for c in self.columns], dtype=np.float64)
+        upper = np.array([c.upper for c in self.columns], dtype=np.float64)
+        return lower, upper
+
+    def to_original(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Undo the normalisation: ``x = lower + (x' + 1) (upper - lower) / 2``."""
+        lower, upper = self.bounds()
+        return lower + (np.asarray(X, dtype=np.float64) + 1.0) * (upper - lower) / 2.0
+
+    def to_normalised(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
+        lower, upper = self.bounds()
+        return 2.0 * (np.asarray(X, dtype=np.float64) - lower) / (upper - lower) - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_rows": self.n_rows,
+            "columns": [{k: v for k, v in vars(c).items() if v is not None} for c in self.columns],
+        }
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the measure stage persists: JSON-safe noisy measurements and what they cost."""
+
+    payload: dict[str, Any]
+    privacy_cost: PrivacyCost
+    resolved: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    file: str
+    media_type: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Synthesized:
+    """Files written by the synthesise stage (name -> info) and a summary of how."""
+
+    artifacts: dict[str, ArtifactInfo]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class Mechanism(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    guarantee: ClassVar[str] = "differential privacy"
+    #: Column kinds the mechanism releases; the default column set is every such column.
+    column_kinds: ClassVar[frozenset[str]]
+    Params: ClassVar[type[BaseModel]]
+    #: Params fields that a re-synthesis may change (post-processing only).
+    post_processing: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the request's delta must be > 0.
+    requires_delta: ClassVar[bool] = False
+
+    def parse_params(self, raw: Mapping[str, Any]) -> BaseModel:
+        try:
+            return self.Params.model_validate(dict(raw))
+        except ValidationError as exc:
+            problems = describe_errors(exc.errors(include_input=False), "params")
+            raise InvalidRequest(f"invalid parameters for {self.name}: {problems}") from None
+
+    def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
+        """Refuse (InvalidRequest) what cannot work, before any budget is reserved."""
+        if self.requires_delta and delta <= 0:
+            raise InvalidRequest(f"{self.name} with these parameters needs delta > 0")
+
+    @abstractmethod
+    def preview(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> dict[str, Any]:
+        """Resolved parameters and predicted accuracy, from public information only."""
+
+    @abstractmethod
+    def measure(
+        self,
+        source: RowSource,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+    ) -> Measured:
+        """Read the data once and return noisy measurements costing at most (epsilon, delta)."""
+
+    @abstractmethod
+    def synthesize(
+        self,
+        payload: Mapping[str, Any],
+        info: DatasetInfo,
+        params: BaseModel,
+        rng: np.random.Generator,
+        workdir: Path,
+        progress: ProgressFn,
+    ) -> Synthesized:
+        """Post-process stored measurements into artifacts written under ``workdir``."""
+
+    def answer(
+        self,
+        payload: Mapping[str, Any],
+        artifacts: Path,
+        info: DatasetInfo,
+        queries: Sequence[Any],
+    ) -> list[dict[str, Any]]:
+        raise InvalidRequest(f"{self.name} releases do not answer queries")
+
+
+REGISTRY: dict[str, Mechanism] = {}
+
+
+def register(mechanism: Mechanism) -> Mechanism:
+    REGISTRY[mechanism.name] = mechanism
+    return mechanism
+
+
+def get(name: str) -> Mechanism:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        available = ", ".join(sorted(REGISTRY)) or "none"
+        raise InvalidRequest(f"unknown mechanism {name!r}; available: {available}") from None
+
+
+def finite(value: float) -> float | None:
+    """JSON-safe float (None for NaN/inf)."""
+    return value if math.isfinite(value) else None

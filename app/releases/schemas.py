@@ -1,0 +1,75 @@
+"""Request and response bodies of the release endpoints."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ReleaseStatus = Literal["queued", "measuring", "synthesizing", "succeeded", "failed", "cancelled"]
+
+
+class ReleaseCreate(BaseModel):
+    """A release request. ``columns`` defaults to every column the mechanism can release."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mechanism: str
+    epsilon: float
+    delta: float = 0.0
+    columns: list[str] | None = Field(default=None, min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResynthesizeRequest(BaseModel):
+    """New post-processing parameters; the stored measurements are reused, no budget spent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    media_type: str
+    description: str
+    url: str
+
+
+class ReleaseOut(BaseModel):
+    id: uuid.UUID
+    dataset_id: uuid.UUID
+    mechanism: str
+    guarantee: str
+    status: ReleaseStatus
+    progress: float = Field(description="fraction of the current stage done, 0 to 1")
+    message: str | None
+    cancel_requested: bool
+    epsilon: float
+    delta: float
+    columns: list[str]
+    params: dict[str, Any]
+    synthesis_params: dict[str, Any]
+    synthesis_version: int
+    resolved: dict[str, Any]
+    privacy_cost: dict[str, Any] | None
+    artifacts: list[ArtifactOut]
+    created_at: datetime
+    updated_at: datetime
+    measured_at: datetime | None
+    finished_at: datetime | None
+
+
+class PreviewOut(BaseModel):
+    mechanism: str
+    guarantee: str
+    epsilon: float
+    delta: float
+    columns: list[str]
+    params: dict[str, Any]
+    resolved: dict[str, Any]
+    accuracy: dict[str, Any]
+    fits_budget: bool
+    remaining: dict[str, float]

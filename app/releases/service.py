@@ -1,0 +1,355 @@
+"""Release use cases: request (reserve + enqueue after commit), read, cancel, re-synthesise,
+preview. Nothing here reads raw data; the worker stages in :mod:`app.releases.stages` do."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.core.audit import record
+from app.core.db import on_commit, uses_row_locks
+from app.core.errors import Conflict, InvalidRequest, NotFound
+from app.core.services import Services
+from app.datasets.service import owned_dataset, visible_dataset
+from app.ledger import service as ledger
+from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.privacy import check_budget
+from app.models import Dataset, Release, ReleaseMeasurement, User
+from app.models.base import utcnow
+from app.releases import registry
+from app.releases.registry import ColumnInfo, DatasetInfo, Mechanism
+from app.releases.schemas import ArtifactOut, PreviewOut, ReleaseCreate, ReleaseOut
+
+MEASURE_TASK = "release.measure"
+SYNTHESIZE_TASK = "release.synthesize"
+#: ``lease_owner`` of a stage that is enqueued but not yet claimed by a worker.
+QUEUED = "queued"
+
+
+class IdempotencyConflict(Conflict):
+    code = "idempotency_key_reused"
+
+
+def dataset_info(dataset: Dataset, mechanism: Mechanism, columns: list[str] | None) -> DatasetInfo:
+    """The release's columns (declared order), checked against the mechanism's column kinds."""
+    declared = {str(c["name"]): c for c in dataset.columns}
+    if columns is None:
+        chosen = [name for name, c in declared.items() if c["kind"] in mechanism.column_kinds]
+        if not chosen:
+            raise InvalidRequest(
+                f"{mechanism.name} releases columns of kind "
+                f"{sorted(mechanism.column_kinds)}; the dataset has none"
+            )
+    else:
+        if len(set(columns)) != len(columns):
+            raise InvalidRequest("columns must be distinct")
+        unknown = [c for c in columns if c not in declared]
+        if unknown:
+            raise InvalidRequest(f"columns not in the dataset: {unknown}")
+        wrong = [c for c in columns if declared[c]["kind"] not in mechanism.column_kinds]
+        if wrong:
+            raise InvalidRequest(
+                f"{mechanism.name} releases columns of kind {sorted(mechanism.column_kinds)}; "
+                f"not: {wrong}"
+            )
+        chosen = columns
+    return DatasetInfo(
+        n_rows=dataset.n_rows,
+        columns=tuple(ColumnInfo.from_declared(declared[name]) for name in chosen),
+    )
+
+
+def _validated(
+    dataset: Dataset, body: ReleaseCreate
+) -> tuple[Mechanism, DatasetInfo, Any, dict[str, Any]]:
+    mechanism = registry.get(body.mechanism)
+    try:
+        check_budget(body.epsilon, body.delta)
+    except MechanismError as exc:
+        raise InvalidRequest(str(exc)) from None
+    info = dataset_info(dataset, mechanism, body.columns)
+    params = mechanism.parse_params(body.params)
+    try:
+        mechanism.check(info, body.epsilon, body.delta, params)
+    except MechanismError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return mechanism, info, params, params.model_dump(mode="json")
+
+
+def _request_hash(
+    dataset_id: uuid.UUID, body: ReleaseCreate, params: dict[str, Any], columns: list[str]
+) -> str:
+    canonical = json.dumps(
+        {
+            "dataset": str(dataset_id),
+            "mechanism": body.mechanism,
+            "epsilon": repr(float(body.epsilon)),
+            "delta": repr(float(body.delta)),
+            "columns": columns,
+            "params": params,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _existing(session: Session, user: User, key: str, request_hash: str) -> Release | None:
+    release = session.scalars(
+        select(Release).where(Release.created_by == user.id, Release.idempotency_key == key)
+    ).one_or_none()
+    if release is not None and release.request_hash != request_hash:
+        raise IdempotencyConflict(
+            "this Idempotency-Key was used for a different request; use a new key"
+        )
+    return release
+
+
+def create_release(
+    session: Session,
+    services: Services,
+    user: User,
+    dataset_id: uuid.UUID,
+    body: ReleaseCreate,
+    idempotency_key: str | None,
+) -> tuple[ReleaseOut, bool]:
+    """Validate, reserve the budget and record the release in the caller's transaction;
+    the measure job is enqueued once that transaction commits. Returns (release, created)."""
+    dataset = owned_dataset(session, user, dataset_id)
+    _mechanism, info, _params, params_json = _validated(dataset, body)
+    request_hash = _request_hash(dataset.id, body, params_json, info.names)
+    if idempotency_key is not None:
+        if not 1 <= len(idempotency_key) <= 200:
+            raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
+        existing = _existing(session, user, idempotency_key, request_hash)
+        if existing is not None:
+            return to_out(existing), False
+    # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
+    ledger.lock_dataset(session, dataset.id)
+    now = utcnow()
+    release = Release(
+        dataset_id=dataset.id,
+        mechanism=body.mechanism,
+        status="queued",
+        epsilon=epsilon_units(body.epsilon, charge=True),
+        delta=delta_units(body.delta, charge=True),
+        params=params_json,
+        columns=info.names,
+        created_by=user.id,
+        seed=secrets.randbits(62),
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        lease_owner=QUEUED,
+        lease_expires_at=now + timedelta(seconds=services.settings.lease_seconds),
+    )
+    try:
+        with session.begin_nested():
+            session.add(release)
+            session.flush()
+    except IntegrityError:
+        # A concurrent request with the same key won the race.
+        if idempotency_key is None:
+            raise
+        existing = _existing(session, user, idempotency_key, request_hash)
+        if existing is None:
+            raise
+        return to_out(existing), False
+    ledger.reserve(
+        session, dataset.id, release.id, release.epsilon, release.delta, ledger.Actor.user(user.id)
+    )
+    record(
+        session,
+        user.id,
+        "release.create",
+        "release",
+        release.id,
+        dataset_id=str(dataset.id),
+        mechanism=body.mechanism,
+        epsilon=body.epsilon,
+        delta=body.delta,
+    )
+    release_id = str(release.id)
+    on_commit(session, lambda: services.queue.enqueue(MEASURE_TASK, release_id))
+    return to_out(release), True
+
+
+def to_out(release: Release) -> ReleaseOut:
+    mechanism = registry.REGISTRY.get(release.mechanism)
+    artifacts = (
+        [
+            ArtifactOut(
+                name=name,
+                media_type=str(meta["media_type"]),
+                description=str(meta["description"]),
+                url=f"/v1/releases/{release.id}/artifacts/{name}",
+            )
+            for name, meta in sorted(release.artifacts.items())
+        ]
+        if release.status == "succeeded"
+        else []
+    )
+    return ReleaseOut(
+        id=release.id,
+        dataset_id=release.dataset_id,
+        mechanism=release.mechanism,
+        guarantee=mechanism.guarantee if mechanism else "unknown",
+        status=release.status,
+        progress=release.progress,
+        message=release.message,
+        cancel_requested=release.cancel_requested,
+        epsilon=epsilon_value(release.epsilon),
+        delta=delta_value(release.delta),
+        columns=list(release.columns),
+        params=release.params,
+        synthesis_params=release.synthesis_params,
+        synthesis_version=release.synthesis_version,
+        resolved=release.resolved,
+        privacy_cost=release.privacy_cost,
+        artifacts=artifacts,
+        created_at=release.created_at,
+        updated_at=release.updated_at,
+        measured_at=release.measured_at,
+        finished_at=release.finished_at,
+    )
+
+
+def visible_release(session: Session, user: User, release_id: uuid.UUID) -> Release:
+    """The release, if its dataset is visible to ``user`` (else 404)."""
+    release = session.get(Release, release_id)
+    if release is None:
+        raise NotFound("release not found")
+    try:
+        visible_dataset(session, user, release.dataset_id)
+    except NotFound:
+        raise NotFound("release not found") from None
+    return release
+
+
+def owned_release(session: Session, user: User, release_id: uuid.UUID) -> Release:
+    release = visible_release(session, user, release_id)
+    owned_dataset(session, user, release.dataset_id)
+    return release
+
+
+def lock_release(session: Session, release_id: uuid.UUID) -> Release | None:
+    stmt = select(Release).where(Release.id == release_id).execution_options(populate_existing=True)
+    if uses_row_locks(session):
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt).one_or_none()
+
+
+def list_releases(session: Session, user: User, dataset_id: uuid.UUID) -> list[ReleaseOut]:
+    visible_dataset(session, user, dataset_id)
+    rows = session.scalars(
+        select(Release).where(Release.dataset_id == dataset_id).order_by(Release.created_at)
+    )
+    return [to_out(r) for r in rows]
+
+
+def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> ReleaseOut:
+    """Cancel: refund if nothing was measured; once measured the spend stays.
+
+    A queued release is cancelled at once. A release being measured is marked, and its
+    worker refunds instead of committing (or, if it already persisted, the spend stays).
+    """
+    owned_release(session, user, release_id)
+    release = lock_release(session, release_id)
+    assert release is not None
+    if release.status in ("succeeded", "failed", "cancelled"):
+        raise Conflict(f"the release already ended ({release.status})")
+    release.cancel_requested = True
+    now = utcnow()
+    if release.status == "queued":
+        ledger.refund(session, release.id, ledger.Actor.user(user.id))
+        release.status = "cancelled"
+        release.message = "cancelled before measuring; the budget was refunded"
+        release.finished_at = now
+    elif release.status == "synthesizing":
+        release.status = "cancelled"
+        release.message = "cancelled after measuring; the budget stays spent"
+        release.finished_at = now
+    else:
+        release.message = "cancellation requested; the worker refunds unless it already measured"
+    session.flush()
+    record(session, user.id, "release.cancel", "release", release.id, status=release.status)
+    return to_out(release)
+
+
+def resynthesize(
+    session: Session,
+    services: Services,
+    user: User,
+    release_id: uuid.UUID,
+    raw_params: dict[str, Any],
+) -> ReleaseOut:
+    """Run the post-processing again on the stored measurements: no budget is spent."""
+    owned_release(session, user, release_id)
+    release = lock_release(session, release_id)
+    assert release is not None
+    mechanism = registry.get(release.mechanism)
+    not_allowed = sorted(set(raw_params) - mechanism.post_processing)
+    if not_allowed:
+        raise InvalidRequest(
+            f"only post-processing parameters can change without spending budget "
+            f"({sorted(mechanism.post_processing)}); not: {not_allowed}"
+        )
+    if session.get(ReleaseMeasurement, release.id) is None:
+        raise Conflict("the release has no measurements yet; nothing to re-synthesise")
+    if release.status not in ("succeeded", "failed"):
+        raise Conflict(f"the release is {release.status}; wait for it to finish")
+    merged = {**release.params, **release.synthesis_params, **raw_params}
+    checked = mechanism.parse_params(merged).model_dump(mode="json")
+    release.synthesis_params = {k: checked[k] for k in mechanism.post_processing if k in checked}
+    release.synthesis_version += 1
+    release.status = "synthesizing"
+    release.progress = 0.0
+    release.message = None
+    release.finished_at = None
+    release.lease_owner = QUEUED
+    release.lease_expires_at = utcnow() + timedelta(seconds=services.settings.lease_seconds)
+    session.flush()
+    record(session, user.id, "release.resynthesize", "release", release.id, params=raw_params)
+    release_key = str(release.id)
+    on_commit(session, lambda: services.queue.enqueue(SYNTHESIZE_TASK, release_key))
+    return to_out(release)
+
+
+def preview(session: Session, user: User, dataset_id: uuid.UUID, body: ReleaseCreate) -> PreviewOut:
+    """Resolved parameters, privacy cost and predicted accuracy; no data read, no budget."""
+    dataset = owned_dataset(session, user, dataset_id)
+    mechanism, info, params, params_json = _validated(dataset, body)
+    try:
+        predicted = mechanism.preview(info, body.epsilon, body.delta, params)
+    except MechanismError as exc:
+        raise InvalidRequest(str(exc)) from None
+    balance = ledger.balance(session, dataset)
+    fits = (
+        epsilon_units(body.epsilon, charge=True) <= balance.epsilon_remaining
+        and delta_units(body.delta, charge=True) <= balance.delta_remaining
+    )
+    return PreviewOut(
+        mechanism=mechanism.name,
+        guarantee=mechanism.guarantee,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        columns=info.names,
+        params=params_json,
+        resolved=predicted.get("resolved", {}),
+        accuracy=predicted.get("accuracy", {}),
+        fits_budget=fits,
+        remaining=balance.remaining(),
+    )
+
+
+def release_info(session: Session, release: Release) -> DatasetInfo:
+    dataset = session.get(Dataset, release.dataset_id)
+    assert dataset is not None
+    return dataset_info(dataset, registry.get(release.mechanism), list(release.columns))

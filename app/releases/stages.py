@@ -1,0 +1,413 @@
+"""The two worker stages of a release and the sweeper that recovers them.
+
+*Measure* (DESIGN §2 rule 4) is the only code that reads raw rows. It claims the release
+under a lease, streams the encrypted table into the mechanism, and then, in ONE
+transaction, stores the noisy measurements, turns the ledger reservation into a spend and
+moves the release on to *synthesise*. If it fails before that transaction, the
+reservation is refunded and nothing is stored; if its worker dies, the noise it drew was
+never stored or shown to anyone, the lease expires and the sweeper hands the stage to
+another worker, which measures afresh. Once measurements exist they are immutable
+(database triggers), so no retry ever redraws them.
+
+*Synthesise* reads only the stored measurements, with a generator seeded from the
+release, so a retry reproduces the same artifacts; it may run any number of times.
+
+A stage's worker renews its lease from a heartbeat thread, which also publishes progress
+and notices cancellation; a worker that lost its lease discards its work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session, object_session
+
+from app.core.db import on_commit, uses_row_locks
+from app.core.services import Services
+from app.ledger import service as ledger
+from app.ledger.units import delta_value, epsilon_value
+from app.mechanisms.errors import MechanismError, SolverError
+from app.models import Dataset, Release, ReleaseMeasurement
+from app.models.base import utcnow
+from app.models.release import ACTIVE_STATUSES
+from app.releases import registry
+from app.releases.service import MEASURE_TASK, QUEUED, SYNTHESIZE_TASK, dataset_info, lock_release
+from app.storage.artifacts import ArtifactStore
+from app.storage.source import EncryptedTableSource
+
+log = logging.getLogger("curator.releases")
+WORKER = ledger.Actor.worker()
+
+
+class LeaseLost(Exception):
+    """Another worker took over this stage (our lease expired)."""
+
+
+class StageCancelled(Exception):
+    """The curator cancelled the release while this stage ran."""
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A message for the release's status. Mechanism and solver errors never carry data
+    values by contract; anything else is reported by type only (and logged without its
+    message)."""
+    if isinstance(exc, MechanismError | SolverError):
+        return str(exc)
+    return f"internal error ({type(exc).__name__}); see the worker log"
+
+
+def _log_failure(release_id: uuid.UUID, stage: str, exc: BaseException) -> None:
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    log.error("release %s: %s failed with %s\n%s", release_id, stage, type(exc).__name__, frames)
+
+
+@dataclass(frozen=True)
+class Claim:
+    release_id: uuid.UUID
+    owner: str
+    mechanism: str
+    dataset_id: uuid.UUID
+    epsilon: int
+    delta: int
+    columns: list[str]
+    params: dict[str, Any]
+    synthesis_params: dict[str, Any]
+    synthesis_version: int
+    seed: int
+    cancel_requested: bool
+
+
+def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | None:
+    """Take the stage's lease if the release is in that stage and nobody alive holds it."""
+    allowed = ("queued", "measuring") if stage == "measure" else ("synthesizing",)
+    owner = worker_id()
+    with services.db.transaction() as session:
+        release = lock_release(session, release_id)
+        if release is None or release.status not in allowed:
+            return None
+        now = utcnow()
+        held = release.lease_owner not in (None, QUEUED)
+        if held and release.lease_expires_at is not None and release.lease_expires_at > now:
+            return None
+        release.status = "measuring" if stage == "measure" else "synthesizing"
+        release.lease_owner = owner
+        release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
+        release.attempts += 1
+        release.progress = 0.0
+        return Claim(
+            release_id=release.id,
+            owner=owner,
+            mechanism=release.mechanism,
+            dataset_id=release.dataset_id,
+            epsilon=release.epsilon,
+            delta=release.delta,
+            columns=list(release.columns),
+            params=dict(release.params),
+            synthesis_params=dict(release.synthesis_params),
+            synthesis_version=release.synthesis_version,
+            seed=release.seed,
+            cancel_requested=release.cancel_requested,
+        )
+
+
+class Heartbeat:
+    """Renews a stage's lease every ``lease_seconds / 4`` and publishes its progress;
+    :meth:`check` raises if the lease was lost or the release was cancelled."""
+
+    def __init__(self, services: Services, claim: Claim) -> None:
+        self.services = services
+        self.claim = claim
+        self.interval = services.settings.lease_seconds / 4
+        self.progress = 0.0
+        self.lost = False
+        self.cancelled = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+
+    def set_progress(self, fraction: float) -> None:
+        self.progress = min(max(float(fraction), 0.0), 1.0)
+        self.check()
+
+    def check(self) -> None:
+        if self.lost:
+            raise LeaseLost
+        if self.cancelled:
+            raise StageCancelled
+
+    def beat(self) -> None:
+        with self.services.db.transaction() as session:
+            release = lock_release(session, self.claim.release_id)
+            if release is None or release.lease_owner != self.claim.owner:
+                self.lost = True
+                return
+            release.lease_expires_at = utcnow() + timedelta(
+                seconds=self.services.settings.lease_seconds
+            )
+            release.progress = self.progress
+            self.cancelled = release.cancel_requested
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception as exc:  # a missed beat is retried; the lease has slack
+                log.warning("heartbeat of %s failed: %s", self.claim.release_id, type(exc).__name__)
+            if self.lost:
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@contextmanager
+def _owned(services: Services, claim: Claim, status: str) -> Iterator[Release | None]:
+    """A transaction holding the release locked, or None if the claim is no longer ours."""
+    with services.db.transaction() as session:
+        release = lock_release(session, claim.release_id)
+        if release is None or release.lease_owner != claim.owner or release.status != status:
+            yield None
+        else:
+            yield release
+
+
+def _end_before_measuring(services: Services, claim: Claim, status: str, message: str) -> None:
+    """Fail or cancel a release that has not been measured: refund its reservation."""
+    with services.db.transaction() as session:
+        release = lock_release(session, claim.release_id)
+        if release is None or release.lease_owner != claim.owner or release.status != "measuring":
+            return
+        if ledger.reservation_state(session, release.id) == "reserved":
+            ledger.refund(session, release.id, WORKER)
+        release.status = status
+        release.message = message
+        release.finished_at = utcnow()
+        release.lease_owner = None
+        release.lease_expires_at = None
+
+
+def run_measure(services: Services, release_id: uuid.UUID) -> None:
+    claim = _claim(services, release_id, "measure")
+    if claim is None:
+        return
+    if claim.cancel_requested:
+        _end_before_measuring(services, claim, "cancelled", "cancelled before measuring; refunded")
+        return
+    with services.db.transaction() as session:
+        dataset = session.get(Dataset, claim.dataset_id)
+        assert dataset is not None
+        mechanism = registry.get(claim.mechanism)
+        info = dataset_info(dataset, mechanism, claim.columns)
+        path = services.settings.datasets_dir / dataset.storage_name
+    eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
+    with Heartbeat(services, claim) as heartbeat:
+        try:
+            params = mechanism.parse_params(claim.params)
+            source = EncryptedTableSource(
+                path,
+                services.data_key,
+                info.names,
+                info.n_rows,
+                on_rows=lambda rows: heartbeat.set_progress(0.99 * min(1.0, rows / info.n_rows)),
+            )
+            measured = mechanism.measure(source, info, eps_value, delta_value_, params)
+            if not measured.privacy_cost.within(eps_value, delta_value_):
+                raise RuntimeError("the mechanism's privacy cost exceeds the reservation")
+            heartbeat.check()
+        except LeaseLost:
+            log.warning("release %s: lease lost while measuring; work discarded", release_id)
+            return
+        except StageCancelled:
+            _end_before_measuring(
+                services, claim, "cancelled", "cancelled while measuring; refunded"
+            )
+            return
+        except Exception as exc:
+            _log_failure(release_id, "measure", exc)
+            _end_before_measuring(
+                services, claim, "failed", f"{describe_failure(exc)}; the budget was refunded"
+            )
+            return
+    with _owned(services, claim, "measuring") as release:
+        if release is None:
+            log.warning("release %s: lease lost before persisting; work discarded", release_id)
+            return
+        session = _session_of(release)
+        if release.cancel_requested:
+            ledger.refund(session, release.id, WORKER)
+            release.status = "cancelled"
+            release.message = "cancelled while measuring; refunded"
+            release.finished_at = utcnow()
+            release.lease_owner = None
+            release.lease_expires_at = None
+            return
+        now = utcnow()
+        session.add(ReleaseMeasurement(release_id=release.id, payload=measured.payload))
+        ledger.commit(session, release.id, WORKER)
+        release.status = "synthesizing"
+        release.measured_at = now
+        release.resolved = measured.resolved
+        release.privacy_cost = measured.privacy_cost.as_dict()
+        release.progress = 0.0
+        release.lease_owner = QUEUED
+        release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
+        enqueue_after_commit(session, services, SYNTHESIZE_TASK, release.id)
+
+
+def _session_of(release: Release) -> Session:
+    session = object_session(release)
+    assert session is not None
+    return session
+
+
+def enqueue_after_commit(
+    session: Session, services: Services, task: str, release_id: uuid.UUID
+) -> None:
+    key = str(release_id)
+    on_commit(session, lambda: services.queue.enqueue(task, key))
+
+
+def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
+    claim = _claim(services, release_id, "synthesize")
+    if claim is None:
+        return
+    store = ArtifactStore(services.settings.releases_dir)
+    with services.db.transaction() as session:
+        measurement = session.get(ReleaseMeasurement, claim.release_id)
+        dataset = session.get(Dataset, claim.dataset_id)
+        assert dataset is not None
+        mechanism = registry.get(claim.mechanism)
+        info = dataset_info(dataset, mechanism, claim.columns)
+        payload = measurement.payload if measurement is not None else None
+    if claim.cancel_requested or payload is None:
+        with _owned(services, claim, "synthesizing") as release:
+            if release is not None:
+                release.status = "cancelled" if claim.cancel_requested else "failed"
+                release.message = (
+                    "cancelled after measuring; the budget stays spent"
+                    if claim.cancel_requested
+                    else "no stored measurements to synthesise from"
+                )
+                release.finished_at = utcnow()
+                release.lease_owner = None
+        return
+    version = claim.synthesis_version
+    rng = np.random.default_rng(np.random.SeedSequence([claim.seed, version]))
+    work = store.begin(claim.release_id, version)
+    with Heartbeat(services, claim) as heartbeat:
+        try:
+            params = mechanism.parse_params({**claim.params, **claim.synthesis_params})
+            synthesized = mechanism.synthesize(
+                payload, info, params, rng, work, heartbeat.set_progress
+            )
+            heartbeat.check()
+        except (LeaseLost, StageCancelled) as exc:
+            store.discard(work)
+            if isinstance(exc, StageCancelled):
+                with _owned(services, claim, "synthesizing") as release:
+                    if release is not None:
+                        release.status = "cancelled"
+                        release.message = "cancelled after measuring; the budget stays spent"
+                        release.finished_at = utcnow()
+                        release.lease_owner = None
+            return
+        except Exception as exc:
+            store.discard(work)
+            _log_failure(release_id, "synthesize", exc)
+            with _owned(services, claim, "synthesizing") as release:
+                if release is not None:
+                    release.status = "failed"
+                    release.message = (
+                        f"{describe_failure(exc)}; the measurements are kept: re-synthesise "
+                        "with other parameters at no privacy cost"
+                    )
+                    release.finished_at = utcnow()
+                    release.lease_owner = None
+            return
+    with _owned(services, claim, "synthesizing") as release:
+        if release is None:
+            store.discard(work)
+            return
+        store.publish(claim.release_id, version, work)
+        release.status = "succeeded"
+        release.progress = 1.0
+        release.message = None
+        release.artifacts = {
+            name: {"file": a.file, "media_type": a.media_type, "description": a.description}
+            for name, a in synthesized.artifacts.items()
+        }
+        release.resolved = {**release.resolved, "synthesis": synthesized.summary}
+        release.finished_at = utcnow()
+        release.lease_owner = None
+        release.lease_expires_at = None
+        on_commit(_session_of(release), lambda: store.prune(claim.release_id, version))
+
+
+def sweep(services: Services) -> int:
+    """Re-enqueue every active release whose lease expired (a dead worker, or an enqueue
+    lost between commit and queue). Returns how many were re-enqueued."""
+    now = utcnow()
+    lease = timedelta(seconds=services.settings.lease_seconds)
+    requeued = 0
+    with services.db.transaction() as session:
+        stmt = select(Release).where(
+            Release.status.in_(ACTIVE_STATUSES),
+            or_(Release.lease_expires_at.is_(None), Release.lease_expires_at < now),
+        )
+        if uses_row_locks(session):
+            stmt = stmt.with_for_update(skip_locked=True)
+        for release in session.scalars(stmt):
+            release.lease_owner = QUEUED
+            release.lease_expires_at = now + lease
+            task = SYNTHESIZE_TASK if release.status == "synthesizing" else MEASURE_TASK
+            enqueue_after_commit(session, services, task, release.id)
+            log.info("release %s: lease expired in %s; re-enqueued", release.id, release.status)
+            requeued += 1
+    return requeued
+
+
+class Sweeper:
+    """Runs :func:`sweep` at start and every ``lease_seconds / 2`` in a daemon thread."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="release-sweeper", daemon=True)
+
+    def _run(self) -> None:
+        interval = self.services.settings.lease_seconds / 2
+        while True:
+            try:
+                sweep(self.services)
+            except Exception as exc:
+                log.warning("sweep failed: %s", type(exc).__name__)
+            if self._stop.wait(interval):
+                return
+
+    def start(self) -> Sweeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()

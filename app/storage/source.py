@@ -1,0 +1,67 @@
+"""The measure stage's view of a stored dataset: a :class:`~app.mechanisms.data.RowSource`
+that decrypts and streams the chosen columns of the encrypted Parquet table.
+
+This is the only reader of raw rows in the service (DESIGN §2 rule 4); it is handed to a
+mechanism's ``measure`` and nowhere else. Values are already normalised to ``[-1, 1]``
+(continuous columns) or category codes, as validation stored them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from app.storage.tables import ROW_GROUP_ROWS, iter_batches
+
+ProgressFn = Callable[[int], None]
+
+
+@dataclass
+class EncryptedTableSource:
+    """Stream ``columns`` of an encrypted table as float64 ``(b, len(columns))`` batches."""
+
+    path: Path
+    key: bytes
+    columns: Sequence[str]
+    n_rows: int
+    batch_rows: int = ROW_GROUP_ROWS
+    #: Called with the number of rows read so far (all passes), after every batch.
+    on_rows: ProgressFn | None = None
+    rows_read: int = field(default=0, init=False)
+
+    @property
+    def n_cols(self) -> int:
+        return len(self.columns)
+
+    def batches(self) -> Iterator[NDArray[np.float64]]:
+        for batch in iter_batches(self.path, self.key, self.columns, self.batch_rows):
+            block = (
+                np.column_stack(
+                    [
+                        np.asarray(
+                            batch.column(name).to_numpy(zero_copy_only=False), dtype=np.float64
+                        )
+                        for name in self.columns
+                    ]
+                )
+                if batch.num_rows
+                else np.empty((0, self.n_cols))
+            )
+            self.rows_read += batch.num_rows
+            if self.on_rows is not None:
+                self.on_rows(self.rows_read)
+            yield block
+
+    def codes(self) -> Iterator[pa.RecordBatch]:
+        """The raw Arrow batches (category codes, 0/1 and normalised values), for the
+        mechanisms over finite domains."""
+        for batch in iter_batches(self.path, self.key, self.columns, self.batch_rows):
+            self.rows_read += batch.num_rows
+            if self.on_rows is not None:
+                self.on_rows(self.rows_read)
+            yield batch

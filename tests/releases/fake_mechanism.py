@@ -1,0 +1,122 @@
+"""A test-only release type: noisy column means (OpenDP Laplace), with optional pauses and
+marker files so that tests can kill a worker in the middle of a stage.
+
+Importing this module registers ``test_means``. It is never imported by the service.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import opendp.prelude as dp
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.mechanisms.data import iter_checked
+from app.mechanisms.privacy import CostPart, PrivacyCost
+from app.releases import registry
+from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+
+dp.enable_features("contrib")
+
+
+class MeansParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rows: int = Field(default=20, ge=1, le=10_000)
+    pause_measure: float = Field(default=0.0, ge=0.0)
+    pause_synthesize: float = Field(default=0.0, ge=0.0)
+    marker_dir: str | None = None
+    fail_in: str | None = None
+
+
+class TestMeans(registry.Mechanism):
+    name: ClassVar[str] = "test_means"
+    description: ClassVar[str] = "noisy column means (tests only)"
+    column_kinds: ClassVar[frozenset[str]] = frozenset({"continuous"})
+    Params: ClassVar[type[BaseModel]] = MeansParams
+    post_processing: ClassVar[frozenset[str]] = frozenset({"rows"})
+
+    def preview(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> dict[str, Any]:
+        scale = 2 * info.d / (info.n_rows * epsilon)
+        return {"resolved": {"d": info.d}, "accuracy": {"noise_scale": scale}}
+
+    def measure(
+        self, source: Any, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> Measured:
+        assert isinstance(params, MeansParams)
+        pause = params.pause_measure if _mark(params, "measure") else 0.0
+        total = np.zeros(info.d)
+        for batch in iter_checked(source):
+            total += batch.sum(axis=0)
+            time.sleep(pause)
+        if params.fail_in == "measure":
+            raise RuntimeError("value 37.123456 must never reach a client")
+        means = total / info.n_rows
+        scale = 2 * info.d / (info.n_rows * epsilon)  # L1 sensitivity 2d/n
+        noise = dp.m.make_laplace(
+            dp.vector_domain(dp.atom_domain(T=float, nan=False)),
+            dp.l1_distance(T=float),
+            scale=scale,
+        )
+        noisy = np.asarray(noise(means.tolist()))
+        cost = float(noise.map(2 * info.d / info.n_rows))
+        return Measured(
+            payload={"means": noisy.tolist(), "scale": scale},
+            privacy_cost=PrivacyCost.compose([CostPart("means", cost)]),
+            resolved={"scale": scale},
+        )
+
+    def synthesize(
+        self,
+        payload: Mapping[str, Any],
+        info: DatasetInfo,
+        params: BaseModel,
+        rng: np.random.Generator,
+        workdir: Path,
+        progress: ProgressFn,
+    ) -> Synthesized:
+        assert isinstance(params, MeansParams)
+        if _mark(params, "synthesize"):
+            time.sleep(params.pause_synthesize)
+        progress(0.5)
+        if params.fail_in == "synthesize":
+            raise RuntimeError("synthesis failed")
+        means = np.clip(np.asarray(payload["means"]), -1, 1)
+        rows = np.clip(means + rng.uniform(-0.01, 0.01, size=(params.rows, info.d)), -1, 1)
+        table = pa.table({name: info.to_original(rows)[:, j] for j, name in enumerate(info.names)})
+        pacsv.write_csv(table, workdir / "sample.csv")
+        pq.write_table(table, workdir / "sample.parquet")
+        (workdir / "means.json").write_text(json.dumps(payload))
+        return Synthesized(
+            artifacts={
+                "sample.csv": ArtifactInfo("sample.csv", "text/csv", "rows"),
+                "sample.parquet": ArtifactInfo(
+                    "sample.parquet", "application/vnd.apache.parquet", "rows"
+                ),
+                "means.json": ArtifactInfo("means.json", "application/json", "noisy means"),
+            },
+            summary={"rows": params.rows},
+        )
+
+
+def _mark(params: MeansParams, stage: str) -> bool:
+    """Leave a marker; True on the stage's first attempt (only the first attempt pauses)."""
+    if not params.marker_dir:
+        return True
+    marker = Path(params.marker_dir, f"{stage}.started")
+    first = not marker.exists()
+    marker.touch()
+    return first
+
+
+registry.register(TestMeans())

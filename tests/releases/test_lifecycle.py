@@ -1,0 +1,408 @@
+"""The release lifecycle through the API, with the worker stages run in-process."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app.models import ReleaseMeasurement
+from app.releases.stages import run_measure, run_synthesize, sweep
+from tests.conftest import Caller
+from tests.datasets.helpers import SENTINELS
+from tests.releases.helpers import REQUEST, budget, dataset, request_release, run_all, services_of
+
+
+def _entries(client: TestClient, caller: Caller, dataset_id: str, release_id: str) -> list[str]:
+    return [
+        e["kind"]
+        for e in budget(client, caller, dataset_id)["entries"]
+        if e["release_id"] == release_id
+    ]
+
+
+def test_release_end_to_end(client: TestClient, curator: Caller, analyst: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    response = request_release(client, curator, dataset_id)
+    assert response.status_code == 202, response.text
+    release = response.json()
+    assert release["status"] == "queued"
+    assert release["columns"] == ["age", "weight"]  # the continuous ones, by default
+    assert release["guarantee"] == "differential privacy"
+    assert budget(client, curator, dataset_id)["epsilon_reserved"] == 0.2
+    assert services_of(client).queue.pending() == 1  # enqueued after commit
+
+    run_measure(services_of(client), uuid.UUID(release["id"]))
+    measured = client.get(f"/v1/releases/{release['id']}", headers=curator.headers).json()
+    assert measured["status"] == "synthesizing"
+    assert measured["privacy_cost"]["epsilon"] <= 0.2
+    assert _entries(client, curator, dataset_id, release["id"]) == ["reserve", "commit"]
+    assert budget(client, curator, dataset_id)["epsilon_spent"] == 0.2
+
+    run_synthesize(services_of(client), uuid.UUID(release["id"]))
+    done = client.get(f"/v1/releases/{release['id']}", headers=curator.headers).json()
+    assert done["status"] == "succeeded"
+    assert done["progress"] == 1.0
+    assert {a["name"] for a in done["artifacts"]} == {"sample.csv", "sample.parquet", "means.json"}
+
+    csv = client.get(f"/v1/releases/{release['id']}/synthetic?format=csv", headers=curator.headers)
+    assert csv.status_code == 200
+    table = pacsv.read_csv(io.BytesIO(csv.content))
+    assert table.num_rows == 20
+    assert all(0 <= v <= 100 for v in table["age"].to_pylist())
+    assert all(20 <= v <= 220 for v in table["weight"].to_pylist())
+    parquet = client.get(
+        f"/v1/releases/{release['id']}/synthetic?format=parquet", headers=curator.headers
+    )
+    assert pq.read_table(io.BytesIO(parquet.content)).num_rows == 20
+
+    # analysts: 404 everywhere without a grant, read access with one
+    paths = [
+        f"/v1/releases/{release['id']}",
+        f"/v1/releases/{release['id']}/synthetic",
+        f"/v1/releases/{release['id']}/artifacts/means.json",
+        f"/v1/datasets/{dataset_id}/releases",
+    ]
+    for path in paths:
+        assert client.get(path, headers=analyst.headers).status_code == 404, path
+    assert (
+        client.delete(f"/v1/releases/{release['id']}", headers=analyst.headers).status_code == 404
+    )
+    assert (
+        client.post(
+            f"/v1/releases/{release['id']}/resynthesize", headers=analyst.headers, json={}
+        ).status_code
+        == 404
+    )
+    client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    for path in paths:
+        assert client.get(path, headers=analyst.headers).status_code == 200, path
+    assert request_release(client, analyst, dataset_id).status_code == 403
+    assert (
+        client.delete(f"/v1/releases/{release['id']}", headers=analyst.headers).status_code == 403
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"mechanism": "nope", "epsilon": 1}, "unknown mechanism 'nope'"),
+        ({"mechanism": "test_means", "epsilon": 0}, "epsilon (0.0) must be a positive"),
+        ({"mechanism": "test_means", "epsilon": -1}, "epsilon (-1.0) must be a positive"),
+        ({"mechanism": "test_means", "epsilon": 0.1, "delta": 1}, "delta (1.0) must lie in [0, 1)"),
+        ({"mechanism": "test_means", "epsilon": 0.1, "columns": ["blood"]}, "not: ['blood']"),
+        (
+            {"mechanism": "test_means", "epsilon": 0.1, "columns": ["nope"]},
+            "columns not in the dataset: ['nope']",
+        ),
+        ({"mechanism": "test_means", "epsilon": 0.1, "columns": ["age", "age"]}, "distinct"),
+        ({"mechanism": "test_means", "epsilon": 0.1, "params": {"bogus": 1}}, "params.bogus"),
+        ({"mechanism": "test_means", "epsilon": 0.1, "params": {"rows": 0}}, "params.rows"),
+    ],
+)
+def test_bad_requests_are_422_and_reserve_nothing(
+    client: TestClient, curator: Caller, body: dict[str, object], fragment: str
+) -> None:
+    dataset_id = dataset(client, curator)
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 422, response.text
+    assert fragment in response.json()["error"]["message"]
+    assert budget(client, curator, dataset_id)["entries"] == []
+    assert client.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json() == []
+
+
+def test_budget_exhausted_is_409_with_what_remains(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator, epsilon=0.3)
+    assert request_release(client, curator, dataset_id).status_code == 202
+    response = request_release(client, curator, dataset_id)
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "budget_exhausted"
+    assert error["remaining"]["epsilon"] == pytest.approx(0.1)
+    assert (
+        len(client.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json()) == 1
+    )
+    assert services_of(client).queue.pending() == 1
+
+
+def test_fifty_concurrent_requests_for_five(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator, epsilon=1.0)
+    barrier = threading.Barrier(50)
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def attempt() -> None:
+        barrier.wait()
+        code = request_release(client, curator, dataset_id).status_code
+        with lock:
+            codes.append(code)
+
+    threads = [threading.Thread(target=attempt) for _ in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(set(codes)) == [202, 409], codes
+    assert codes.count(202) == 5
+    summary = budget(client, curator, dataset_id)
+    assert summary["epsilon_reserved"] == 1.0
+    assert summary["epsilon_remaining"] == 0.0
+    assert [e["kind"] for e in summary["entries"]] == ["reserve"] * 5
+    assert services_of(client).queue.pending() == 5
+
+
+def test_idempotent_retry_charges_once(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    first = request_release(client, curator, dataset_id, key="req-1")
+    again = request_release(client, curator, dataset_id, key="req-1")
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
+    other = request_release(client, curator, dataset_id, {**REQUEST, "epsilon": 0.3}, key="req-1")
+    assert other.status_code == 409
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    assert services_of(client).queue.pending() == 1
+
+
+def test_idempotent_retries_race(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    barrier = threading.Barrier(10)
+    results: list[tuple[int, str]] = []
+
+    def attempt() -> None:
+        barrier.wait()
+        response = request_release(client, curator, dataset_id, key="same")
+        results.append((response.status_code, response.json()["id"]))
+
+    threads = [threading.Thread(target=attempt) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(code for code, _ in results) == [200] * 9 + [202]
+    assert len({release_id for _, release_id in results}) == 1
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
+
+
+def test_cancel_before_measuring_refunds(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    run_measure(services_of(client), uuid.UUID(release_id))  # the queued job finds nothing to do
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    assert client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 409
+
+
+def test_cancel_while_measuring_refunds(
+    client: TestClient, curator: Caller, tmp_path: Path
+) -> None:
+    dataset_id = dataset(client, curator)
+    body = {**REQUEST, "params": {"pause_measure": 1.5, "marker_dir": str(tmp_path)}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "measure.started").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+    assert response.json()["status"] == "measuring"
+    assert response.json()["cancel_requested"] is True
+    worker.join(timeout=60)
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "cancelled"
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    with services_of(client).db.transaction() as session:
+        assert session.get(ReleaseMeasurement, uuid.UUID(release_id)) is None
+
+
+def test_cancel_after_measuring_keeps_the_spend(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_measure(services_of(client), uuid.UUID(release_id))
+    cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert cancelled["status"] == "cancelled"
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    assert (
+        client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["status"]
+        == "cancelled"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+
+
+def test_measure_failure_refunds_without_leaking(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    body = {**REQUEST, "params": {"fail_in": "measure"}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers)
+    assert release.json()["status"] == "failed"
+    assert (
+        release.json()["message"]
+        == "internal error (RuntimeError); see the worker log; the budget was refunded"
+    )
+    assert all(value not in release.text for value in SENTINELS)
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+
+
+def test_synthesis_failure_keeps_measurements_and_resynthesis_is_free(
+    client: TestClient, curator: Caller
+) -> None:
+    dataset_id = dataset(client, curator)
+    body = {**REQUEST, "params": {"fail_in": "synthesize", "rows": 5}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    failed = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert failed["status"] == "failed"
+    assert "measurements are kept" in failed["message"]
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    with services_of(client).db.transaction() as session:
+        payload = session.get(ReleaseMeasurement, uuid.UUID(release_id)).payload  # type: ignore[union-attr]
+
+    refused = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"pause": 0}},
+    )
+    assert refused.status_code == 422  # not a post-processing parameter
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"rows": 7}},
+    )
+    assert again.status_code == 202, again.text
+    assert again.json()["synthesis_version"] == 1
+    # the failure came from a measurement-time parameter, so this attempt fails the same way
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    assert (
+        client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["status"]
+        == "failed"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    with services_of(client).db.transaction() as session:
+        assert session.get(ReleaseMeasurement, uuid.UUID(release_id)).payload == payload  # type: ignore[union-attr]
+
+
+def test_resynthesis_uses_stored_measurements(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    first = client.get(
+        f"/v1/releases/{release_id}/artifacts/means.json", headers=curator.headers
+    ).json()
+    response = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"rows": 3}},
+    )
+    assert response.json()["status"] == "synthesizing"
+    run_measure(services_of(client), uuid.UUID(release_id))  # a stray measure job does nothing
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "succeeded"
+    assert release["synthesis_params"] == {"rows": 3}
+    assert (
+        client.get(
+            f"/v1/releases/{release_id}/artifacts/means.json", headers=curator.headers
+        ).json()
+        == first
+    )
+    sample = pacsv.read_csv(
+        io.BytesIO(
+            client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).content
+        )
+    )
+    assert sample.num_rows == 3
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    versions = sorted(
+        p.name for p in (services_of(client).settings.releases_dir / release_id).iterdir()
+    )
+    assert versions == ["v1"]
+
+
+def test_measurements_are_immutable(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_measure(services_of(client), uuid.UUID(release_id))
+    for statement in (
+        "UPDATE release_measurements SET payload = '{}'",
+        "DELETE FROM release_measurements",
+    ):
+        with (
+            pytest.raises(DBAPIError, match="append-only"),
+            services_of(client).db.transaction() as session,
+        ):
+            session.execute(text(statement))
+
+
+def test_downloads_wait_for_success(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    response = client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers)
+    assert response.status_code == 409
+    run_all(client, release_id)
+    missing = client.get(f"/v1/releases/{release_id}/synopsis", headers=curator.headers)
+    assert missing.status_code == 404
+    assert "no artifact 'synopsis.json'" in missing.json()["error"]["message"]
+
+
+def test_sweeper_requeues_expired_leases(client: TestClient, curator: Caller) -> None:
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    assert sweep(services) == 0  # fresh: the enqueue's lease is still valid
+    with services.db.transaction() as session:
+        session.execute(
+            text(
+                "UPDATE releases SET status = 'measuring', lease_owner = 'dead-worker', lease_expires_at = :past"
+            ),
+            {"past": "2000-01-01 00:00:00"},
+        )
+    before = services.queue.pending()
+    assert sweep(services) == 1
+    assert services.queue.pending() == before + 1
+    assert sweep(services) == 0  # requeued with a fresh lease
+    run_all(client, release_id)
+    assert (
+        client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["status"]
+        == "succeeded"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+
+
+def test_preview_reads_nothing_and_spends_nothing(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator, epsilon=0.1)
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=REQUEST
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["accuracy"] == {"noise_scale": pytest.approx(2 * 2 / (4 * 0.2))}
+    assert body["fits_budget"] is False
+    assert body["remaining"] == {"epsilon": 0.1, "delta": 1e-6}
+    assert budget(client, curator, dataset_id)["entries"] == []
+    assert (
+        client.post(
+            f"/v1/datasets/{dataset_id}/preview",
+            headers=curator.headers,
+            json={"mechanism": "x", "epsilon": 1},
+        ).status_code
+        == 422
+    )
