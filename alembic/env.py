@@ -48,15 +48,27 @@ def run_migrations_online() -> None:
     engine = make_engine(_url())
     try:
         with engine.connect() as connection:
+            sqlite = connection.dialect.name == "sqlite"
+            if sqlite:
+                # Batch migrations rebuild tables (copy, drop, rename); with foreign keys on,
+                # dropping a referenced table fails. Alembic's documented recipe: switch them
+                # off (outside any transaction) and check integrity afterwards.
+                connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
             context.configure(
                 connection=connection,
                 target_metadata=target_metadata,
                 compare_type=True,
                 render_item=_render_item,
-                render_as_batch=connection.dialect.name == "sqlite",
+                render_as_batch=sqlite,
             )
             with context.begin_transaction():
                 context.run_migrations()
+            if sqlite:
+                raw = connection.connection.driver_connection
+                violations = raw.execute("PRAGMA foreign_key_check").fetchall()
+                raw.execute("PRAGMA foreign_keys=ON")
+                if violations:
+                    raise RuntimeError(f"foreign key violations after migrating: {violations}")
     finally:
         engine.dispose()
 

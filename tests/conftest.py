@@ -16,6 +16,7 @@ import secrets
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,9 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
+@contextmanager
+def temporary_postgres() -> Iterator[str]:
+    """A new, empty PostgreSQL database on the test server, dropped afterwards."""
     base = os.environ.get(PG_ENV)
     if not base:
         pytest.skip(f"PostgreSQL lane: {PG_ENV} is not set")
@@ -52,14 +54,20 @@ def postgres_url() -> Iterator[str]:
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(base).set(database=name).render_as_string(hide_password=False)
     try:
-        migrations.upgrade(url)
-        yield url
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """This session's migrated PostgreSQL database (tables truncated between tests)."""
+    with temporary_postgres() as url:
+        migrations.upgrade(url)
+        yield url
 
 
 def reset_postgres(url: str) -> None:

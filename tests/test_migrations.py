@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,17 +13,16 @@ from sqlalchemy import inspect
 from app.core import migrations
 from app.core.db import make_engine
 from app.models import Base
+from tests.conftest import temporary_postgres
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'empty.db'}"
-    if not os.environ.get("CURATOR_TEST_DATABASE_URL"):
-        pytest.skip("PostgreSQL lane: CURATOR_TEST_DATABASE_URL is not set")
-    url: str = request.getfixturevalue("postgres_url")
-    migrations.downgrade(url, "base")
-    return url
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    with temporary_postgres() as url:
+        yield url
 
 
 def _tables(url: str) -> set[str]:

@@ -20,7 +20,14 @@ from app.core.errors import (
     error_responses,
 )
 from app.datasets import service
-from app.datasets.schemas import BudgetOut, BudgetUpdate, DatasetOut, GrantCreate, GrantOut
+from app.datasets.schemas import (
+    BudgetOut,
+    BudgetUpdate,
+    DatasetOut,
+    DatasetUpdate,
+    GrantCreate,
+    GrantOut,
+)
 from app.datasets.upload import receive_multipart
 
 router = APIRouter(prefix="/v1", tags=["datasets"], responses=error_responses(Unauthorized))
@@ -86,6 +93,18 @@ def list_datasets(user: CurrentUser, session: SessionDep) -> list[DatasetOut]:
 )
 def get_dataset(dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> DatasetOut:
     return service.get_dataset(session, user, dataset_id)
+
+
+@router.patch(
+    "/datasets/{dataset_id}",
+    response_model=DatasetOut,
+    responses=error_responses(NotFound, Forbidden, InvalidRequest),
+)
+def update_dataset(
+    dataset_id: uuid.UUID, body: DatasetUpdate, user: CurrentUser, session: SessionDep
+) -> DatasetOut:
+    """Switch the curator's opt-in for releases that are not differentially private."""
+    return service.update_dataset(session, user, dataset_id, body.allow_non_dp_releases)
 
 
 @router.get(

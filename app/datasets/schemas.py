@@ -75,7 +75,21 @@ class BinaryColumn(BaseModel):
     kind: Literal["binary"]
 
 
-Column = Annotated[ContinuousColumn | CategoricalColumn | BinaryColumn, Field(discriminator="kind")]
+class PublicColumn(BaseModel):
+    """A column the curator declares public (an identifier such as a movie id): stored as
+    text and released unperturbed by mechanisms that use it (``randomized_response``'s
+    heterogeneous queries). Declaring a column public is the curator's decision."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ColumnName
+    kind: Literal["public"]
+
+
+Column = Annotated[
+    ContinuousColumn | CategoricalColumn | BinaryColumn | PublicColumn,
+    Field(discriminator="kind"),
+]
 
 
 class BudgetIn(BaseModel):
@@ -88,22 +102,29 @@ class BudgetIn(BaseModel):
     def _valid(self) -> BudgetIn:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise ValueError(f"budget.epsilon ({self.epsilon}) must be a positive finite number")
-        if self.epsilon > 1e6:
-            raise ValueError(f"budget.epsilon ({self.epsilon}) must be at most 1e6")
+        if not 1e-12 <= self.epsilon <= 1e6:
+            raise ValueError(
+                f"budget.epsilon ({self.epsilon}) must lie in [1e-12, 1e6] (the ledger's range)"
+            )
         if not (0.0 <= self.delta < 1.0):
             raise ValueError(f"budget.delta ({self.delta}) must lie in [0, 1)")
         return self
 
 
+DatasetName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+
+
 class DatasetDeclaration(BaseModel):
-    """The ``schema`` form field of ``POST /v1/datasets``."""
+    """The ``schema`` form field of ``POST /v1/datasets`` for a table."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+    name: DatasetName
+    kind: Literal["table"] = "table"
     columns: Annotated[list[Column], Field(min_length=1, max_length=MAX_COLUMNS)]
     budget: BudgetIn
     out_of_bounds: Literal["clip", "reject"] = "clip"
+    allow_non_dp_releases: bool = False
 
     @model_validator(mode="after")
     def _unique_names(self) -> DatasetDeclaration:
@@ -112,6 +133,21 @@ class DatasetDeclaration(BaseModel):
         if duplicates:
             raise ValueError(f"duplicate column names in the schema: {duplicates}")
         return self
+
+
+MAX_VERTICES = 20_000
+
+
+class GraphDeclaration(BaseModel):
+    """The ``schema`` form field for a graph: an undirected edge list over the vertex ids
+    ``0..vertices-1``. The vertex count is public; the edges (and their number) are not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: DatasetName
+    kind: Literal["graph"]
+    vertices: Annotated[int, Field(ge=2, le=MAX_VERTICES)]
+    budget: BudgetIn
 
 
 class BudgetSummary(BaseModel):
@@ -129,19 +165,21 @@ class ValidationReport(BaseModel):
     """What validation found. Shown to the dataset's curator only: clip counts are
     exact statistics of the data."""
 
-    format: Literal["csv", "parquet"]
-    n_rows: int
+    format: Literal["csv", "parquet", "edge_list"]
+    n_rows: int | None
     clipped: dict[str, int]
 
 
 class DatasetOut(BaseModel):
     id: uuid.UUID
     name: str
-    kind: str
+    kind: Literal["table", "graph"]
     owner_id: uuid.UUID
     columns: list[Column]
-    n_rows: int
+    n_rows: int | None = Field(description="rows of a table (public); None for a graph")
+    n_vertices: int | None = Field(description="vertex count of a graph (public)")
     out_of_bounds: Literal["clip", "reject"]
+    allow_non_dp_releases: bool
     budget: BudgetSummary
     created_at: datetime
     validation: ValidationReport | None = Field(
@@ -149,9 +187,15 @@ class DatasetOut(BaseModel):
     )
 
 
+class DatasetUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    allow_non_dp_releases: bool
+
+
 class LedgerEntryOut(BaseModel):
     id: int
-    kind: Literal["reserve", "commit", "refund"]
+    kind: Literal["reserve", "commit", "refund", "non_dp"]
     release_id: uuid.UUID
     epsilon: float
     delta: float

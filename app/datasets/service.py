@@ -7,6 +7,7 @@ curator's action gets 403 (they already know it exists).
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -19,16 +20,17 @@ from app.core.db import on_rollback
 from app.core.errors import (
     Forbidden,
     InvalidRequest,
-    InvalidUpload,
     NotFound,
     describe_errors,
 )
 from app.core.services import Services
+from app.datasets.graphs import validate_graph_and_store
 from app.datasets.schemas import (
     BudgetOut,
     BudgetSummary,
     DatasetDeclaration,
     DatasetOut,
+    GraphDeclaration,
     LedgerEntryOut,
     ValidationReport,
 )
@@ -38,13 +40,21 @@ from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
 from app.models import Dataset, Grant, Role, User
 
+Declaration = DatasetDeclaration | GraphDeclaration
 
-def parse_declaration(raw: str | None) -> DatasetDeclaration:
-    """Parse the ``schema`` form field; 422 with every problem named."""
+
+def parse_declaration(raw: str | None) -> Declaration:
+    """Parse the ``schema`` form field (a table by default, ``"kind": "graph"`` for an
+    edge list); 422 with every problem named."""
     if raw is None:
         raise InvalidRequest("the 'schema' form field is missing")
     try:
-        return DatasetDeclaration.model_validate_json(raw)
+        kind = json.loads(raw).get("kind", "table") if raw.lstrip().startswith("{") else "table"
+    except ValueError:
+        kind = "table"
+    model: type[Declaration] = GraphDeclaration if kind == "graph" else DatasetDeclaration
+    try:
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         problems = describe_errors(exc.errors(include_input=False), "schema")
         raise InvalidRequest(f"invalid schema: {problems}") from None
@@ -54,7 +64,7 @@ def create_dataset(
     session: Session,
     services: Services,
     curator: User,
-    declaration: DatasetDeclaration,
+    declaration: Declaration,
     upload: ReceivedUpload,
 ) -> DatasetOut:
     """Validate the uploaded file against the declaration, store it encrypted, record it.
@@ -68,31 +78,51 @@ def create_dataset(
     storage_name = f"{dataset_id}.parquet"
     destination = services.settings.datasets_dir / storage_name
     on_rollback(session, lambda: destination.unlink(missing_ok=True))
+    common = {
+        "id": dataset_id,
+        "owner_id": curator.id,
+        "name": declaration.name,
+        "epsilon_total": epsilon_units(declaration.budget.epsilon, charge=False),
+        "delta_total": delta_units(declaration.budget.delta, charge=False),
+        "storage_name": storage_name,
+    }
     with upload.file.open() as reader:
-        stored = validate_and_store(
-            reader,
-            upload.file.size,
-            declaration.columns,
-            declaration.out_of_bounds,
-            destination,
-            services.data_key,
-        )
-    report = ValidationReport(format=stored.format, n_rows=stored.n_rows, clipped=stored.clipped)
-    dataset = Dataset(
-        id=dataset_id,
-        owner_id=curator.id,
-        name=declaration.name,
-        kind="table",
-        columns=[c.model_dump() for c in declaration.columns],
-        n_rows=stored.n_rows,
-        out_of_bounds=declaration.out_of_bounds,
-        epsilon_total=epsilon_units(declaration.budget.epsilon, charge=False),
-        delta_total=delta_units(declaration.budget.delta, charge=False),
-        storage_name=storage_name,
-        validation=report.model_dump(),
-    )
-    if dataset.epsilon_total <= 0:
-        raise InvalidUpload("budget.epsilon is below the ledger's resolution (1e-12)")
+        if isinstance(declaration, GraphDeclaration):
+            graph = validate_graph_and_store(
+                reader, upload.file.size, declaration.vertices, destination, services.data_key
+            )
+            report = ValidationReport(format="edge_list", n_rows=None, clipped={})
+            dataset = Dataset(
+                **common,
+                kind="graph",
+                columns=[],
+                n_rows=graph.n_edges,  # private under edge-level DP: never returned
+                n_vertices=declaration.vertices,
+                out_of_bounds="reject",
+                allow_non_dp_releases=False,
+                validation=report.model_dump(),
+            )
+        else:
+            stored = validate_and_store(
+                reader,
+                upload.file.size,
+                declaration.columns,
+                declaration.out_of_bounds,
+                destination,
+                services.data_key,
+            )
+            report = ValidationReport(
+                format=stored.format, n_rows=stored.n_rows, clipped=stored.clipped
+            )
+            dataset = Dataset(
+                **common,
+                kind="table",
+                columns=[c.model_dump() for c in declaration.columns],
+                n_rows=stored.n_rows,
+                out_of_bounds=declaration.out_of_bounds,
+                allow_non_dp_releases=declaration.allow_non_dp_releases,
+                validation=report.model_dump(),
+            )
     session.add(dataset)
     session.flush()
     record(
@@ -101,12 +131,33 @@ def create_dataset(
         "dataset.create",
         "dataset",
         dataset.id,
-        n_columns=len(declaration.columns),
-        format=stored.format,
+        kind=dataset.kind,
+        n_columns=len(dataset.columns),
+        format=report.format,
         epsilon_total=declaration.budget.epsilon,
         delta_total=declaration.budget.delta,
     )
     return to_out(session, dataset, curator)
+
+
+def update_dataset(
+    session: Session, user: User, dataset_id: uuid.UUID, allow_non_dp_releases: bool
+) -> DatasetOut:
+    """The curator's opt-in (or opt-out) for releases that are not differentially private."""
+    dataset = owned_dataset(session, user, dataset_id)
+    if dataset.kind != "table" and allow_non_dp_releases:
+        raise InvalidRequest("non-DP releases exist for tables only")
+    dataset.allow_non_dp_releases = allow_non_dp_releases
+    session.flush()
+    record(
+        session,
+        user.id,
+        "dataset.update",
+        "dataset",
+        dataset.id,
+        allow_non_dp_releases=allow_non_dp_releases,
+    )
+    return to_out(session, dataset, user)
 
 
 def can_see(session: Session, user: User, dataset: Dataset) -> bool:
@@ -153,11 +204,13 @@ def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
         "kind": dataset.kind,
         "owner_id": dataset.owner_id,
         "columns": dataset.columns,
-        "n_rows": dataset.n_rows,
+        "n_rows": dataset.n_rows if dataset.kind == "table" else None,
+        "n_vertices": dataset.n_vertices,
         "out_of_bounds": dataset.out_of_bounds,
+        "allow_non_dp_releases": dataset.allow_non_dp_releases,
         "budget": budget_summary(ledger.balance(session, dataset)),
         "created_at": dataset.created_at,
-        "validation": dataset.validation if is_owner else None,
+        "validation": dataset.validation if is_owner and dataset.kind == "table" else None,
     }
     return DatasetOut.model_validate(data)
 

@@ -26,7 +26,13 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from app.core.errors import InvalidUpload
-from app.datasets.schemas import BinaryColumn, CategoricalColumn, Column, ContinuousColumn
+from app.datasets.schemas import (
+    BinaryColumn,
+    CategoricalColumn,
+    Column,
+    ContinuousColumn,
+    PublicColumn,
+)
 from app.storage.tables import EncryptedTableWriter
 
 CSV_BLOCK_BYTES = 4 << 20
@@ -254,11 +260,36 @@ class BinaryCheck:
         return pa.array(ones.astype(np.int8), type=pa.int8())
 
 
+@dataclass
+class PublicCheck:
+    spec: PublicColumn
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def process(self, array: pa.Array, problems: Problems) -> pa.Array:
+        text = _as_text(array)
+        if text is None:
+            problems.add_rows(
+                self.name, f"has type {array.type}; expected text or numbers", len(array)
+            )
+            return pa.nulls(len(array), pa.string())
+        problems.add_rows(self.name, "empty cells", int(_mask(pc.equal(text, "")).sum()))
+        return pc.cast(text, pa.string())
+
+
 def make_check(spec: Column, policy: Literal["clip", "reject"]) -> ColumnCheck:
     if isinstance(spec, ContinuousColumn):
         return ContinuousCheck(spec, policy)
     if isinstance(spec, CategoricalColumn):
         return CategoricalCheck(spec)
+    if isinstance(spec, PublicColumn):
+        return PublicCheck(spec)
     return BinaryCheck(spec)
 
 

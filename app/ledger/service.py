@@ -170,6 +170,25 @@ def _settle(session: Session, release_id: uuid.UUID, kind: str, actor: Actor) ->
     return entry
 
 
+def record_non_dp(
+    session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, actor: Actor
+) -> LedgerEntry:
+    """Record that a release whose guarantee is not differential privacy was measured: a
+    ``non_dp`` entry with zero amounts, never part of an epsilon or delta sum."""
+    entry = LedgerEntry(
+        dataset_id=dataset_id,
+        release_id=release_id,
+        kind="non_dp",
+        epsilon=0,
+        delta=0,
+        actor_id=actor.user_id,
+        actor=actor.label,
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
 def commit(session: Session, release_id: uuid.UUID, actor: Actor) -> LedgerEntry:
     """The release's noisy measurements exist: its reservation becomes a spend."""
     return _settle(session, release_id, "commit", actor)

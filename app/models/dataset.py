@@ -6,19 +6,20 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Integer, String
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.models.base import Base, new_id, utcnow
 
 
 class Dataset(Base):
-    """A curator's table. ``columns`` is the declared schema (public by definition);
-    budget totals are in ledger units (see :mod:`app.ledger.units`)."""
+    """A curator's table or graph. ``columns`` is the declared schema (public by
+    definition); budget totals are in ledger units (see :mod:`app.ledger.units`)."""
 
     __tablename__ = "datasets"
     __table_args__ = (
         CheckConstraint("out_of_bounds IN ('clip', 'reject')", name="out_of_bounds"),
+        CheckConstraint("kind IN ('table', 'graph')", name="kind"),
         CheckConstraint("epsilon_total > 0", name="epsilon_total_positive"),
         CheckConstraint("delta_total >= 0", name="delta_total_nonnegative"),
     )
@@ -26,7 +27,13 @@ class Dataset(Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     owner_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
+    #: ``table`` (rows with declared columns) or ``graph`` (an undirected edge list).
     kind: Mapped[str] = mapped_column(String(16), default="table")
+    #: Public vertex count of a graph dataset (ids 0..n_vertices-1); None for tables.
+    n_vertices: Mapped[int | None] = mapped_column(Integer, default=None)
+    #: The curator's opt-in to releases whose guarantee is not differential privacy
+    #: (``compressed``, paper 002).
+    allow_non_dp_releases: Mapped[bool] = mapped_column(Boolean, default=False)
     columns: Mapped[list[Any]]
     n_rows: Mapped[int] = mapped_column(Integer)
     out_of_bounds: Mapped[str] = mapped_column(String(8))

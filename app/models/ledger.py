@@ -2,7 +2,9 @@
 
 Every change of a dataset's privacy budget is one row: ``reserve`` (a release holds
 budget), ``commit`` (its noisy measurements exist: the reservation became a spend) or
-``refund`` (it ended before measuring). Amounts are integers in ledger units. Rows are
+``refund`` (it ended before measuring). A release whose guarantee is not differential
+privacy (``compressed``) is recorded as ``non_dp`` with zero amounts: visible in the
+ledger, never part of an epsilon or delta sum. Amounts are integers in ledger units. Rows are
 never updated or deleted (database triggers refuse it); a release has at most one
 reserve and at most one settlement (commit or refund), enforced by unique indexes.
 """
@@ -17,13 +19,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.models.base import Base, BigIntPK, utcnow
 
-LEDGER_KINDS = ("reserve", "commit", "refund")
+LEDGER_KINDS = ("reserve", "commit", "refund", "non_dp")
 
 
 class LedgerEntry(Base):
     __tablename__ = "ledger_entries"
     __table_args__ = (
-        CheckConstraint("kind IN ('reserve', 'commit', 'refund')", name="kind"),
+        CheckConstraint("kind IN ('reserve', 'commit', 'refund', 'non_dp')", name="kind"),
+        CheckConstraint("kind != 'non_dp' OR (epsilon = 0 AND delta = 0)", name="non_dp_free"),
         CheckConstraint("epsilon >= 0 AND delta >= 0", name="amounts_nonnegative"),
         Index(
             "uq_ledger_entries_reserve",

@@ -52,10 +52,12 @@ class ColumnInfo:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What a mechanism may know about the dataset: public by design (n and the schema)."""
+    """What a mechanism may know about the dataset: public by design (n and the schema of
+    a table; the vertex count of a graph, whose edge count is private)."""
 
     n_rows: int
     columns: tuple[ColumnInfo, ...]
+    n_vertices: int | None = None
 
     @property
     def names(self) -> list[str]:
@@ -81,6 +83,7 @@ class DatasetInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "n_vertices": self.n_vertices,
             "n_rows": self.n_rows,
             "columns": [{k: v for k, v in vars(c).items() if v is not None} for c in self.columns],
         }
@@ -114,6 +117,12 @@ class Mechanism(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     guarantee: ClassVar[str] = "differential privacy"
+    #: ``"dp"``: the request's (epsilon, delta) is reserved and spent. ``"non_dp"``: the
+    #: guarantee is something else (stated in ``guarantee``); the request carries no
+    #: epsilon, the dataset must allow non-DP releases, and the ledger records a
+    #: ``non_dp`` entry that never enters the epsilon sums.
+    privacy_kind: ClassVar[str] = "dp"
+    dataset_kinds: ClassVar[frozenset[str]] = frozenset({"table"})
     #: Column kinds the mechanism releases; the default column set is every such column.
     column_kinds: ClassVar[frozenset[str]]
     Params: ClassVar[type[BaseModel]]

@@ -12,12 +12,14 @@ ReleaseStatus = Literal["queued", "measuring", "synthesizing", "succeeded", "fai
 
 
 class ReleaseCreate(BaseModel):
-    """A release request. ``columns`` defaults to every column the mechanism can release."""
+    """A release request. ``columns`` defaults to every column the mechanism can release.
+    ``epsilon`` is required for differentially private mechanisms and must be omitted for
+    the non-DP ones (``compressed``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     mechanism: str
-    epsilon: float
+    epsilon: float | None = None
     delta: float = 0.0
     columns: list[str] | None = Field(default=None, min_length=1)
     params: dict[str, Any] = Field(default_factory=dict)
@@ -65,7 +67,7 @@ class ReleaseOut(BaseModel):
 class PreviewOut(BaseModel):
     mechanism: str
     guarantee: str
-    epsilon: float
+    epsilon: float | None
     delta: float
     columns: list[str]
     params: dict[str, Any]

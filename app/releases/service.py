@@ -7,9 +7,11 @@ import hashlib
 import json
 import secrets
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -40,7 +42,17 @@ class IdempotencyConflict(Conflict):
 
 
 def dataset_info(dataset: Dataset, mechanism: Mechanism, columns: list[str] | None) -> DatasetInfo:
-    """The release's columns (declared order), checked against the mechanism's column kinds."""
+    """The release's columns (declared order), checked against the mechanism's column kinds;
+    for a graph, its public vertex count."""
+    if dataset.kind not in mechanism.dataset_kinds:
+        raise InvalidRequest(
+            f"{mechanism.name} releases {' or '.join(sorted(mechanism.dataset_kinds))} "
+            f"datasets; this one is a {dataset.kind}"
+        )
+    if dataset.kind == "graph":
+        if columns:
+            raise InvalidRequest("a graph release takes no columns")
+        return DatasetInfo(n_rows=dataset.n_rows, columns=(), n_vertices=dataset.n_vertices)
     declared = {str(c["name"]): c for c in dataset.columns}
     if columns is None:
         chosen = [name for name, c in declared.items() if c["kind"] in mechanism.column_kinds]
@@ -68,34 +80,57 @@ def dataset_info(dataset: Dataset, mechanism: Mechanism, columns: list[str] | No
     )
 
 
-def _validated(
-    dataset: Dataset, body: ReleaseCreate
-) -> tuple[Mechanism, DatasetInfo, Any, dict[str, Any]]:
+@dataclass(frozen=True)
+class Validated:
+    mechanism: Mechanism
+    info: DatasetInfo
+    params: BaseModel
+    params_json: dict[str, Any]
+    epsilon: float
+    delta: float
+
+
+def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
+    """Everything about a request that can be checked without data, or 422/409."""
     mechanism = registry.get(body.mechanism)
-    try:
-        check_budget(body.epsilon, body.delta)
-    except MechanismError as exc:
-        raise InvalidRequest(str(exc)) from None
+    if mechanism.privacy_kind == "non_dp":
+        if body.epsilon is not None or body.delta:
+            raise InvalidRequest(
+                f"{mechanism.name} is not differentially private ({mechanism.guarantee}); "
+                "omit epsilon and delta"
+            )
+        if not dataset.allow_non_dp_releases:
+            raise Conflict(
+                f"{mechanism.name} is not differentially private; the curator must first "
+                "allow non-DP releases on this dataset (PATCH allow_non_dp_releases)"
+            )
+        epsilon, delta = 0.0, 0.0
+    else:
+        if body.epsilon is None:
+            raise InvalidRequest(f"{mechanism.name} needs epsilon")
+        try:
+            check_budget(body.epsilon, body.delta)
+        except MechanismError as exc:
+            raise InvalidRequest(str(exc)) from None
+        epsilon, delta = body.epsilon, body.delta
     info = dataset_info(dataset, mechanism, body.columns)
     params = mechanism.parse_params(body.params)
     try:
-        mechanism.check(info, body.epsilon, body.delta, params)
+        mechanism.check(info, epsilon, delta, params)
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
-    return mechanism, info, params, params.model_dump(mode="json")
+    return Validated(mechanism, info, params, params.model_dump(mode="json"), epsilon, delta)
 
 
-def _request_hash(
-    dataset_id: uuid.UUID, body: ReleaseCreate, params: dict[str, Any], columns: list[str]
-) -> str:
+def _request_hash(dataset_id: uuid.UUID, body: ReleaseCreate, checked: Validated) -> str:
     canonical = json.dumps(
         {
             "dataset": str(dataset_id),
             "mechanism": body.mechanism,
-            "epsilon": repr(float(body.epsilon)),
-            "delta": repr(float(body.delta)),
-            "columns": columns,
-            "params": params,
+            "epsilon": repr(float(checked.epsilon)),
+            "delta": repr(float(checked.delta)),
+            "columns": checked.info.names,
+            "params": checked.params_json,
         },
         sort_keys=True,
     )
@@ -124,8 +159,8 @@ def create_release(
     """Validate, reserve the budget and record the release in the caller's transaction;
     the measure job is enqueued once that transaction commits. Returns (release, created)."""
     dataset = owned_dataset(session, user, dataset_id)
-    _mechanism, info, _params, params_json = _validated(dataset, body)
-    request_hash = _request_hash(dataset.id, body, params_json, info.names)
+    checked = _validated(dataset, body)
+    request_hash = _request_hash(dataset.id, body, checked)
     if idempotency_key is not None:
         if not 1 <= len(idempotency_key) <= 200:
             raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
@@ -139,10 +174,10 @@ def create_release(
         dataset_id=dataset.id,
         mechanism=body.mechanism,
         status="queued",
-        epsilon=epsilon_units(body.epsilon, charge=True),
-        delta=delta_units(body.delta, charge=True),
-        params=params_json,
-        columns=info.names,
+        epsilon=epsilon_units(checked.epsilon, charge=True),
+        delta=delta_units(checked.delta, charge=True),
+        params=checked.params_json,
+        columns=checked.info.names,
         created_by=user.id,
         seed=secrets.randbits(62),
         idempotency_key=idempotency_key,
@@ -162,9 +197,15 @@ def create_release(
         if existing is None:
             raise
         return to_out(existing), False
-    ledger.reserve(
-        session, dataset.id, release.id, release.epsilon, release.delta, ledger.Actor.user(user.id)
-    )
+    if checked.mechanism.privacy_kind == "dp":
+        ledger.reserve(
+            session,
+            dataset.id,
+            release.id,
+            release.epsilon,
+            release.delta,
+            ledger.Actor.user(user.id),
+        )
     record(
         session,
         user.id,
@@ -173,8 +214,9 @@ def create_release(
         release.id,
         dataset_id=str(dataset.id),
         mechanism=body.mechanism,
-        epsilon=body.epsilon,
-        delta=body.delta,
+        epsilon=checked.epsilon,
+        delta=checked.delta,
+        guarantee=checked.mechanism.guarantee,
     )
     release_id = str(release.id)
     on_commit(session, lambda: services.queue.enqueue(MEASURE_TASK, release_id))
@@ -268,7 +310,8 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
     release.cancel_requested = True
     now = utcnow()
     if release.status == "queued":
-        ledger.refund(session, release.id, ledger.Actor.user(user.id))
+        if ledger.reservation_state(session, release.id) == "reserved":
+            ledger.refund(session, release.id, ledger.Actor.user(user.id))
         release.status = "cancelled"
         release.message = "cancelled before measuring; the budget was refunded"
         release.finished_at = now
@@ -325,23 +368,25 @@ def resynthesize(
 def preview(session: Session, user: User, dataset_id: uuid.UUID, body: ReleaseCreate) -> PreviewOut:
     """Resolved parameters, privacy cost and predicted accuracy; no data read, no budget."""
     dataset = owned_dataset(session, user, dataset_id)
-    mechanism, info, params, params_json = _validated(dataset, body)
+    checked = _validated(dataset, body)
     try:
-        predicted = mechanism.preview(info, body.epsilon, body.delta, params)
+        predicted = checked.mechanism.preview(
+            checked.info, checked.epsilon, checked.delta, checked.params
+        )
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
     balance = ledger.balance(session, dataset)
     fits = (
-        epsilon_units(body.epsilon, charge=True) <= balance.epsilon_remaining
-        and delta_units(body.delta, charge=True) <= balance.delta_remaining
+        epsilon_units(checked.epsilon, charge=True) <= balance.epsilon_remaining
+        and delta_units(checked.delta, charge=True) <= balance.delta_remaining
     )
     return PreviewOut(
-        mechanism=mechanism.name,
-        guarantee=mechanism.guarantee,
+        mechanism=checked.mechanism.name,
+        guarantee=checked.mechanism.guarantee,
         epsilon=body.epsilon,
-        delta=body.delta,
-        columns=info.names,
-        params=params_json,
+        delta=checked.delta,
+        columns=checked.info.names,
+        params=checked.params_json,
         resolved=predicted.get("resolved", {}),
         accuracy=predicted.get("accuracy", {}),
         fits_budget=fits,

@@ -254,7 +254,8 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             return
         session = _session_of(release)
         if release.cancel_requested:
-            ledger.refund(session, release.id, WORKER)
+            if ledger.reservation_state(session, release.id) == "reserved":
+                ledger.refund(session, release.id, WORKER)
             release.status = "cancelled"
             release.message = "cancelled while measuring; refunded"
             release.finished_at = utcnow()
@@ -263,7 +264,10 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             return
         now = utcnow()
         session.add(ReleaseMeasurement(release_id=release.id, payload=measured.payload))
-        ledger.commit(session, release.id, WORKER)
+        if mechanism.privacy_kind == "dp":
+            ledger.commit(session, release.id, WORKER)
+        else:
+            ledger.record_non_dp(session, release.dataset_id, release.id, WORKER)
         release.status = "synthesizing"
         release.measured_at = now
         release.resolved = measured.resolved

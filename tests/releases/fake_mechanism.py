@@ -120,3 +120,23 @@ def _mark(params: MeansParams, stage: str) -> bool:
 
 
 registry.register(TestMeans())
+
+
+class TestNonDP(TestMeans):
+    """Same computation, declared as a release whose guarantee is not DP (tests only)."""
+
+    name: ClassVar[str] = "test_non_dp"
+    guarantee: ClassVar[str] = "none (tests only)"
+    privacy_kind: ClassVar[str] = "non_dp"
+
+    def measure(
+        self, source: Any, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> Measured:
+        total = sum(batch.sum(axis=0) for batch in iter_checked(source))
+        return Measured(
+            payload={"means": (np.asarray(total) / info.n_rows).tolist()},
+            privacy_cost=PrivacyCost(epsilon=0.0, kind="non_dp"),
+        )
+
+
+registry.register(TestNonDP())

@@ -406,3 +406,53 @@ def test_preview_reads_nothing_and_spends_nothing(client: TestClient, curator: C
         ).status_code
         == 422
     )
+
+
+def test_non_dp_release_needs_the_opt_in_and_spends_nothing(
+    client: TestClient, curator: Caller
+) -> None:
+    dataset_id = dataset(client, curator)
+    body = {"mechanism": "test_non_dp"}
+    refused = request_release(client, curator, dataset_id, body)
+    assert refused.status_code == 409
+    assert "allow non-DP releases" in refused.json()["error"]["message"]
+    client.patch(
+        f"/v1/datasets/{dataset_id}", headers=curator.headers, json={"allow_non_dp_releases": True}
+    )
+    with_epsilon = request_release(client, curator, dataset_id, {**body, "epsilon": 1})
+    assert with_epsilon.status_code == 422
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    assert response.json()["guarantee"] == "none (tests only)"
+    run_all(client, response.json()["id"])
+    assert (
+        client.get(f"/v1/releases/{response.json()['id']}", headers=curator.headers).json()[
+            "status"
+        ]
+        == "succeeded"
+    )
+    summary = budget(client, curator, dataset_id)
+    assert [(e["kind"], e["epsilon"], e["delta"]) for e in summary["entries"]] == [
+        ("non_dp", 0.0, 0.0)
+    ]
+    assert (
+        summary["epsilon_spent"],
+        summary["epsilon_reserved"],
+        summary["epsilon_remaining"],
+    ) == (0.0, 0.0, 1.0)
+
+
+def test_dp_mechanisms_need_epsilon(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    response = request_release(client, curator, dataset_id, {"mechanism": "test_means"})
+    assert response.status_code == 422
+    assert "needs epsilon" in response.json()["error"]["message"]
+
+
+def test_table_mechanisms_refuse_graphs(client: TestClient, curator: Caller) -> None:
+    from tests.datasets.test_graphs import upload_graph
+
+    graph_id = upload_graph(client, curator, b"0 1\n").json()["id"]
+    response = request_release(client, curator, graph_id)
+    assert response.status_code == 422
+    assert "releases table datasets; this one is a graph" in response.json()["error"]["message"]

@@ -1,0 +1,177 @@
+"""Graph datasets: an edge list with a declared vertex count."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.core.services import Services
+from app.storage.tables import open_table
+from tests.conftest import Caller
+from tests.datasets.test_upload import assert_nothing_stored
+
+GRAPH: dict[str, Any] = {
+    "name": "friends",
+    "kind": "graph",
+    "vertices": 6,
+    "budget": {"epsilon": 2},
+}
+
+
+def upload_graph(
+    client: TestClient, caller: Caller, content: bytes, schema: dict[str, Any] | None = None
+) -> Any:
+    return client.post(
+        "/v1/datasets",
+        headers=caller.headers,
+        files={"file": ("edges.txt", content, "text/plain")},
+        data={"schema": json.dumps(schema or GRAPH)},
+    )
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"0 1\n1 2\n5 4\n",
+        b"# a comment\n# another\nsource,target\n0,1\n2,1\n4,5\n",
+        b"0\t1\n1\t2\n\n4\t5\n",
+    ],
+    ids=["spaces", "comments-header-commas", "tabs-blank-line"],
+)
+def test_graph_upload_normalises_edges(client: TestClient, curator: Caller, content: bytes) -> None:
+    response = upload_graph(client, curator, content)
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert (body["kind"], body["n_vertices"], body["n_rows"], body["columns"]) == (
+        "graph",
+        6,
+        None,
+        [],
+    )
+    assert body["validation"] is None  # the edge count is private under edge-level DP
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    table = open_table(
+        services.settings.datasets_dir / f"{body['id']}.parquet", services.data_key
+    ).read()
+    edges = np.column_stack([table["u"].to_numpy(), table["v"].to_numpy()]).tolist()
+    assert edges == [[0, 1], [1, 2], [4, 5]]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem", "rows"),
+    [
+        (b"0 1\n1 6\n7 1\n", "ids outside 0..5 (the declared vertex count)", 2),
+        (b"0 1\n2 2\n", "self-loops", 1),
+        (b"0 1\n1 0\n0 1\n2 3\n", "repeated edges (in either orientation)", 2),
+        (b"0 1\n1 x\n-1 2\n", "ids that are not non-negative integers", 2),
+        (b"0 1\n99999999999999999999 1\n", "ids outside 0..5 (the declared vertex count)", 1),
+    ],
+    ids=["out-of-range", "self-loop", "duplicates", "not-integers", "huge-id"],
+)
+def test_bad_edges_are_counted_not_quoted(
+    client: TestClient, curator: Caller, content: bytes, problem: str, rows: int
+) -> None:
+    response = upload_graph(client, curator, content)
+    assert response.status_code == 422, response.text
+    assert {"column": "edges", "problem": problem, "rows": rows} in response.json()["error"][
+        "problems"
+    ]
+    assert "99999" not in response.text
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "the file is empty"),
+        (b"# only a comment\n", "the file has no edges"),
+        (b"0 1 2\n3 4 5\n", "some lines do not have exactly two fields"),
+    ],
+)
+def test_unreadable_edge_lists(
+    client: TestClient, curator: Caller, content: bytes, problem: str
+) -> None:
+    response = upload_graph(client, curator, content)
+    assert response.status_code == 422
+    assert response.json()["error"]["problems"] == [
+        {"column": None, "problem": problem, "rows": None}
+    ]
+    assert_nothing_stored(client)
+
+
+def test_graph_declaration_is_validated(client: TestClient, curator: Caller) -> None:
+    for schema, fragment in (
+        ({**GRAPH, "vertices": 1}, "schema.vertices"),
+        ({**GRAPH, "vertices": 10**6}, "schema.vertices"),
+        ({**GRAPH, "columns": []}, "schema.columns"),
+    ):
+        response = upload_graph(client, curator, b"0 1\n", schema)
+        assert response.status_code == 422
+        assert fragment in response.json()["error"]["message"]
+    assert_nothing_stored(client)
+
+
+def test_public_columns_are_stored_as_text(client: TestClient, curator: Caller) -> None:
+    from tests.datasets.helpers import upload
+
+    schema = {
+        "name": "ratings",
+        "columns": [{"name": "movie", "kind": "public"}, {"name": "liked", "kind": "binary"}],
+        "budget": {"epsilon": 1},
+    }
+    response = upload(client, curator, b"movie,liked\nm1,1\n42,0\n", schema)
+    assert response.status_code == 201, response.text
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    table = open_table(
+        services.settings.datasets_dir / f"{response.json()['id']}.parquet", services.data_key
+    ).read()
+    assert table["movie"].to_pylist() == ["m1", "42"]
+    empty = upload(client, curator, b"movie,liked\n,1\n", schema)
+    assert {"column": "movie", "problem": "empty cells", "rows": 1} in empty.json()["error"][
+        "problems"
+    ]
+
+
+def test_non_dp_opt_in_is_the_curators(
+    client: TestClient, curator: Caller, analyst: Caller
+) -> None:
+    from tests.datasets.helpers import csv_bytes, upload
+
+    dataset_id = upload(client, curator, csv_bytes()).json()["id"]
+    assert (
+        client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()[
+            "allow_non_dp_releases"
+        ]
+        is False
+    )
+    switched = client.patch(
+        f"/v1/datasets/{dataset_id}", headers=curator.headers, json={"allow_non_dp_releases": True}
+    )
+    assert switched.status_code == 200
+    assert switched.json()["allow_non_dp_releases"] is True
+    client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    assert (
+        client.patch(
+            f"/v1/datasets/{dataset_id}",
+            headers=analyst.headers,
+            json={"allow_non_dp_releases": False},
+        ).status_code
+        == 403
+    )
+    graph_id = upload_graph(client, curator, b"0 1\n").json()["id"]
+    assert (
+        client.patch(
+            f"/v1/datasets/{graph_id}",
+            headers=curator.headers,
+            json={"allow_non_dp_releases": True},
+        ).status_code
+        == 422
+    )
