@@ -1,0 +1,844 @@
+"""Randomized response over a finite domain: mechanism E of paper 004 (Wang, Ying, Zhang).
+
+Mechanism (eq. 14-16)
+---------------------
+Every row ``x_i`` of a database over a finite domain ``D`` is released independently as
+``Y_i`` with ``P[Y_i = x_i] = 1/g`` and ``P[Y_i = v] = e^-eps / g`` for every other
+``v``, where ``g = 1 + (|D| - 1) e^-eps`` (eq. 16; the paper writes ``|D| = 2^l``).
+Equivalently: with probability ``rho = |D| e^-eps / g`` replace the row by a uniform draw
+from ``D`` (which may return ``x_i`` itself), otherwise keep it. This form never lists
+the domain, so ``|D|`` may be astronomically large (the product of the chosen columns'
+category counts, coded in mixed radix by :class:`Domain`).
+
+Privacy (Lemma 1; replace-one neighbours, ``n`` public)
+--------------------------------------------------------
+Rows are perturbed independently (eq. 15), so neighbours that differ in row ``i`` give
+output probabilities whose ratio is the ratio for that row alone:
+``P[Y_i = y | x] / P[Y_i = y | x'] <= (1 - rho + rho/|D|) / (rho/|D|) = 1 + |D| (1 - rho)/rho``,
+which equals ``e^eps`` at the paper's ``rho``. The bound decreases in ``rho``, so the
+sampler rounds ``rho`` *up* to a multiple of ``2^-64`` (see
+:mod:`app.mechanisms.secure_random`): the coin is ``U < T`` with ``U`` a uniform 64-bit
+word from OpenDP's CSPRNG, ``T = ceil(rho 2^64) + 1`` computed with 60 significant digits
+(the ``+ 1`` absorbs that rounding), and the replacement value is an exactly uniform
+integer in ``[0, |D|)``. :attr:`RRRelease.epsilon_effective` is the epsilon of the rounded
+``rho``; it never exceeds the requested epsilon (checked at release time), and the
+ledger is charged the requested epsilon. ``1 - rho = (e^eps - 1)/(e^eps + |D| - 1)`` is
+then a multiple of ``2^-64``: for domains near ``2^60`` this rounding is coarse (the
+effective epsilon drops visibly below the requested one), and a request whose ``1 - rho``
+would round to 0 (a release of pure noise) is refused.
+
+Estimators (eq. 17-18, 21) and error (20), (22)
+-----------------------------------------------
+A statistical query (Definition 3) applies a row function ``phi_i`` to each row. Here
+every query is answered on the mean scale ``theta(x) = (1/n) sum_i phi_i(x_i)`` (eq. 10
+normalises by ``sum_i c_i`` instead; the estimators are linear, so this is a rescaling).
+With ``mu_i = (1/|D|) sum_v phi_i(v)`` (so that ``C_phi`` of eq. 18 is
+``sum_i |D| mu_i / sum_i c_i``), ``E[phi_i(Y_i)] = (1 - rho) phi_i(x_i) + rho mu_i``, and
+the unbiased estimator (17) is
+
+    theta_u(y) = ( (1/n) sum_i phi_i(y_i) - rho (1/n) sum_i mu_i ) / (1 - rho),
+
+which is eq. 17 exactly when ``rho = |D| e^-eps / g`` (then ``1/(1 - rho) = g / (1 - e^-eps)``
+and ``rho / (1 - rho) = |D| e^-eps / (1 - e^-eps)``). Using the sampler's exact ``rho``
+keeps it exactly unbiased. The proper estimator (21) rounds ``theta_u`` to the nearest
+achievable answer. Errors:
+
+- bound (20) on the mean scale: ``E|theta_u - theta|^2 <= (b - a)^2 / ((1 - rho)^2 n)``
+  (Appendix A: ``|Z_i| <= b - a``); (22) is four times that for the proper estimator;
+- exact variance: ``Var theta_u = rho / (n^2 (1 - rho)^2) sum_i [(1 - rho)(phi_i(x_i) - mu_i)^2
+  + s_i^2]`` with ``s_i^2`` the variance of ``phi_i`` under a uniform draw from ``D``. It
+  depends on the data only through ``sum_i (phi_i(x_i) - mu_i)^2``: its supremum over all
+  databases (``"worst_case"``, data-independent, attained at ``phi_i(x_i) in {a_i, b_i}``)
+  and an unbiased plug-in estimate from the release (``"plug_in"``) are both available.
+
+Continuous columns (§V-A)
+-------------------------
+A column normalised to ``[-1, 1]`` (with the declared bounds) is cut into ``2^k`` equal
+cells (:func:`discretize`), ``2^{2k} = sqrt(n)`` by default (:func:`default_bits`); the
+cell midpoint (:func:`cell_midpoints`) is within ``2^-k`` of every value of its cell.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Context, Decimal
+from functools import cached_property
+from typing import Literal, cast
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from app.mechanisms import secure_random
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.privacy import CostPart, PrivacyCost, check_budget
+
+#: Largest domain: codes are 64-bit signed integers.
+MAX_DOMAIN_SIZE = 1 << 62
+
+#: Precision (significant digits) of the threshold computation.
+_DIGITS = 60
+
+#: The bound (20) on the RMS error of a query with range 1 above which a release is
+#: useless: answering 1/2 without looking at the data is never off by more.
+USELESS_RMSE = 0.5
+
+StderrKind = Literal["worst_case", "plug_in", "bound", "bound_proper"]
+
+
+# --------------------------------------------------------------------------- domain
+
+
+def _as_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise MechanismError(f"{name} must be an integer")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The product of finite attributes, coded in mixed radix (last attribute fastest).
+
+    ``cardinalities[j]`` is the number of declared categories of attribute ``j`` (``2`` for
+    a binary column, ``2^k`` for a continuous column discretised to ``k`` bits). A row
+    ``(v_1, ..., v_d)`` has code ``sum_j v_j * prod_{i > j} cardinalities[i]``, the order of
+    :func:`numpy.ravel_multi_index`. The domain is never materialised.
+    """
+
+    cardinalities: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        cards = tuple(_as_int(k, "every cardinality") for k in self.cardinalities)
+        if not cards:
+            raise MechanismError("a domain needs at least one attribute")
+        if any(k < 1 for k in cards):
+            raise MechanismError("every cardinality must be >= 1")
+        if math.prod(cards) > MAX_DOMAIN_SIZE:
+            raise MechanismError(
+                "the domain has more than 2^62 cells (product of the cardinalities); "
+                "use fewer columns, categories or bits"
+            )
+        object.__setattr__(self, "cardinalities", cards)
+
+    @property
+    def size(self) -> int:
+        """``|D| = prod_j cardinalities[j]``."""
+        return math.prod(self.cardinalities)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """``stride_j = prod_{i > j} cardinalities[i]``: code = sum_j v_j stride_j."""
+        out = []
+        acc = 1
+        for k in reversed(self.cardinalities):
+            out.append(acc)
+            acc *= k
+        return tuple(reversed(out))
+
+    def encode(self, values: ArrayLike) -> NDArray[np.int64]:
+        """Codes of the rows of ``values`` (shape ``(n, d)``, integer category indices)."""
+        array = np.asarray(values)
+        d = len(self.cardinalities)
+        if array.ndim != 2 or array.shape[1] != d:
+            raise MechanismError(f"values must have shape (rows, {d}); got {array.shape}")
+        if array.dtype.kind not in "iu":
+            raise MechanismError("values must be integer category indices")
+        codes = np.zeros(array.shape[0], dtype=np.int64)
+        for j, k in enumerate(self.cardinalities):
+            column = array[:, j].astype(np.int64)
+            bad = int(np.count_nonzero((column < 0) | (column >= k)))
+            if bad:
+                raise MechanismError(
+                    f"attribute {j} has {bad} values outside its {k} declared categories"
+                )
+            codes = codes * k + column
+        return codes
+
+    def decode(self, codes: ArrayLike) -> NDArray[np.int64]:
+        """Inverse of :meth:`encode`: ``(n,)`` codes to ``(n, d)`` category indices."""
+        array = _check_codes(codes, self.size, "codes")
+        out = np.empty((array.shape[0], len(self.cardinalities)), dtype=np.int64)
+        rest = array.copy()
+        for j in range(len(self.cardinalities) - 1, -1, -1):
+            k = self.cardinalities[j]
+            out[:, j] = rest % k
+            rest //= k
+        return out
+
+    def attribute(self, codes: NDArray[np.int64], j: int) -> NDArray[np.int64]:
+        """Attribute ``j`` of each code (no range check)."""
+        return (codes // self.strides[j]) % self.cardinalities[j]
+
+
+def default_bits(n: int) -> int:
+    """Bits per continuous column (§V-A): ``2^{2k} = sqrt(n)``, ``k = round(log2(n)/4) >= 1``."""
+    n = _as_int(n, "n")
+    if n < 1:
+        raise MechanismError(f"n ({n}) must be >= 1")
+    return max(1, round(math.log2(n) / 4))
+
+
+def _check_bits(bits: int) -> int:
+    bits = _as_int(bits, "bits")
+    if not 1 <= bits <= 30:
+        raise MechanismError(f"bits ({bits}) must lie in [1, 30]")
+    return bits
+
+
+def discretize(x: ArrayLike, bits: int) -> NDArray[np.int64]:
+    """Cell index in ``[0, 2^bits)`` of values in ``[-1, 1]`` (§V-A), cells of width ``2^{1-bits}``.
+
+    Cell ``j`` is ``[-1 + j 2^{1-k}, -1 + (j + 1) 2^{1-k})``; the value ``1`` joins the
+    last cell. Values must already be normalised with the declared bounds.
+    """
+    bits = _check_bits(bits)
+    array = np.asarray(x, dtype=np.float64)
+    bad = int(np.count_nonzero(~np.isfinite(array)))
+    if bad:
+        raise MechanismError(f"x contains {bad} non-finite values")
+    outside = int(np.count_nonzero((array < -1.0) | (array > 1.0)))
+    if outside:
+        raise MechanismError(
+            f"x contains {outside} values outside [-1, 1]; normalise with the declared bounds"
+        )
+    cells = 1 << bits
+    index = np.floor((array + 1.0) * (cells / 2)).astype(np.int64)
+    return np.minimum(index, cells - 1)
+
+
+def cell_midpoints(index: ArrayLike, bits: int) -> NDArray[np.float64]:
+    """Midpoint ``-1 + (2 j + 1) / 2^bits`` of cell ``j``: within ``2^-bits`` of its values."""
+    bits = _check_bits(bits)
+    array = _check_codes(index, 1 << bits, "index")
+    return np.asarray(-1.0 + (2.0 * array + 1.0) / float(1 << bits), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- row functions
+
+
+class RowFunction(ABC):
+    """A bounded function ``phi: D -> R`` of one row (Definition 3), evaluated on codes."""
+
+    @property
+    @abstractmethod
+    def domain_size(self) -> int:
+        """``|D|`` of the domain the function is defined on."""
+
+    @abstractmethod
+    def evaluate(self, codes: NDArray[np.int64]) -> NDArray[np.float64]:
+        """``phi(v)`` for each code ``v``."""
+
+    @property
+    @abstractmethod
+    def mean(self) -> float:
+        """``mu = (1/|D|) sum_v phi(v)``; ``|D| mu`` is ``C_phi`` of eq. 18 when ``c_i = 1``."""
+
+    @property
+    @abstractmethod
+    def mean_square(self) -> float:
+        """``(1/|D|) sum_v phi(v)^2``."""
+
+    @property
+    @abstractmethod
+    def low(self) -> float:
+        """``a_i = min_v phi(v)``."""
+
+    @property
+    @abstractmethod
+    def high(self) -> float:
+        """``b_i = max_v phi(v)``."""
+
+    @property
+    @abstractmethod
+    def two_valued(self) -> bool:
+        """True when ``phi`` takes exactly the two values ``low`` and ``high``."""
+
+    @property
+    def total(self) -> float:
+        """``sum_v phi(v) = |D| mu`` (the paper's ``C_phi`` for one row function with ``c = 1``)."""
+        return self.domain_size * self.mean
+
+    @property
+    def spread(self) -> float:
+        """Variance of ``phi(V)`` for ``V`` uniform on ``D``: ``mean_square - mean^2``."""
+        return max(self.mean_square - self.mean**2, 0.0)
+
+
+@dataclass(frozen=True, eq=False)
+class Table(RowFunction):
+    """A row function given by its values on every cell of the domain (small ``|D|``)."""
+
+    values: NDArray[np.float64]
+
+    def __post_init__(self) -> None:
+        values = np.array(self.values, dtype=np.float64)  # a private, read-only copy
+        if values.ndim != 1 or values.shape[0] < 2:
+            raise MechanismError(
+                "a table row function must be a 1-D array with one value per domain cell"
+            )
+        if not np.all(np.isfinite(values)):
+            raise MechanismError("a table row function must have finite values")
+        if values.max() <= values.min():
+            raise MechanismError(
+                "the row function is constant (b = a); Definition 3 needs c = b - a > 0"
+            )
+        values.setflags(write=False)
+        object.__setattr__(self, "values", values)
+
+    @property
+    def domain_size(self) -> int:
+        return int(self.values.shape[0])
+
+    def evaluate(self, codes: NDArray[np.int64]) -> NDArray[np.float64]:
+        return self.values[codes]
+
+    @cached_property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+    @cached_property
+    def mean_square(self) -> float:
+        return float(np.mean(self.values**2))
+
+    @property
+    def low(self) -> float:
+        return float(self.values.min())
+
+    @property
+    def high(self) -> float:
+        return float(self.values.max())
+
+    @cached_property
+    def two_valued(self) -> bool:
+        return bool(np.unique(self.values).size == 2)
+
+
+@dataclass(frozen=True)
+class Conjunction(RowFunction):
+    """Indicator that every listed attribute takes one of its listed values.
+
+    ``terms`` maps an attribute index to a category index or a collection of them:
+    ``phi(v) = prod_j [v_j in terms[j]]``. For ``k`` binary attributes each fixed to 1 in
+    a domain of ``l`` binary attributes this is the predicate after eq. 22, with
+    ``sum_v phi(v) = 2^{l - k}`` (:attr:`total`). No table over the domain is built.
+    """
+
+    domain: Domain
+    terms: Mapping[int, int | Collection[int]]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.domain, Domain):
+            raise MechanismError("a conjunction needs the release's Domain")
+        if not self.terms:
+            raise MechanismError("a conjunction needs at least one term")
+        cards = self.domain.cardinalities
+        normalised: dict[int, frozenset[int]] = {}
+        for raw_attribute, raw_values in self.terms.items():
+            attribute = _as_int(raw_attribute, "a conjunction's attribute index")
+            if not 0 <= attribute < len(cards):
+                raise MechanismError(
+                    f"conjunction attribute {attribute} is outside the domain's "
+                    f"{len(cards)} attributes"
+                )
+            if isinstance(raw_values, int | np.integer):
+                chosen = frozenset({_as_int(raw_values, "a conjunction value")})
+            else:
+                chosen = frozenset(_as_int(v, "a conjunction value") for v in raw_values)
+            if not chosen:
+                raise MechanismError(f"conjunction attribute {attribute} has no allowed value")
+            if any(not 0 <= v < cards[attribute] for v in chosen):
+                raise MechanismError(
+                    f"a value of conjunction attribute {attribute} is outside its "
+                    f"{cards[attribute]} categories"
+                )
+            normalised[attribute] = chosen
+        if all(len(normalised[a]) == cards[a] for a in normalised):
+            raise MechanismError(
+                "the conjunction allows every value (a constant row function); "
+                "Definition 3 needs c = b - a > 0"
+            )
+        object.__setattr__(self, "terms", dict(sorted(normalised.items())))
+
+    @property
+    def term_sets(self) -> Mapping[int, frozenset[int]]:
+        """The terms as allowed-value sets (normalised in ``__post_init__``)."""
+        return cast(Mapping[int, frozenset[int]], self.terms)
+
+    @property
+    def domain_size(self) -> int:
+        return self.domain.size
+
+    def evaluate(self, codes: NDArray[np.int64]) -> NDArray[np.float64]:
+        result = np.ones(codes.shape[0], dtype=np.bool_)
+        for attribute, chosen in self.term_sets.items():
+            digits = self.domain.attribute(codes, attribute)
+            result &= np.isin(digits, np.fromiter(chosen, dtype=np.int64))
+        return result.astype(np.float64)
+
+    @property
+    def mean(self) -> float:
+        cards = self.domain.cardinalities
+        share = 1.0
+        for attribute, chosen in self.term_sets.items():
+            share *= len(chosen) / cards[attribute]
+        return share
+
+    @property
+    def mean_square(self) -> float:
+        return self.mean
+
+    @property
+    def low(self) -> float:
+        return 0.0
+
+    @property
+    def high(self) -> float:
+        return 1.0
+
+    @property
+    def two_valued(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class Heterogeneous:
+    """A statistical query whose row function depends on a public column (Definition 3).
+
+    Row ``i`` uses ``by_public[public_i]``, where ``public`` is the column the curator
+    declared public (kind ``public``), released unperturbed beside the codes. Values may
+    be :class:`RowFunction` objects or tables (arrays over the domain).
+    """
+
+    by_public: Mapping[int, RowFunction | ArrayLike]
+
+    def __post_init__(self) -> None:
+        if not self.by_public:
+            raise MechanismError("a heterogeneous query needs at least one row function")
+        functions: dict[int, RowFunction] = {}
+        for raw_key, raw_function in self.by_public.items():
+            key = _as_int(raw_key, "a public value")
+            functions[key] = _as_row_function(raw_function)
+        object.__setattr__(self, "by_public", functions)
+
+    @property
+    def functions(self) -> Mapping[int, RowFunction]:
+        """The row functions by public value (tables converted in ``__post_init__``)."""
+        return cast(Mapping[int, RowFunction], self.by_public)
+
+
+Query = RowFunction | Heterogeneous | ArrayLike
+
+
+def _as_row_function(query: RowFunction | ArrayLike) -> RowFunction:
+    if isinstance(query, RowFunction):
+        return query
+    return Table(np.asarray(query, dtype=np.float64))
+
+
+# --------------------------------------------------------------------------- privacy maths
+
+
+def _check_codes(codes: ArrayLike, size: int, name: str) -> NDArray[np.int64]:
+    array = np.asarray(codes)
+    if array.ndim != 1:
+        raise MechanismError(f"{name} must be a 1-D array; got {array.ndim} dimensions")
+    if array.dtype.kind not in "iu":
+        raise MechanismError(f"{name} must be integers")
+    array = array.astype(np.int64)
+    bad = int(np.count_nonzero((array < 0) | (array >= size)))
+    if bad:
+        raise MechanismError(f"{name} has {bad} entries outside [0, {size})")
+    return array
+
+
+def _replace_probability(domain_size: int, epsilon: float) -> Decimal:
+    """``rho = |D| e^-eps / g = |D| / (e^eps + |D| - 1)`` to 60 significant digits."""
+    ctx = Context(prec=_DIGITS)
+    exp_eps = ctx.exp(Decimal(epsilon))
+    return ctx.divide(Decimal(domain_size), ctx.add(exp_eps, Decimal(domain_size - 1)))
+
+
+def replace_threshold(domain_size: int, epsilon: float) -> int:
+    """The integer ``T`` of the replace coin ``U < T``: ``ceil(rho 2^64) + 1``, at most ``2^64``.
+
+    Rounding up only increases ``rho`` and so lowers the privacy loss; the extra unit
+    covers the error of the 60-digit computation of ``rho``.
+    """
+    rho = _replace_probability(domain_size, epsilon)
+    return min(secure_random.threshold(rho, "up") + 1, secure_random.TWO_64)
+
+
+def effective_epsilon(domain_size: int, threshold: int) -> float:
+    """Privacy loss of the sampler: ``ln(1 + |D| (1 - rho) / rho)`` with ``rho = T / 2^64``."""
+    if threshold >= secure_random.TWO_64:
+        return 0.0
+    ctx = Context(prec=_DIGITS)
+    ratio = ctx.divide(
+        Decimal(domain_size * (secure_random.TWO_64 - threshold)), Decimal(threshold)
+    )
+    return float(ctx.ln(ctx.add(Decimal(1), ratio)))
+
+
+# --------------------------------------------------------------------------- release
+
+
+@dataclass(frozen=True, eq=False)
+class RRRelease:
+    """The perturbed database of mechanism E and its companion estimators.
+
+    Holds only released values (``codes``, the unperturbed ``public`` column) and public
+    parameters; estimates need no raw data. ``to_dict``/``from_dict`` give a form the
+    service can store (scalars as JSON, the two arrays as Parquet columns).
+    """
+
+    codes: NDArray[np.int64]
+    domain_size: int
+    epsilon: float
+    replace_threshold: int
+    cardinalities: tuple[int, ...] | None = None
+    public: NDArray[np.int64] | None = None
+    privacy_cost: PrivacyCost = field(init=False)
+
+    def __post_init__(self) -> None:
+        size = _as_int(self.domain_size, "domain_size")
+        if not 2 <= size <= MAX_DOMAIN_SIZE:
+            raise MechanismError(f"domain_size ({size}) must lie in [2, 2^62]")
+        if self.cardinalities is not None:
+            domain = Domain(tuple(self.cardinalities))
+            if domain.size != size:
+                raise MechanismError("the product of the cardinalities must equal domain_size")
+            object.__setattr__(self, "cardinalities", domain.cardinalities)
+        check_budget(self.epsilon, 0.0)
+        threshold = _as_int(self.replace_threshold, "replace_threshold")
+        if not 0 < threshold < secure_random.TWO_64:
+            raise MechanismError("replace_threshold must lie in (0, 2^64)")
+        codes = _check_codes(self.codes, size, "codes")
+        if codes.shape[0] == 0:
+            raise MechanismError("codes is empty (n = 0)")
+        codes.setflags(write=False)
+        object.__setattr__(self, "codes", codes)
+        object.__setattr__(self, "domain_size", size)
+        object.__setattr__(self, "replace_threshold", threshold)
+        if self.public is not None:
+            public = _check_public(self.public, codes.shape[0])
+            public.setflags(write=False)
+            object.__setattr__(self, "public", public)
+        cost = PrivacyCost.compose([CostPart("randomized_response", float(self.epsilon))])
+        object.__setattr__(self, "privacy_cost", cost)
+
+    # -- parameters
+
+    @property
+    def n(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def domain(self) -> Domain | None:
+        """The attribute structure, when the release was made from a :class:`Domain`."""
+        return None if self.cardinalities is None else Domain(self.cardinalities)
+
+    @property
+    def replace_probability(self) -> float:
+        """``rho``: probability that a row is replaced by a uniform draw (exactly ``T / 2^64``)."""
+        return self.replace_threshold / secure_random.TWO_64
+
+    @property
+    def keep_margin(self) -> float:
+        """``1 - rho``, computed from the integer threshold (no cancellation when ``rho ~ 1``)."""
+        return (secure_random.TWO_64 - self.replace_threshold) / secure_random.TWO_64
+
+    @property
+    def keep_probability(self) -> float:
+        """``P[Y_i = x_i] = 1 - rho + rho / |D|`` (the paper's ``1/g``)."""
+        return self.keep_margin + self.replace_probability / self.domain_size
+
+    @property
+    def epsilon_effective(self) -> float:
+        """The privacy loss of the rounded sampler (<= :attr:`epsilon`)."""
+        return effective_epsilon(self.domain_size, self.replace_threshold)
+
+    # -- estimators
+
+    def estimate(self, query: Query) -> float:
+        """Unbiased estimate (eq. 17-18) of ``(1/n) sum_i phi_i(x_i)``.
+
+        ``query`` is a table over the domain (``(|D|,)`` values), a
+        :class:`RowFunction` (e.g. :class:`Conjunction`) for a linear query, or a
+        :class:`Heterogeneous` query keyed by the public column.
+        """
+        sums = self._sums(query)
+        rho = self.replace_probability
+        return (sums.phi_y - rho * sums.mu) / (self.n * self.keep_margin)
+
+    def estimate_proper(self, query: Query) -> float:
+        """Proper estimate (eq. 21): the achievable answer nearest to :meth:`estimate`.
+
+        Implemented for row functions that all take the same two values ``a < b``
+        (predicates, conjunctions, indicator tables, binary row functions): the
+        achievable answers are then ``a + (b - a) k / n``, ``k = 0..n``. For other row
+        functions the nearest achievable answer is a knapsack-type search; use
+        :meth:`estimate`.
+        """
+        groups = list(self._groups(query))
+        pairs = {(f.low, f.high) for _, f in groups}
+        if len(pairs) != 1 or not all(f.two_valued for _, f in groups):
+            raise MechanismError(
+                "estimate_proper (eq. 21) needs row functions that all take the same two "
+                "values; use estimate for this query"
+            )
+        ((a, b),) = pairs
+        unbiased = self.estimate(query)
+        k = min(max(round((unbiased - a) * self.n / (b - a)), 0), self.n)
+        return a + (b - a) * k / self.n
+
+    def stderr(self, query: Query, kind: StderrKind = "worst_case") -> float:
+        """Standard error (root mean squared error) of :meth:`estimate`.
+
+        - ``"worst_case"`` (default): the exact standard deviation maximised over all
+          databases; data-independent and never below the truth.
+        - ``"plug_in"``: the exact variance at the released database, with its one
+          data-dependent term ``sum_i (phi_i(x_i) - mu_i)^2`` replaced by its unbiased
+          estimate (clipped at 0).
+        - ``"bound"``: square root of bound (20) on the mean scale,
+          ``(b - a) / ((1 - rho) sqrt(n))``; ``"bound_proper"``: of (22), twice that,
+          for :meth:`estimate_proper`.
+        """
+        sums = self._sums(query)
+        rho = self.replace_probability
+        margin = self.keep_margin  # 1 - rho
+        scale = rho / (self.n * margin) ** 2
+        if kind == "worst_case":
+            return math.sqrt(scale * (margin * sums.worst_dev2 + sums.spread))
+        if kind == "plug_in":
+            dev2 = max((sums.dev2_y - rho * sums.spread) / margin, 0.0)
+            return math.sqrt(scale * (margin * dev2 + sums.spread))
+        if kind in ("bound", "bound_proper"):
+            factor = 2.0 if kind == "bound_proper" else 1.0
+            return factor * (sums.high - sums.low) / (margin * math.sqrt(self.n))
+        raise MechanismError(
+            f"kind ({kind!r}) must be 'worst_case', 'plug_in', 'bound' or 'bound_proper'"
+        )
+
+    def _groups(self, query: Query) -> Iterator[tuple[NDArray[np.int64] | slice, RowFunction]]:
+        if isinstance(query, Heterogeneous):
+            if self.public is None:
+                raise MechanismError(
+                    "a heterogeneous query needs the public column; this release has none"
+                )
+            values, inverse = np.unique(self.public, return_inverse=True)
+            functions = query.functions
+            missing = [int(v) for v in values if int(v) not in functions]
+            if missing:
+                raise MechanismError(
+                    f"the heterogeneous query has no row function for {len(missing)} of the "
+                    f"public column's {values.size} values"
+                )
+            for g, value in enumerate(values):
+                yield np.flatnonzero(inverse == g), functions[int(value)]
+            return
+        yield slice(None), _as_row_function(query)
+
+    def _sums(self, query: Query) -> _Sums:
+        sums = _Sums()
+        for rows, function in self._groups(query):
+            if function.domain_size != self.domain_size:
+                raise MechanismError(
+                    f"the row function is defined on {function.domain_size} cells; "
+                    f"the release's domain has {self.domain_size}"
+                )
+            if isinstance(function, Conjunction) and function.domain.cardinalities != (
+                self.cardinalities
+            ):
+                raise MechanismError("the conjunction's domain is not the release's domain")
+            y = self.codes[rows]
+            count = int(y.shape[0])
+            phi_y = function.evaluate(y)
+            mu = function.mean
+            sums.phi_y += float(np.sum(phi_y))
+            sums.mu += count * mu
+            sums.dev2_y += float(np.sum((phi_y - mu) ** 2))
+            sums.spread += count * function.spread
+            sums.worst_dev2 += count * max((function.low - mu) ** 2, (function.high - mu) ** 2)
+            sums.low = min(sums.low, function.low)
+            sums.high = max(sums.high, function.high)
+        return sums
+
+    # -- storage
+
+    def to_dict(self) -> dict[str, object]:
+        """Scalars for JSON plus the arrays ``codes`` and ``public`` (Parquet columns)."""
+        return {
+            "mechanism": "randomized_response",
+            "epsilon": self.epsilon,
+            "domain_size": self.domain_size,
+            "cardinalities": None if self.cardinalities is None else list(self.cardinalities),
+            "replace_threshold": self.replace_threshold,
+            "codes": self.codes,
+            "public": self.public,
+            "privacy_cost": self.privacy_cost.as_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> RRRelease:
+        cards = data.get("cardinalities")
+        public = data.get("public")
+        return cls(
+            codes=np.asarray(data["codes"], dtype=np.int64),
+            domain_size=int(data["domain_size"]),  # type: ignore[call-overload]
+            epsilon=float(data["epsilon"]),  # type: ignore[arg-type]
+            replace_threshold=int(data["replace_threshold"]),  # type: ignore[call-overload]
+            cardinalities=None if cards is None else tuple(cards),  # type: ignore[arg-type]
+            public=None if public is None else np.asarray(public, dtype=np.int64),
+        )
+
+
+@dataclass
+class _Sums:
+    """Sums over rows that the estimators and their variances need."""
+
+    phi_y: float = 0.0  # sum_i phi_i(y_i)
+    mu: float = 0.0  # sum_i mu_i
+    dev2_y: float = 0.0  # sum_i (phi_i(y_i) - mu_i)^2
+    spread: float = 0.0  # sum_i s_i^2
+    worst_dev2: float = 0.0  # sum_i max_{t in {a_i, b_i}} (t - mu_i)^2
+    low: float = math.inf  # a = min_i a_i
+    high: float = -math.inf  # b = max_i b_i
+
+
+def _check_public(public: ArrayLike, n: int) -> NDArray[np.int64]:
+    array = np.asarray(public)
+    if array.ndim != 1 or array.shape[0] != n:
+        raise MechanismError(f"public must be a 1-D array with one entry per row ({n})")
+    if array.dtype.kind not in "iu":
+        raise MechanismError("public must hold integer codes of the public column")
+    array = array.astype(np.int64)
+    bad = int(np.count_nonzero(array < 0))
+    if bad:
+        raise MechanismError(f"public has {bad} negative entries; codes must be >= 0")
+    return array
+
+
+def release(
+    codes: ArrayLike,
+    domain_size: int | Domain,
+    epsilon: float,
+    rng: np.random.Generator | None = None,
+    *,
+    public: ArrayLike | None = None,
+) -> RRRelease:
+    """Release ``codes`` (``(n,)`` integers in ``[0, |D|)``) through mechanism E (eq. 14-16).
+
+    ``domain_size`` is ``|D|`` or a :class:`Domain` (needed for :class:`Conjunction`
+    queries). ``public`` is an optional column declared public (e.g. a movie id),
+    released unchanged for heterogeneous queries. ``rng`` is accepted for the library's
+    uniform signature and not used: the only randomness is the privacy randomisation,
+    drawn from OpenDP's CSPRNG (module docstring), and there is no post-processing.
+    """
+    del rng
+    check_budget(epsilon, 0.0)
+    if isinstance(domain_size, Domain):
+        cardinalities: tuple[int, ...] | None = domain_size.cardinalities
+        size = domain_size.size
+    else:
+        cardinalities = None
+        size = _as_int(domain_size, "domain_size")
+    if not 2 <= size <= MAX_DOMAIN_SIZE:
+        raise MechanismError(f"domain_size ({size}) must lie in [2, 2^62]")
+    x = _check_codes(codes, size, "codes")
+    if x.shape[0] == 0:
+        raise MechanismError("codes is empty (n = 0)")
+    public_array = None if public is None else _check_public(public, x.shape[0])
+
+    threshold = replace_threshold(size, epsilon)
+    if threshold >= secure_random.TWO_64:
+        raise MechanismError(
+            f"with domain_size = {size} and epsilon = {epsilon:g} a row would be kept with "
+            "probability below 2^-64: the release would be pure noise; use a smaller domain "
+            "or a larger epsilon"
+        )
+    if effective_epsilon(size, threshold) > epsilon:  # pragma: no cover - guarded by rounding
+        raise RuntimeError("the rounded replace probability would exceed epsilon")
+    replace = secure_random.bernoulli(x.shape[0], threshold)
+    fresh = secure_random.uniform_below(x.shape[0], size)
+    y = np.where(replace, fresh, x)
+    return RRRelease(
+        codes=y,
+        domain_size=size,
+        epsilon=float(epsilon),
+        replace_threshold=threshold,
+        cardinalities=cardinalities,
+        public=public_array,
+    )
+
+
+# --------------------------------------------------------------------------- preview
+
+
+@dataclass(frozen=True)
+class RRPreview:
+    """Predicted accuracy of a release, from public parameters only (no budget spent).
+
+    ``rmse_bound`` is the square root of bound (20) on the mean scale for a row function
+    with range ``b - a = 1``: ``g / ((1 - e^-eps) sqrt(n))``. ``warning`` says when the
+    bound is useless (>= 0.5: answering 1/2 without data is never worse) or weak.
+    """
+
+    n: int
+    domain_size: int
+    epsilon: float
+    keep_probability: float
+    replace_probability: float
+    rmse_bound: float
+    rmse_bound_proper: float
+    rows_for_rmse_0_1: int
+    warning: str | None
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.domain_size < 2:
+            raise MechanismError("n must be >= 1 and domain_size >= 2")
+
+    @property
+    def useful(self) -> bool:
+        return self.rmse_bound < USELESS_RMSE
+
+
+def preview(n: int, domain_size: int, epsilon: float) -> RRPreview:
+    """Bound (20) for the requested ``epsilon`` and ``|D|``, with a warning when useless."""
+    n = _as_int(n, "n")
+    size = _as_int(domain_size, "domain_size")
+    if n < 1:
+        raise MechanismError(f"n ({n}) must be >= 1")
+    if not 2 <= size <= MAX_DOMAIN_SIZE:
+        raise MechanismError(f"domain_size ({size}) must lie in [2, 2^62]")
+    check_budget(epsilon, 0.0)
+    e = math.exp(-epsilon)
+    g = 1.0 + (size - 1) * e
+    per_row = g / (1.0 - e)  # 1 / (1 - rho)
+    rmse = per_row / math.sqrt(n)
+    rows_needed = math.ceil((per_row / 0.1) ** 2)
+    warning = None
+    if rmse >= USELESS_RMSE:
+        warning = (
+            f"useless: bound (20) on the RMS error of a query with range 1 is {rmse:.3g} "
+            f"(>= {USELESS_RMSE}), worse than answering 1/2 without data. |D| = {size} is "
+            f"too large for n = {n} at epsilon = {epsilon:g}; about {rows_needed} rows "
+            "would reach 0.1. Use fewer columns, categories or bits, or a larger epsilon."
+        )
+    elif rmse >= 0.1:
+        warning = (
+            f"weak: bound (20) on the RMS error of a query with range 1 is {rmse:.3g}; "
+            f"about {rows_needed} rows would reach 0.1."
+        )
+    return RRPreview(
+        n=n,
+        domain_size=size,
+        epsilon=float(epsilon),
+        keep_probability=1.0 / g,
+        replace_probability=size * e / g,
+        rmse_bound=rmse,
+        rmse_bound_proper=2.0 * rmse,
+        rows_for_rmse_0_1=rows_needed,
+        warning=warning,
+    )

@@ -1,0 +1,224 @@
+"""Compressed release of paper 002 (distributional privacy, not DP).
+
+False-failure rates: KS tests reject at p < 1e-6, averages at 5 standard errors.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from app.mechanisms import compressed as cp
+from app.mechanisms.errors import MechanismError, SolverError
+
+
+def correlated(n: int, seed: int) -> np.ndarray:
+    """n x 3 data in [-1, 1] with one dominant direction (a clear eigengap)."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(-1, 1, size=(n, 1))
+    noise = rng.uniform(-1, 1, size=(n, 3))
+    return np.clip(0.8 * base + 0.2 * noise, -1, 1)
+
+
+def normalised_cov(X: np.ndarray) -> np.ndarray:
+    Xn = X * np.sqrt(X.shape[0] / np.sum(X**2, axis=0))
+    return Xn.T @ Xn / X.shape[0]
+
+
+def projector(vectors: np.ndarray) -> np.ndarray:
+    return vectors @ vectors.T
+
+
+def test_constants_of_lemma_b1() -> None:
+    assert abs(cp.C1 - 2.5044) < 1e-4
+    assert abs(cp.C2 - 7.6885) < 1e-4  # sqrt(8) e, not sqrt(8 e)
+    assert abs(cp.C - math.sqrt(2 * (2.5044 + 7.6885))) < 1e-3
+    assert cp.min_rows(10_000, 5) == math.ceil(2 * (cp.C1 + cp.C2) * math.log(1e5))
+
+
+def test_label_and_cost_say_not_dp() -> None:
+    released = cp.release(correlated(2000, 0), m=400, delta_max=0.05)
+    assert released.guarantee == "distributional privacy (paper 002), not differential privacy"
+    assert "not differential privacy" in str(released.to_dict()["guarantee"])
+    assert released.privacy_cost.kind == "distributional"
+    assert released.privacy_cost.epsilon == 0.0
+    assert released.matrix.shape == (400, 3)
+    assert released.reference_kind == "data"
+    back = cp.CompressedRelease.from_dict(released.to_dict())
+    assert np.array_equal(back.matrix, released.matrix)
+    assert back.alpha == released.alpha
+    with pytest.raises(MechanismError, match="guarantee"):
+        cp.CompressedRelease.from_dict(released.to_dict() | {"guarantee": "epsilon-DP"})
+
+
+def test_phi_entries_are_n01_over_n() -> None:
+    """For one column of +-1 (already normalised), Phi x has iid N(0, 1) entries."""
+    n, m = 3000, 2000
+    x = np.where(np.random.default_rng(1).uniform(size=(n, 1)) < 0.5, -1.0, 1.0)
+    released = cp.release(x, m=m, delta_max=0.01)
+    assert stats.kstest(released.matrix.ravel(), "norm").pvalue > 1e-6
+
+
+def test_compressed_covariance_is_unbiased_for_normalised_sigma() -> None:
+    """E[(Phi X)^T (Phi X) / m] = X^T X / n after eq. (4), whatever the column scales."""
+    X = correlated(1500, 2) * np.array([1.0, 0.1, 0.5])  # scales are undone by eq. (4)
+    sigma = normalised_cov(X)
+    m, draws = 300, 60
+    covs = np.array([cp.release(X, m=m, delta_max=0.05).covariance for _ in range(draws)])
+    se = covs.std(axis=0, ddof=1) / math.sqrt(draws)
+    assert np.all(np.abs(covs.mean(axis=0) - sigma) < 5 * se + 1e-12)
+    assert np.allclose(np.diag(sigma), 1.0)
+
+
+def test_eq12_predicate() -> None:
+    reference = np.eye(2)
+    assert cp.satisfies_eq12(np.array([[1.09, 0.0], [0.0, 0.95]]), reference, 0.1)
+    assert not cp.satisfies_eq12(np.array([[1.0, 0.2], [0.2, 1.0]]), reference, 0.1)
+
+
+def test_truncation_redraws_until_eq12_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = cp._project
+    calls = {"n": 0}
+
+    def first_bad(*args: object) -> np.ndarray:
+        calls["n"] += 1
+        good = real(*args)  # type: ignore[arg-type]
+        return good * 0.0 if calls["n"] == 1 else good
+
+    monkeypatch.setattr(cp, "_project", first_bad)
+    X = correlated(1000, 3)
+    source = cp.as_source(X)
+    sigma, scale = cp._normalised_covariance(source)
+    radius = cp.truncation_radius(1000, 3, 400, 0.05)
+    matrix, redraws = cp._draw(source, scale, 400, sigma, radius)
+    assert redraws == 1
+    assert cp.satisfies_eq12(matrix.T @ matrix / 400, sigma, radius)
+    monkeypatch.setattr(cp, "_project", lambda *args: np.zeros((400, 3)))
+    with pytest.raises(SolverError, match=r"eq\. \(12\)"):
+        cp._draw(source, scale, 400, sigma, radius)
+
+
+def test_truncation_rate_within_lemma_4_4() -> None:
+    """Under Lemma 4.4's conditions (eq. 4 holds, m >= 2(C1+C2) ln 2np) P[E] <= 1/n^2.
+
+    With 400 draws and n = 300 a second truncation has probability < 1e-6 if the
+    lemma holds. The negative control shows that the same count does see truncations:
+    with a twentieth of eq. (12)'s radius (the lemma's radius is ~9 standard deviations
+    of an entry at this m), most draws are rejected.
+    """
+    n, p = 300, 3
+    X = correlated(n, 4)
+    m = cp.min_rows(n, p)
+    assert m < n
+    source = cp.as_source(X)
+    sigma, scale = cp._normalised_covariance(source)
+    radius = cp.truncation_radius(n, p, m, 0.0)
+    truncated = sum(cp._draw(source, scale, m, sigma, radius)[1] for _ in range(400))
+    assert truncated <= 1
+    control = 0
+    for _ in range(20):
+        matrix = cp._project(source, scale, m)
+        control += not cp.satisfies_eq12(matrix.T @ matrix / m, sigma, radius / 20)
+    assert control >= 15
+
+
+@pytest.mark.slow
+def test_pca_close_to_true_pca_for_large_m() -> None:
+    X = correlated(12_000, 5)
+    sigma = normalised_cov(X)
+    values, vectors = np.linalg.eigh(sigma)
+    true_top = vectors[:, [-1]]
+    released = cp.release(X, m=6000, delta_max=0.01)
+    result = released.pca(1)
+    error = np.linalg.norm(projector(true_top) - result.projector)
+    assert error < 0.05
+    assert result.explained_variance[0] == pytest.approx(values[-1], rel=0.05)
+    assert 0 < result.explained_variance_ratio[0] <= 1
+    # Proposition 3.4 with the true A: ||P(A) - P(A + B)||_F <= ||B||_F / delta_1
+    B = released.covariance - sigma
+    delta = (values[-1] - values[-2]) / 2
+    assert np.linalg.norm(B) <= delta / 2
+    assert error <= np.linalg.norm(B) / delta
+
+
+def test_projector_bound_of_proposition_3_4() -> None:
+    """The public bound p tau / delta_hat, with delta_hat from the released eigengap."""
+    m, n = 200_000, 10_000_000
+    t = np.linspace(-1, 1, m)
+    design = np.stack([t, 0.3 * np.sign(np.sin(7 * t)) * np.sqrt(0.1)], axis=1)
+    design *= np.sqrt(m / np.sum(design**2, axis=0))  # unit diagonal in X^T X / m
+    design = design @ np.array([[1.0, 0.0], [0.0, 0.3]])
+    release = cp.CompressedRelease(
+        matrix=design, n=n, delta_max=0.001, alpha=1.0, reference_kind="declared"
+    )
+    values = np.sort(np.linalg.eigvalsh(release.covariance))[::-1]
+    tau = cp.C * math.sqrt(math.log(2 * n * 2) / m) + 2 * 0.001
+    gap = (values[0] - values[1]) / 2 - 2 * tau
+    assert release.entry_error == pytest.approx(tau)
+    assert release.pca(1).projector_error_bound == pytest.approx(2 * tau / gap)
+    assert release.pca(2).projector_error_bound == 0.0
+    few_rows = cp.CompressedRelease(
+        matrix=design[:500], n=n, delta_max=0.001, alpha=1.0, reference_kind="declared"
+    )
+    assert few_rows.pca(1).projector_error_bound is None
+
+
+def test_alpha_of_theorem_4_6() -> None:
+    n, p, m, dmax, lmin, lmax = 10**6, 2, 300, 1e-4, 0.5, 1.5
+    delta_f = p * dmax
+    li = lmin - delta_f
+    expected = m * p * delta_f / (2 * li * lmin) * (
+        cp.C * math.sqrt(math.log(2 * n * p) / m) + dmax + 2 * delta_f * lmax**2 / (p * li * lmin)
+    ) - math.log1p(-1 / n**2)
+    assert cp.alpha_bound(n, p, m, dmax, lmin, lmax) == pytest.approx(expected)
+    assert cp.alpha_bound(n, p, 2 * m, dmax, lmin, lmax) > expected
+    assert cp.alpha_bound(n, p, m, 0.3, lmin, lmax) == math.inf  # lambda_min - p Delta_max < 0
+    assert cp.alpha_bound(n, p, m, 0.05, lmin, 10.0) == math.inf  # ||Sigma_1|| ||Gamma|| > 1/2
+
+
+def test_declared_reference_makes_alpha_public() -> None:
+    X = correlated(2000, 6)
+    Y = correlated(2000, 7)
+    reference = (normalised_cov(X) + normalised_cov(Y)) / 2
+    dmax = float(np.max(np.abs(normalised_cov(X) - normalised_cov(Y)))) + 0.01
+    a = cp.release(X, m=400, delta_max=dmax, reference=reference)
+    b = cp.release(Y, m=400, delta_max=dmax, reference=reference)
+    assert a.reference_kind == "declared"
+    assert a.alpha == b.alpha  # depends on the reference, Delta_max, n, p, m only
+    assert a.alpha_pairwise == 2 * a.alpha
+    with pytest.raises(MechanismError, match="outside the protected class"):
+        cp.release(X, m=400, delta_max=0.001, reference=np.eye(3))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"m": 50}, "Lemma 4.4"),
+        ({"m": 2000}, "smaller than n"),
+        ({"m": 400.0}, "integer"),
+        ({"delta_max": 0.0}, "delta_max"),
+        ({"delta_max": 1.0}, "delta_max"),
+        ({"delta_max": math.nan}, "delta_max"),
+        ({"reference": np.eye(2)}, "\\(3, 3\\)"),
+        ({"reference": np.triu(np.ones((3, 3)))}, "symmetric"),
+        ({"reference": -np.eye(3)}, "positive definite"),
+    ],
+)
+def test_release_rejects(kwargs: dict[str, object], match: str) -> None:
+    arguments: dict[str, object] = {"m": 400, "delta_max": 0.05} | kwargs
+    with pytest.raises(MechanismError, match=match):
+        cp.release(correlated(2000, 8), **arguments)  # type: ignore[arg-type]
+
+
+def test_release_rejects_bad_data() -> None:
+    X = correlated(2000, 9)
+    X[:, 1] = 0.0
+    with pytest.raises(MechanismError, match="1 columns are zero"):
+        cp.release(X, m=400, delta_max=0.05)
+    with pytest.raises(MechanismError, match="outside \\[-1, 1\\]"):
+        cp.release(correlated(2000, 9) * 3, m=400, delta_max=0.05)
+    released = cp.release(correlated(2000, 9), m=400, delta_max=0.05)
+    for k in (0, 4):
+        with pytest.raises(MechanismError, match="k"):
+            released.pca(k)

@@ -1,0 +1,194 @@
+"""Cut-function release of paper 004 §VI-B.
+
+False-failure rates: z-tests at 5 sigma (~6e-7), unbiasedness at 4 standard errors (~6e-5).
+"""
+
+import math
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.mechanisms import graph_cuts as gc
+from app.mechanisms import secure_random
+from app.mechanisms.errors import MechanismError
+
+FACEBOOK = Path("/work/shared/datasets/facebook_combined.txt")
+
+
+def random_graph(n_vertices: int, n_edges: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    iu = np.triu_indices(n_vertices, k=1)
+    chosen = rng.choice(iu[0].size, size=n_edges, replace=False)
+    return np.stack([iu[0][chosen], iu[1][chosen]], axis=1)
+
+
+def dense(edges: np.ndarray, n_vertices: int) -> np.ndarray:
+    adjacency = np.zeros((n_vertices, n_vertices), dtype=bool)
+    adjacency[edges[:, 0], edges[:, 1]] = True
+    adjacency[edges[:, 1], edges[:, 0]] = True
+    return adjacency
+
+
+def true_cut(edges: np.ndarray, S: np.ndarray, T: np.ndarray, n_vertices: int) -> int:
+    return int(dense(edges, n_vertices)[np.ix_(S, T)].sum())
+
+
+def test_flip_rates_and_privacy_ratio() -> None:
+    """Each pair bit flips w.p. p; neighbouring graphs (one pair differs) give outputs
+    whose probabilities differ by e^eps exactly: P[1 | edge] / P[1 | no edge] = (1-p)/p.
+    Tolerance: 5 standard errors of the log ratio (delta method)."""
+    n_vertices, epsilon = 1500, 1.0
+    edges = random_graph(n_vertices, 100_000, seed=1)
+    released = gc.release(edges, n_vertices, epsilon)
+    truth = dense(edges, n_vertices)[np.triu_indices(n_vertices, k=1)]
+    noisy = dense(released.edges, n_vertices)[np.triu_indices(n_vertices, k=1)]
+    p = released.flip_probability
+    kept = noisy[truth].mean()  # P[1 | edge]
+    spurious = noisy[~truth].mean()  # P[1 | no edge]
+    for rate, expected, count in ((kept, 1 - p, truth.sum()), (spurious, p, (~truth).sum())):
+        assert abs(rate - expected) < 5 * math.sqrt(expected * (1 - expected) / count)
+    log_ratio = math.log(kept / spurious)
+    tolerance = 5 * math.sqrt(
+        (1 - kept) / (kept * truth.sum()) + (1 - spurious) / (spurious * (~truth).sum())
+    )
+    assert abs(log_ratio - epsilon) < tolerance
+    assert p == pytest.approx(1 / (1 + math.e))
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 0.01, 5.0, 1e-12])
+def test_rounded_threshold_keeps_epsilon(epsilon: float) -> None:
+    threshold = gc.flip_threshold(epsilon)
+    p = 1 / (1 + Decimal(epsilon).exp())
+    assert Decimal(threshold) / secure_random.TWO_64 >= p
+    assert threshold <= 1 << 63
+    assert gc.effective_epsilon(threshold) <= epsilon
+    assert gc.effective_epsilon(threshold) == pytest.approx(epsilon, rel=1e-6, abs=1e-12)
+
+
+def test_estimator_is_unbiased_and_its_stderr_exact() -> None:
+    n_vertices, draws = 30, 2000
+    edges = random_graph(n_vertices, 150, seed=2)
+    S, T = np.arange(0, 12), np.arange(12, 30)
+    truth = true_cut(edges, S, T, n_vertices)
+    releases = [gc.release(edges, n_vertices, 1.0) for _ in range(draws)]
+    estimates = np.array([r.cut(S, T) for r in releases])
+    stderr = releases[0].stderr(S, T)
+    assert abs(estimates.mean() - truth) < 4 * stderr / math.sqrt(draws)
+    assert estimates.std(ddof=1) == pytest.approx(stderr, rel=0.1)  # ~6.5 sigma for 2000 draws
+
+
+def test_bound_35_holds_empirically() -> None:
+    n_vertices, draws = 200, 300
+    edges = random_graph(n_vertices, 4000, seed=3)
+    rng = np.random.default_rng(4)
+    S = np.sort(rng.permutation(n_vertices)[: n_vertices // 2])
+    T = np.setdiff1d(np.arange(n_vertices), S)
+    truth = true_cut(edges, S, T, n_vertices)
+    releases = [gc.release(edges, n_vertices, 1.0) for _ in range(draws)]
+    errors = np.abs(np.array([r.cut(S, T) for r in releases]) - truth)
+    bound = releases[0].bound(S, T)
+    e = math.exp(-1.0)
+    assert bound == pytest.approx((1 + e) / (1 - e) * math.sqrt(S.size * T.size), rel=1e-12)
+    assert errors.mean() + 4 * errors.std(ddof=1) / math.sqrt(draws) <= bound
+    assert releases[0].stderr(S, T) <= bound / 2  # (35) is loose by 2 cosh(eps/2)
+
+
+def test_cut_matches_brute_force() -> None:
+    n_vertices = 50
+    edges = random_graph(n_vertices, 300, seed=5)
+    released = gc.release(edges, n_vertices, 0.5)
+    noisy = dense(released.edges, n_vertices)
+    S, T = np.array([0, 3, 7, 9, 20]), np.arange(30, 50)
+    q_y = int(noisy[np.ix_(S, T)].sum())
+    assert released.noisy_cut(S, T) == q_y
+    p = released.flip_probability
+    assert released.cut(S, T) == pytest.approx((q_y - p * S.size * T.size) / (1 - 2 * p))
+    s_mask = np.zeros(n_vertices, bool)
+    s_mask[S] = True
+    assert released.cut(s_mask, T) == pytest.approx(released.cut(S, T))
+    batch = released.cuts([S, T, np.array([1])], [T, S, np.array([2, 4])])
+    assert batch[0] == pytest.approx(released.cut(S, T))
+    assert batch[1] == pytest.approx(released.cut(T, S))
+    assert batch[2] == pytest.approx(released.cut(np.array([1]), np.array([2, 4])))
+
+
+def test_released_edges_are_canonical() -> None:
+    edges = np.array([[3, 1], [0, 2], [4, 0]])
+    released = gc.release(edges, 5, 1.0)
+    u, v = released.edges[:, 0], released.edges[:, 1]
+    assert np.all(u < v)
+    assert released.edges.dtype == np.int32
+    index = u.astype(np.int64) * 5 + v
+    assert np.all(np.diff(index) > 0)
+    empty = gc.release(np.empty((0, 2), np.int64), 3, 2.0)
+    assert empty.edges.shape[1] == 2
+
+
+def test_round_trip_through_dict() -> None:
+    released = gc.release(random_graph(40, 100, seed=6), 40, 1.0)
+    back = gc.GraphRelease.from_dict(released.to_dict())
+    assert np.array_equal(back.edges, released.edges)
+    assert back.flip_threshold == released.flip_threshold
+    assert back.privacy_cost == released.privacy_cost
+    assert released.privacy_cost.epsilon == 1.0
+    shuffled = released.to_dict() | {"edges": released.edges[::-1]}
+    with pytest.raises(MechanismError, match="sorted"):
+        gc.GraphRelease.from_dict(shuffled)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FACEBOOK.exists(), reason="shared dataset not present")
+def test_facebook_graph_release_is_fast_and_sized_right() -> None:
+    edges = np.loadtxt(FACEBOOK, dtype=np.int64)
+    released = gc.release(edges, 4039, 1.0)
+    pairs = 4039 * 4038 // 2
+    p = released.flip_probability
+    expected = p * pairs + (1 - 2 * p) * edges.shape[0]
+    spread = math.sqrt(pairs * p * (1 - p))
+    assert abs(released.edges.shape[0] - expected) < 5 * spread
+
+
+SECRET = 31_337
+
+
+@pytest.mark.parametrize(
+    ("edges", "n_vertices", "match"),
+    [
+        (np.array([[0, 1], [2, SECRET]]), 10, "1 vertex ids outside"),
+        (np.array([[0, 1], [-1, 2]]), 10, "outside"),
+        (np.array([[0, 1], [4, 4]]), 10, "1 self-loops"),
+        (np.array([[0, 1], [1, 0], [2, 3]]), 10, "1 duplicate"),
+        (np.array([[0, 1], [0, 1]]), 10, "1 duplicate"),
+        (np.array([0, 1, 2]), 10, "shape"),
+        (np.array([[0.0, 1.0]]), 10, "integer"),
+        (np.array([[0, 1]]), 1, "n_vertices"),
+        (np.array([[0, 1]]), gc.MAX_VERTICES + 1, "n_vertices"),
+        (np.array([[0, 1]]), True, "integer"),
+    ],
+)
+def test_release_rejects(edges: np.ndarray, n_vertices: int, match: str) -> None:
+    with pytest.raises(MechanismError, match=match) as info:
+        gc.release(edges, n_vertices, 1.0)
+    assert str(SECRET) not in str(info.value)
+
+
+def test_release_rejects_bad_epsilon() -> None:
+    for epsilon in (0.0, -1.0, math.inf):
+        with pytest.raises(MechanismError, match="epsilon"):
+            gc.release(np.array([[0, 1]]), 3, epsilon)
+
+
+def test_cut_rejects() -> None:
+    released = gc.release(np.array([[0, 1]]), 5, 1.0)
+    with pytest.raises(MechanismError, match="disjoint"):
+        released.cut([0, 1], [1, 2])
+    with pytest.raises(MechanismError, match="outside"):
+        released.cut([0, 7], [1])
+    with pytest.raises(MechanismError, match="more than once"):
+        released.cut([0, 0], [1])
+    with pytest.raises(MechanismError, match="mask"):
+        released.cut(np.ones(3, bool), [4])
+    with pytest.raises(MechanismError, match="same number"):
+        released.cuts([[0]], [[1], [2]])

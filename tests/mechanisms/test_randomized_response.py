@@ -1,0 +1,367 @@
+"""Mechanism E of paper 004 and its estimators.
+
+False-failure rates: chi-square and two-sample tests reject at p < 1e-6, z-tests at
+5 sigma (~6e-7), the unbiasedness checks at 4 standard errors (~6e-5 each).
+
+Several tests release one database of N identical rows instead of N one-row databases:
+by the product form (eq. 15) the rows are perturbed independently with the same
+one-row distribution, so the two are the same experiment.
+"""
+
+import math
+from decimal import Decimal
+
+import numpy as np
+import opendp.prelude as dp
+import pytest
+from scipy import stats
+
+from app.mechanisms import randomized_response as rr
+from app.mechanisms import secure_random
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.randomized_response import Conjunction, Domain, Heterogeneous, Table
+
+
+def one_row_pmf(x: int, size: int, epsilon: float) -> np.ndarray:
+    """Eq. 16: 1/g at x, e^-eps/g elsewhere."""
+    g = 1 + (size - 1) * math.exp(-epsilon)
+    pmf = np.full(size, math.exp(-epsilon) / g)
+    pmf[x] = 1 / g
+    return pmf
+
+
+def exact_variance(x: np.ndarray, table: np.ndarray, release: rr.RRRelease) -> float:
+    """Variance of the unbiased estimate at database x, by brute force over the pmf."""
+    rho = release.replace_probability
+    size = table.size
+    total = 0.0
+    for xi in x:
+        pmf = np.full(size, rho / size)
+        pmf[xi] += 1 - rho
+        mean = pmf @ table
+        total += pmf @ (table - mean) ** 2
+    return total / (x.size * (1 - rho)) ** 2
+
+
+# ----------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize(("size", "epsilon"), [(6, 1.0), (3, 0.3), (2, 2.5)])
+def test_keep_and_replace_probabilities(size: int, epsilon: float) -> None:
+    n = 120_000
+    released = rr.release(np.full(n, 1), size, epsilon)
+    counts = np.bincount(released.codes, minlength=size)
+    expected = n * one_row_pmf(1, size, epsilon)
+    assert stats.chisquare(counts, expected).pvalue > 1e-6
+    assert released.keep_probability == pytest.approx(1 / (1 + (size - 1) * math.exp(-epsilon)))
+
+
+def test_replacement_is_uniform_on_a_huge_domain() -> None:
+    size = (1 << 40) + 3  # never materialised
+    n = 200_000
+    released = rr.release(np.zeros(n, dtype=np.int64), size, 2.0)
+    kept = released.codes == 0
+    p_keep = released.keep_probability
+    z = (kept.mean() - p_keep) / math.sqrt(p_keep * (1 - p_keep) / n)
+    assert abs(z) < 5
+    moved = released.codes[~kept]
+    assert moved.max() < size
+    quarters = np.bincount(moved // (size // 4 + 1), minlength=4)
+    assert stats.chisquare(quarters).pvalue > 1e-6
+    assert stats.chisquare(np.bincount(moved % 5, minlength=5)).pvalue > 1e-6
+
+
+@pytest.mark.parametrize(
+    ("size", "epsilon"), [(2, 1.0), (6, 0.01), (1000, 3.0), ((1 << 62), 40.0), (5, 1e-9)]
+)
+def test_rounded_threshold_keeps_epsilon(size: int, epsilon: float) -> None:
+    threshold = rr.replace_threshold(size, epsilon)
+    rho = Decimal(size) / (Decimal(epsilon).exp() + Decimal(size - 1))
+    assert Decimal(threshold) / secure_random.TWO_64 >= rho
+    assert Decimal(threshold - 2) / secure_random.TWO_64 < rho  # rounded by at most 2 units
+    effective = rr.effective_epsilon(size, threshold)
+    assert effective <= epsilon
+    assert effective == pytest.approx(epsilon, rel=1e-9, abs=1e-12)
+
+
+def test_empirical_privacy_ratio_on_neighbouring_one_row_databases() -> None:
+    """P[y | x = (0)] / P[y | x' = (1)] <= e^eps for every output y (Lemma 1).
+
+    Tolerance: 5 standard errors of the log ratio, sqrt(1/c + 1/c') by the delta method.
+    The largest ratio must also reach e^eps (the mechanism is tight, so a sampler that
+    randomised more than claimed would be caught too).
+    """
+    size, epsilon, runs = 4, 1.0, 400_000
+    counts_x = np.bincount(
+        rr.release(np.zeros(runs, np.int64), size, epsilon).codes, minlength=size
+    )
+    counts_y = np.bincount(rr.release(np.ones(runs, np.int64), size, epsilon).codes, minlength=size)
+    log_ratio = np.log(counts_x / counts_y)
+    tolerance = 5 * np.sqrt(1 / counts_x + 1 / counts_y)
+    assert np.all(np.abs(log_ratio) <= epsilon + tolerance)
+    assert np.max(np.abs(log_ratio)) >= epsilon - tolerance.max()
+
+
+@pytest.mark.slow
+def test_matches_opendp_randomized_response() -> None:
+    """Same output law as OpenDP's vetted make_randomized_response(categories, prob = 1/g)."""
+    dp.enable_features("contrib")
+    size, epsilon, runs = 5, 1.0, 8_000
+    g = 1 + (size - 1) * math.exp(-epsilon)
+    measurement = dp.m.make_randomized_response(list(range(size)), 1 / g)
+    theirs = np.bincount([measurement(2) for _ in range(runs)], minlength=size)
+    ours = np.bincount(rr.release(np.full(runs, 2), size, epsilon).codes, minlength=size)
+    assert stats.chi2_contingency(np.stack([theirs, ours])).pvalue > 1e-6
+    released = rr.release(np.array([0, 1]), size, epsilon)
+    assert released.epsilon_effective == pytest.approx(measurement.map(1), rel=1e-9)
+
+
+# ----------------------------------------------------------------- estimators
+
+
+def test_unbiased_estimator_over_2000_draws() -> None:
+    rng = np.random.default_rng(7)
+    size, epsilon, draws = 5, 1.0, 2000
+    x = rng.integers(0, size, size=30)
+    table = rng.uniform(0, 1, size=size)
+    truth = table[x].mean()
+    releases = [rr.release(x, size, epsilon) for _ in range(draws)]
+    estimates = np.array([r.estimate(table) for r in releases])
+    standard_error = estimates.std(ddof=1) / math.sqrt(draws)
+    assert abs(estimates.mean() - truth) < 4 * standard_error
+    # the closed-form variance (module docstring) equals the brute-force one ...
+    variance = exact_variance(x, table, releases[0])
+    assert estimates.var(ddof=1) == pytest.approx(variance, rel=0.2)  # ~6 sigma for 2000 draws
+    # ... its plug-in estimate is unbiased, and the worst case and bound (20) dominate it
+    plug_in = np.array([r.stderr(table, "plug_in") ** 2 for r in releases])
+    assert abs(plug_in.mean() - variance) < 4 * plug_in.std(ddof=1) / math.sqrt(draws)
+    worst = releases[0].stderr(table, "worst_case")
+    bound = releases[0].stderr(table, "bound")
+    assert variance <= worst**2 <= bound**2
+    assert releases[0].stderr(table, "bound_proper") == pytest.approx(2 * bound)
+
+
+def test_worst_case_stderr_is_attained() -> None:
+    """The worst case is exact: some database reaches it (rows at the argmax of |phi - mu|)."""
+    size = 4
+    table = np.array([0.0, 0.1, 0.2, 1.0])
+    released = rr.release(np.zeros(20, np.int64), size, 0.5)
+    worst_row = int(np.argmax(np.abs(table - table.mean())))
+    x = np.full(20, worst_row)
+    assert released.stderr(table) == pytest.approx(math.sqrt(exact_variance(x, table, released)))
+
+
+def test_heterogeneous_query_with_public_column() -> None:
+    rng = np.random.default_rng(3)
+    size, draws = 4, 2000
+    x = rng.integers(0, size, size=40)
+    public = np.repeat([10, 20, 30, 40], 10)
+    tables = {g: rng.uniform(-1, 1, size=size) for g in (10, 20, 30, 40)}
+    query = Heterogeneous(tables)
+    truth = np.mean([tables[g][xi] for g, xi in zip(public, x, strict=True)])
+    releases = [rr.release(x, size, 1.0, public=public) for _ in range(draws)]
+    assert all(np.array_equal(r.public, public) for r in releases[:5])
+    estimates = np.array([r.estimate(query) for r in releases])
+    assert abs(estimates.mean() - truth) < 4 * estimates.std(ddof=1) / math.sqrt(draws)
+    # the same row function for every group is the linear query
+    same = Heterogeneous(dict.fromkeys((10, 20, 30, 40), tables[10]))
+    assert releases[0].estimate(same) == pytest.approx(releases[0].estimate(tables[10]))
+
+
+def test_conjunction_is_the_papers_predicate() -> None:
+    """C_phi = 2^{l-k} (remark after eq. 22) and evaluation equals the brute-force table."""
+    domain = Domain((2, 2, 2, 2, 2))  # l = 5 binary attributes
+    predicate = Conjunction(domain, {0: 1, 3: 1})  # k = 2
+    assert predicate.total == 2 ** (5 - 2)
+    cells = domain.decode(np.arange(domain.size))
+    table = ((cells[:, 0] == 1) & (cells[:, 3] == 1)).astype(float)
+    assert np.array_equal(predicate.evaluate(np.arange(domain.size)), table)
+    x = domain.encode(np.random.default_rng(0).integers(0, 2, size=(500, 5)))
+    released = rr.release(x, domain, 1.0)
+    assert released.estimate(predicate) == pytest.approx(released.estimate(table))
+    assert released.stderr(predicate) == pytest.approx(released.stderr(table))
+    assert released.estimate_proper(predicate) == pytest.approx(released.estimate_proper(table))
+
+
+def test_conjunction_with_value_sets_on_mixed_domain() -> None:
+    domain = Domain((3, 5, 4))
+    conj = Conjunction(domain, {1: [0, 2], 2: 3})
+    cells = domain.decode(np.arange(domain.size))
+    table = (np.isin(cells[:, 1], [0, 2]) & (cells[:, 2] == 3)).astype(float)
+    assert np.array_equal(conj.evaluate(np.arange(domain.size)), table)
+    assert conj.mean == pytest.approx(table.mean())
+
+
+def test_conjunction_on_a_domain_too_large_to_list() -> None:
+    domain = Domain((2,) * 60)
+    x = np.random.default_rng(1).integers(0, 1 << 60, size=1000)
+    released = rr.release(x, domain, 1.0)
+    value = released.estimate(Conjunction(domain, {0: 1, 59: 0}))
+    assert math.isfinite(value)
+    assert math.isfinite(released.stderr(Conjunction(domain, {0: 1})))
+    assert not rr.preview(1000, domain.size, 1.0).useful
+
+
+def test_proper_estimator_is_on_the_lattice_and_within_lemma_3() -> None:
+    size, n = 3, 50
+    table = np.array([0.0, 1.0, 1.0])
+    x = np.random.default_rng(2).integers(0, size, size=n)
+    truth = table[x].mean()
+    for _ in range(200):
+        released = rr.release(x, size, 1.0)
+        proper = released.estimate_proper(table)
+        unbiased = released.estimate(table)
+        assert proper * n == pytest.approx(round(proper * n))
+        assert 0.0 <= proper <= 1.0
+        assert abs(proper - truth) <= 2 * abs(unbiased - truth) + 1e-12  # Appendix B
+
+
+def test_preview_gives_bound_20_and_warns() -> None:
+    good = rr.preview(1_000_000, 4, 1.0)
+    e = math.exp(-1.0)
+    assert good.rmse_bound == pytest.approx((1 + 3 * e) / (1 - e) / 1000)
+    assert good.warning is None
+    assert good.useful
+    useless = rr.preview(1000, 2**20, 1.0)
+    assert not useless.useful
+    assert useless.warning is not None
+    assert useless.warning.startswith("useless")
+    weak = rr.preview(1000, 4, 1.0)
+    assert weak.warning is not None
+    assert weak.warning.startswith("weak")
+    assert weak.rows_for_rmse_0_1 == math.ceil(((1 + 3 * e) / (1 - e) / 0.1) ** 2)
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def test_domain_codes_match_numpy_mixed_radix() -> None:
+    domain = Domain((3, 4, 5))
+    values = np.random.default_rng(0).integers(0, [3, 4, 5], size=(100, 3))
+    codes = domain.encode(values)
+    assert np.array_equal(codes, np.ravel_multi_index(values.T, (3, 4, 5)))
+    assert np.array_equal(domain.decode(codes), values)
+    assert domain.size == 60
+    big = Domain((1000,) * 6)
+    row = np.array([[999, 0, 1, 2, 3, 998]])
+    assert np.array_equal(big.decode(big.encode(row)), row)
+
+
+def test_discretisation_of_section_v_a() -> None:
+    assert rr.default_bits(65_536) == 4  # 2^(2k) = 256 = sqrt(65536)
+    assert rr.default_bits(32_561) == 4
+    assert rr.default_bits(2) == 1
+    x = np.linspace(-1, 1, 10_001)
+    for bits in (1, 3, 8):
+        cells = rr.discretize(x, bits)
+        assert cells.min() == 0
+        assert cells.max() == 2**bits - 1
+        assert np.max(np.abs(rr.cell_midpoints(cells, bits) - x)) <= 2.0**-bits + 1e-15
+
+
+def test_round_trip_through_dict() -> None:
+    domain = Domain((2, 3))
+    released = rr.release(np.array([0, 5, 3, 1]), domain, 0.7, public=np.array([1, 1, 2, 2]))
+    back = rr.RRRelease.from_dict(released.to_dict())
+    assert np.array_equal(back.codes, released.codes)
+    assert np.array_equal(back.public, released.public)
+    assert back.replace_threshold == released.replace_threshold
+    assert back.cardinalities == (2, 3)
+    assert back.privacy_cost == released.privacy_cost
+    assert released.privacy_cost.epsilon == 0.7
+    assert released.privacy_cost.kind == "dp"
+
+
+# ----------------------------------------------------------------- bad arguments
+
+
+SECRET = 987_654_321
+
+
+@pytest.mark.parametrize(
+    ("codes", "size", "epsilon", "match"),
+    [
+        (np.array([0.5, 1.0]), 4, 1.0, "integers"),
+        (np.zeros((2, 2), np.int64), 4, 1.0, "1-D"),
+        (np.array([0, SECRET]), 4, 1.0, "1 entries outside"),
+        (np.array([-1, 0]), 4, 1.0, "outside"),
+        (np.array([], np.int64), 4, 1.0, "empty"),
+        (np.array([0]), 1, 1.0, "domain_size"),
+        (np.array([0]), 1 << 63, 1.0, "domain_size"),
+        (np.array([0]), 2.0, 1.0, "domain_size"),
+        (np.array([0]), 4, 0.0, "epsilon"),
+        (np.array([0]), 4, math.inf, "epsilon"),
+        (np.array([0]), 4, math.nan, "epsilon"),
+        (np.array([0]), 1 << 62, 0.05, "pure noise"),
+    ],
+)
+def test_release_rejects(codes: np.ndarray, size: int, epsilon: float, match: str) -> None:
+    with pytest.raises(MechanismError, match=match) as info:
+        rr.release(codes, size, epsilon)
+    assert str(SECRET) not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("public", "match"),
+    [
+        (np.array([1, 2]), "one entry per row"),
+        (np.array([1, 2, -3]), "negative"),
+        (np.array([1.0, 2.0, 3.0]), "integer"),
+    ],
+)
+def test_release_rejects_public(public: np.ndarray, match: str) -> None:
+    with pytest.raises(MechanismError, match=match):
+        rr.release(np.array([0, 1, 2]), 4, 1.0, public=public)
+
+
+def test_queries_reject() -> None:
+    released = rr.release(np.array([0, 1, 2]), 4, 1.0)
+    with pytest.raises(MechanismError, match="defined on 3 cells"):
+        released.estimate(np.array([0.0, 1.0, 2.0]))
+    with pytest.raises(MechanismError, match="constant"):
+        released.estimate(np.ones(4))
+    with pytest.raises(MechanismError, match="same two"):
+        released.estimate_proper(np.array([0.0, 1.0, 2.0, 3.0]))
+    with pytest.raises(MechanismError, match="kind"):
+        released.stderr(np.arange(4.0), "exact")  # type: ignore[arg-type]
+    with pytest.raises(MechanismError, match="public column"):
+        released.estimate(Heterogeneous({0: np.arange(4.0)}))
+    with pytest.raises(MechanismError, match="release's domain"):
+        released.estimate(Conjunction(Domain((2, 2)), {0: 1}))
+    with_public = rr.release(np.array([0, 1, 2]), 4, 1.0, public=np.array([5, 5, 6]))
+    with pytest.raises(MechanismError, match="no row function for 1"):
+        with_public.estimate(Heterogeneous({5: np.arange(4.0)}))
+
+
+@pytest.mark.parametrize(
+    ("terms", "match"),
+    [
+        ({}, "at least one term"),
+        ({3: 0}, "outside the domain"),
+        ({0: 2}, "outside its 2 categories"),
+        ({0: []}, "no allowed value"),
+        ({0: [0, 1], 1: [0, 1, 2]}, "every value"),
+    ],
+)
+def test_conjunction_rejects(terms: dict[int, object], match: str) -> None:
+    with pytest.raises(MechanismError, match=match):
+        Conjunction(Domain((2, 3)), terms)  # type: ignore[arg-type]
+
+
+def test_helpers_reject() -> None:
+    with pytest.raises(MechanismError, match="cardinality"):
+        Domain((2, 0))
+    with pytest.raises(MechanismError, match="2\\^62"):
+        Domain((1 << 40, 1 << 40))
+    with pytest.raises(MechanismError, match="outside its 3"):
+        Domain((3,)).encode(np.array([[SECRET]]))
+    with pytest.raises(MechanismError, match="outside \\[-1, 1\\]"):
+        rr.discretize(np.array([0.0, 1.5]), 3)
+    with pytest.raises(MechanismError, match="non-finite"):
+        rr.discretize(np.array([np.nan]), 3)
+    with pytest.raises(MechanismError, match="bits"):
+        rr.discretize(np.array([0.0]), 0)
+    with pytest.raises(MechanismError, match="n"):
+        rr.preview(0, 4, 1.0)
+    with pytest.raises(MechanismError, match="1-D"):
+        Table(np.ones((2, 2)))
