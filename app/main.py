@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
+from app.answers.endpoints import router as answers_router
 from app.config import Settings, load_settings
 from app.core.errors import install_error_handlers
 from app.core.services import Services, set_current
@@ -92,6 +93,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     app.include_router(users_router)
     app.include_router(datasets_router)
     app.include_router(releases_router)
+    app.include_router(answers_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

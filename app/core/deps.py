@@ -44,6 +44,19 @@ SessionDep = Annotated[
     Depends(get_session, scope="function", max_concurrency=MAX_CONCURRENT_TRANSACTIONS),
 ]
 
+
+def get_read_session(services: ServicesDep) -> Iterator[Session]:
+    """A read-only transaction for endpoints that never write, whatever their method
+    (answers, previews): on SQLite it does not take the write lock."""
+    with services.db.transaction(read_only=True) as session:
+        yield session
+
+
+ReadSessionDep = Annotated[
+    Session,
+    Depends(get_read_session, scope="function", max_concurrency=MAX_CONCURRENT_TRANSACTIONS),
+]
+
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import FileResponse
 
-from app.core.deps import CurrentUser, ServicesDep, SessionDep
+from app.core.deps import CurrentUser, ReadSessionDep, ServicesDep, SessionDep
 from app.core.errors import (
     BudgetExhausted,
     Conflict,
@@ -69,7 +69,7 @@ def list_releases(
     responses=error_responses(NotFound, Forbidden, InvalidRequest),
 )
 def preview(
-    dataset_id: uuid.UUID, body: ReleaseCreate, user: CurrentUser, session: SessionDep
+    dataset_id: uuid.UUID, body: ReleaseCreate, user: CurrentUser, session: ReadSessionDep
 ) -> PreviewOut:
     """What a release request would resolve to, cost and achieve; no data is read and no
     budget is spent."""

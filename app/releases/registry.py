@@ -22,8 +22,8 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
 from app.core.errors import InvalidRequest, describe_errors
-from app.mechanisms.data import RowSource
 from app.mechanisms.privacy import PrivacyCost
+from app.storage.source import EncryptedTableSource
 
 ProgressFn = Callable[[float], None]
 
@@ -37,6 +37,14 @@ class ColumnInfo:
     lower: float | None = None
     upper: float | None = None
     categories: tuple[str, ...] | None = None
+
+    def to_original(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Undo the normalisation of a continuous column: ``lower + (x' + 1)(upper - lower)/2``."""
+        if self.lower is None or self.upper is None:
+            raise ValueError(f"column {self.name!r} has no declared bounds")
+        return (
+            self.lower + (np.asarray(x, dtype=np.float64) + 1.0) * (self.upper - self.lower) / 2.0
+        )
 
     @classmethod
     def from_declared(cls, spec: Mapping[str, Any]) -> ColumnInfo:
@@ -55,6 +63,7 @@ class DatasetInfo:
     """What a mechanism may know about the dataset: public by design (n and the schema of
     a table; the vertex count of a graph, whose edge count is private)."""
 
+    #: Rows of a table (public). 0 for a graph: its edge count is private.
     n_rows: int
     columns: tuple[ColumnInfo, ...]
     n_vertices: int | None = None
@@ -152,13 +161,17 @@ class Mechanism(ABC):
     @abstractmethod
     def measure(
         self,
-        source: RowSource,
+        source: EncryptedTableSource,
         info: DatasetInfo,
         epsilon: float,
         delta: float,
         params: BaseModel,
     ) -> Measured:
-        """Read the data once and return noisy measurements costing at most (epsilon, delta)."""
+        """Read the data once and return noisy measurements costing at most (epsilon, delta).
+
+        ``source`` streams the release's columns: ``source.batches()`` as float64 (values
+        normalised to ``[-1, 1]``, category codes, 0/1) or ``source.codes()`` as Arrow
+        batches (with the text of public columns)."""
 
     @abstractmethod
     def synthesize(
@@ -172,13 +185,15 @@ class Mechanism(ABC):
     ) -> Synthesized:
         """Post-process stored measurements into artifacts written under ``workdir``."""
 
+    def load(self, payload: Mapping[str, Any], info: DatasetInfo) -> Any:
+        """The object that answers queries, rebuilt from stored measurements (the service
+        caches it per release version)."""
+        raise InvalidRequest(f"{self.name} releases do not answer queries")
+
     def answer(
-        self,
-        payload: Mapping[str, Any],
-        artifacts: Path,
-        info: DatasetInfo,
-        queries: Sequence[Any],
+        self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
+        """Answer a batch of queries given in this release type's JSON forms (no budget)."""
         raise InvalidRequest(f"{self.name} releases do not answer queries")
 
 

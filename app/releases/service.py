@@ -27,6 +27,7 @@ from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import check_budget
 from app.models import Dataset, Release, ReleaseMeasurement, User
 from app.models.base import utcnow
+from app.releases import adapters as _adapters  # noqa: F401 - registers the release types
 from app.releases import registry
 from app.releases.registry import ColumnInfo, DatasetInfo, Mechanism
 from app.releases.schemas import ArtifactOut, PreviewOut, ReleaseCreate, ReleaseOut
@@ -37,13 +38,17 @@ SYNTHESIZE_TASK = "release.synthesize"
 QUEUED = "queued"
 
 
+#: The stored columns of a graph dataset (see :mod:`app.datasets.graphs`).
+GRAPH_COLUMNS = (ColumnInfo("u", "vertex"), ColumnInfo("v", "vertex"))
+
+
 class IdempotencyConflict(Conflict):
     code = "idempotency_key_reused"
 
 
 def dataset_info(dataset: Dataset, mechanism: Mechanism, columns: list[str] | None) -> DatasetInfo:
     """The release's columns (declared order), checked against the mechanism's column kinds;
-    for a graph, its public vertex count."""
+    for a graph, its public vertex count (a graph release has no columns: ``[]``)."""
     if dataset.kind not in mechanism.dataset_kinds:
         raise InvalidRequest(
             f"{mechanism.name} releases {' or '.join(sorted(mechanism.dataset_kinds))} "
@@ -52,7 +57,7 @@ def dataset_info(dataset: Dataset, mechanism: Mechanism, columns: list[str] | No
     if dataset.kind == "graph":
         if columns:
             raise InvalidRequest("a graph release takes no columns")
-        return DatasetInfo(n_rows=dataset.n_rows, columns=(), n_vertices=dataset.n_vertices)
+        return DatasetInfo(n_rows=0, columns=GRAPH_COLUMNS, n_vertices=dataset.n_vertices)
     declared = {str(c["name"]): c for c in dataset.columns}
     if columns is None:
         chosen = [name for name, c in declared.items() if c["kind"] in mechanism.column_kinds]
@@ -177,7 +182,7 @@ def create_release(
         epsilon=epsilon_units(checked.epsilon, charge=True),
         delta=delta_units(checked.delta, charge=True),
         params=checked.params_json,
-        columns=checked.info.names,
+        columns=[] if dataset.kind == "graph" else checked.info.names,
         created_by=user.id,
         seed=secrets.randbits(62),
         idempotency_key=idempotency_key,

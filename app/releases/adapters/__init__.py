@@ -1,1 +1,5 @@
 """The release types the service offers; importing this package registers them."""
+
+from app.releases.adapters import compressed, graph_cuts, randomized_response
+
+__all__ = ["compressed", "graph_cuts", "randomized_response"]

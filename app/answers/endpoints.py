@@ -1,0 +1,27 @@
+"""Route: answers from a release."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter
+
+from app.answers import service
+from app.answers.schemas import AnswerRequest, AnswersOut
+from app.core.deps import CurrentUser, ReadSessionDep
+from app.core.errors import Conflict, InvalidRequest, NotFound, Unauthorized, error_responses
+
+router = APIRouter(prefix="/v1", tags=["answers"], responses=error_responses(Unauthorized))
+
+
+@router.post(
+    "/releases/{release_id}/answers",
+    response_model=AnswersOut,
+    responses=error_responses(NotFound, Conflict, InvalidRequest),
+)
+def answers(
+    release_id: uuid.UUID, body: AnswerRequest, user: CurrentUser, session: ReadSessionDep
+) -> AnswersOut:
+    """Answer a batch of queries from a release, with standard errors where the mechanism
+    allows. Post-processing: no budget is spent."""
+    return service.answer(session, user, release_id, body.queries)

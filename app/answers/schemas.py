@@ -1,0 +1,29 @@
+"""Bodies of ``POST /v1/releases/{id}/answers``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_QUERIES = 100_000
+
+
+class AnswerRequest(BaseModel):
+    """A batch of queries in the release type's JSON forms (a closed set; nothing is
+    evaluated as code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_QUERIES)
+
+
+class AnswersOut(BaseModel):
+    release_id: uuid.UUID
+    mechanism: str
+    guarantee: str
+    answers: list[dict[str, Any]] = Field(
+        description="per query: value, stderr, interval (95 %) where the mechanism allows, "
+        "and a note on what they mean"
+    )

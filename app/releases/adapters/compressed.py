@@ -1,0 +1,224 @@
+"""Release type ``compressed``: paper 002's random projection ``Phi X``.
+
+NOT differential privacy. The guarantee is paper 002's distributional privacy, with the
+bound ``alpha`` of Theorem 4.6 (infinite where the theorem's conditions fail); every
+response names it. The release needs the curator's opt-in on the dataset, takes no
+epsilon, and is recorded in the ledger as ``non_dp``. Without a declared ``reference``
+covariance, ``alpha`` and the truncation region depend on the data (see
+:mod:`app.mechanisms.compressed`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from app.core.errors import InvalidRequest, describe_errors
+from app.mechanisms import compressed as cp
+from app.mechanisms.errors import MechanismError
+from app.releases import registry
+from app.releases.payloads import pack, unpack
+from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+from app.storage.source import EncryptedTableSource
+
+
+class CompressedParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    delta_max: float = Field(
+        gt=0, description="Delta_max of paper 002 (eq. 5-6), declared by the curator"
+    )
+    m: int | None = Field(
+        default=None, ge=1, description="rows of Phi X; default: the smallest m paper 002 allows"
+    )
+    reference: list[list[float]] | None = Field(
+        default=None,
+        description="declared reference normalised covariance Sigma_1 (p x p); without it the "
+        "data's own is used and alpha becomes a statistic of the data",
+    )
+
+
+class PCAQuery(BaseModel):
+    """Top-k principal directions of the compressed covariance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["pca"]
+    k: int = Field(ge=1)
+
+
+_QUERIES: TypeAdapter[list[Annotated[PCAQuery, Field(discriminator="type")]]] = TypeAdapter(
+    list[Annotated[PCAQuery, Field(discriminator="type")]]
+)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class Compressed(registry.Mechanism):
+    name: ClassVar[str] = "compressed"
+    description: ClassVar[str] = "random projection Phi X of paper 002, for PCA"
+    guarantee: ClassVar[str] = cp.GUARANTEE
+    privacy_kind: ClassVar[str] = "non_dp"
+    column_kinds: ClassVar[frozenset[str]] = frozenset({"continuous"})
+    Params: ClassVar[type[BaseModel]] = CompressedParams
+
+    def _m(self, info: DatasetInfo, params: BaseModel) -> int:
+        assert isinstance(params, CompressedParams)
+        return params.m if params.m is not None else cp.min_rows(info.n_rows, info.d)
+
+    def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
+        assert isinstance(params, CompressedParams)
+        m, floor = self._m(info, params), cp.min_rows(info.n_rows, info.d)
+        if m < floor:
+            raise InvalidRequest(f"m ({m}) must be at least 2 (C1 + C2) ln(2 n p) = {floor}")
+        if m >= info.n_rows:
+            raise InvalidRequest(
+                f"m ({m}) must be below n ({info.n_rows}): compression needs m < n "
+                f"(the smallest allowed m here is {floor})"
+            )
+        if params.reference is not None and (
+            len(params.reference) != info.d or any(len(r) != info.d for r in params.reference)
+        ):
+            raise InvalidRequest(f"reference must be a {info.d} x {info.d} matrix")
+
+    def preview(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> dict[str, Any]:
+        assert isinstance(params, CompressedParams)
+        m = self._m(info, params)
+        return {
+            "resolved": {
+                "m": m,
+                "min_m": cp.min_rows(info.n_rows, info.d),
+                "truncation_radius": cp.truncation_radius(info.n_rows, info.d, m, params.delta_max),
+                "guarantee": self.guarantee,
+            },
+            "accuracy": {
+                "note": "alpha (Theorem 4.6) and the PCA projector bound are computed at release "
+                "time; alpha depends on the data unless a reference is declared",
+            },
+        }
+
+    def measure(
+        self,
+        source: EncryptedTableSource,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+    ) -> Measured:
+        assert isinstance(params, CompressedParams)
+        release = cp.release(
+            source,
+            self._m(info, params),
+            params.delta_max,
+            reference=None if params.reference is None else np.asarray(params.reference),
+        )
+        return Measured(
+            payload=pack(release.to_dict()),
+            privacy_cost=release.privacy_cost,
+            resolved={
+                "m": release.m,
+                "alpha": _finite(release.alpha),
+                "alpha_pairwise": _finite(release.alpha_pairwise),
+                "alpha_note": None
+                if math.isfinite(release.alpha)
+                else "infinite: Theorem 4.6's conditions do not hold for these parameters",
+                "reference": release.reference_kind,
+                "guarantee": release.guarantee,
+            },
+        )
+
+    def load(self, payload: Mapping[str, Any], info: DatasetInfo) -> cp.CompressedRelease:
+        return cp.CompressedRelease.from_dict(unpack(payload))
+
+    def synthesize(
+        self,
+        payload: Mapping[str, Any],
+        info: DatasetInfo,
+        params: BaseModel,
+        rng: np.random.Generator,
+        workdir: Path,
+        progress: ProgressFn,
+    ) -> Synthesized:
+        release = self.load(payload, info)
+        table = pa.table({name: release.matrix[:, j] for j, name in enumerate(info.names)})
+        pq.write_table(table, workdir / "compressed.parquet")
+        (workdir / "release.json").write_text(
+            json.dumps(
+                {
+                    "mechanism": "compressed (paper 002)",
+                    "guarantee": release.guarantee,
+                    "m": release.m,
+                    "n": release.n,
+                    "delta_max": release.delta_max,
+                    "alpha": _finite(release.alpha),
+                    "alpha_pairwise": _finite(release.alpha_pairwise),
+                    "columns": info.names,
+                    "note": "columns of X were normalised as paper 002 eq. (4) before "
+                    "compression; the normalising scales are not released",
+                },
+                indent=1,
+            )
+        )
+        return Synthesized(
+            artifacts={
+                "compressed.parquet": ArtifactInfo(
+                    "compressed.parquet",
+                    "application/vnd.apache.parquet",
+                    f"Phi X ({release.m} x {release.p}); {release.guarantee}",
+                ),
+                "release.json": ArtifactInfo(
+                    "release.json", "application/json", "the guarantee and its alpha bound"
+                ),
+            },
+            summary={"m": release.m},
+        )
+
+    def answer(
+        self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        try:
+            parsed = _QUERIES.validate_python(list(queries))
+        except ValidationError as exc:
+            raise InvalidRequest(
+                "invalid queries: " + describe_errors(exc.errors(include_input=False), "queries")
+            ) from None
+        release: cp.CompressedRelease = loaded
+        out = []
+        for position, query in enumerate(parsed):
+            try:
+                result = release.pca(query.k)
+            except MechanismError as exc:
+                raise InvalidRequest(f"queries.{position}: {exc}") from None
+            out.append(
+                {
+                    "value": {
+                        "columns": info.names,
+                        "components": result.components.tolist(),
+                        "explained_variance": result.explained_variance.tolist(),
+                        "explained_variance_ratio": result.explained_variance_ratio.tolist(),
+                    },
+                    "stderr": None,
+                    "interval": None,
+                    "error_bound": result.projector_error_bound,
+                    "guarantee": release.guarantee,
+                    "note": "PCA of the compressed covariance of the normalised columns; "
+                    "error_bound: Proposition 3.4 bound on the projector error (None where "
+                    "it does not apply)",
+                }
+            )
+        return out
+
+
+registry.register(Compressed())

@@ -1,0 +1,429 @@
+"""Release type ``randomized_response``: mechanism E of paper 004 over the product domain of
+the chosen columns, with the paper's estimators for statistical queries.
+
+The domain is the product of each chosen column's values: a categorical column's declared
+categories, a binary column's {0, 1}, and a continuous column's ``2^bits`` equal cells of
+its declared range (§V-A; ``bits`` defaults to ``default_bits(n)``, i.e. ``2^{2k} ~
+sqrt(n)``). At most one chosen column may be of kind ``public``: it is released unchanged
+beside the perturbed codes (its values were declared public by the curator) and lets
+heterogeneous queries pick a row function per public value.
+
+The released database (downloadable as ``sample.csv``/``sample.parquet``) holds, per row,
+the perturbed cell in original units (labels, 0/1, cell midpoints) and the public value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from app.core.errors import InvalidRequest, describe_errors
+from app.mechanisms import randomized_response as rr
+from app.mechanisms.errors import MechanismError
+from app.releases import registry
+from app.releases.payloads import pack, unpack
+from app.releases.registry import (
+    ArtifactInfo,
+    DatasetInfo,
+    Measured,
+    ProgressFn,
+    Synthesized,
+)
+from app.storage.source import EncryptedTableSource
+
+MAX_TABLE_DOMAIN = 100_000
+Z_95 = 1.959963984540054
+
+
+class RRParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bits: Annotated[int | None, Field(ge=1, le=16)] = Field(
+        default=None,
+        description="cells per continuous column = 2^bits; default: paper 004 §V-A "
+        "(2^{2k} ~ sqrt(n))",
+    )
+
+
+# Query forms ---------------------------------------------------------------------------
+
+Condition = str | int | float | bool | list[str | int | float | bool] | dict[str, list[float]]
+
+
+class ConjunctionQuery(BaseModel):
+    """Fraction of rows whose columns take the listed values (all conditions at once).
+    ``where`` maps a column to a value, a list of values, or ``{"between": [lo, hi]}``
+    (continuous columns: the cells whose midpoint lies in the range, original units)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["conjunction"]
+    where: dict[str, Condition] = Field(min_length=1)
+    estimator: Literal["unbiased", "proper"] = "unbiased"
+
+
+class TableQuery(BaseModel):
+    """Mean over rows of ``values[cell]``: one value per cell of the domain (small domains)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["table"]
+    values: list[float]
+    estimator: Literal["unbiased", "proper"] = "unbiased"
+
+
+class HeterogeneousQuery(BaseModel):
+    """A row function chosen by the row's public value: ``by_public`` maps every value of
+    the public column (they are released, see ``sample.csv``) to a ``where`` conjunction."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["heterogeneous"]
+    by_public: dict[str, dict[str, Condition]] = Field(min_length=1)
+    estimator: Literal["unbiased", "proper"] = "unbiased"
+
+
+RRQuery = Annotated[ConjunctionQuery | TableQuery | HeterogeneousQuery, Field(discriminator="type")]
+_QUERIES: TypeAdapter[list[RRQuery]] = TypeAdapter(list[RRQuery])
+
+
+class RandomizedResponse(registry.Mechanism):
+    name: ClassVar[str] = "randomized_response"
+    description: ClassVar[str] = (
+        "perturbed database of the same size (paper 004, mechanism E) with unbiased "
+        "estimators for statistical queries"
+    )
+    column_kinds: ClassVar[frozenset[str]] = frozenset(
+        {"categorical", "binary", "continuous", "public"}
+    )
+    Params: ClassVar[type[BaseModel]] = RRParams
+
+    # -- the domain
+
+    def _bits(self, info: DatasetInfo, params: BaseModel) -> int:
+        assert isinstance(params, RRParams)
+        return params.bits if params.bits is not None else rr.default_bits(info.n_rows)
+
+    def _domain(self, info: DatasetInfo, params: BaseModel) -> tuple[rr.Domain, list[int]]:
+        bits = self._bits(info, params)
+        cards = []
+        for column in info.columns:
+            if column.kind == "categorical":
+                assert column.categories is not None
+                cards.append(len(column.categories))
+            elif column.kind == "binary":
+                cards.append(2)
+            elif column.kind == "continuous":
+                cards.append(1 << bits)
+        if math.prod(cards) > rr.MAX_DOMAIN_SIZE:
+            raise InvalidRequest(
+                f"the domain of these columns has {math.prod(cards):.3g} cells; at most 2^62"
+            )
+        if math.prod(cards) < 2:
+            raise InvalidRequest("the chosen columns have a single cell: nothing to release")
+        return rr.Domain(tuple(cards)), cards
+
+    def _perturbed(self, info: DatasetInfo) -> list[registry.ColumnInfo]:
+        return [c for c in info.columns if c.kind != "public"]
+
+    def _public(self, info: DatasetInfo) -> registry.ColumnInfo | None:
+        public = [c for c in info.columns if c.kind == "public"]
+        return public[0] if public else None
+
+    def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
+        if delta:
+            raise InvalidRequest("randomized_response is epsilon-DP: use delta = 0")
+        if len([c for c in info.columns if c.kind == "public"]) > 1:
+            raise InvalidRequest("at most one public column per release")
+        if not self._perturbed(info):
+            raise InvalidRequest("choose at least one categorical, binary or continuous column")
+        domain, _ = self._domain(info, params)
+        if rr.replace_threshold(domain.size, epsilon) >= 1 << 64:
+            raise InvalidRequest(
+                f"with {domain.size} cells and epsilon {epsilon:g} the release would be pure "
+                "noise; use fewer columns, categories or bits, or a larger epsilon"
+            )
+
+    def preview(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> dict[str, Any]:
+        domain, cards = self._domain(info, params)
+        summary = rr.preview(info.n_rows, domain.size, epsilon)
+        return {
+            "resolved": {
+                "domain_size": domain.size,
+                "cardinalities": dict(
+                    zip([c.name for c in self._perturbed(info)], cards, strict=True)
+                ),
+                "bits": self._bits(info, params),
+                "public_column": getattr(self._public(info), "name", None),
+                "keep_probability": summary.keep_probability,
+            },
+            "accuracy": {
+                "rmse_bound": summary.rmse_bound,
+                "note": "bound (20) of paper 004 on the RMS error of a statistical query "
+                "whose row function has range 1",
+                "useful": summary.useful,
+                "warning": summary.warning,
+            },
+        }
+
+    # -- measure: the only step that reads rows
+
+    def measure(
+        self,
+        source: EncryptedTableSource,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+    ) -> Measured:
+        domain, _ = self._domain(info, params)
+        bits = self._bits(info, params)
+        perturbed = self._perturbed(info)
+        public = self._public(info)
+        parts: list[list[np.ndarray]] = [[] for _ in perturbed]
+        public_parts: list[np.ndarray] = []
+        for batch in source.codes():
+            for j, column in enumerate(perturbed):
+                values = batch.column(column.name).to_numpy(zero_copy_only=False)
+                if column.kind == "continuous":
+                    parts[j].append(rr.discretize(np.asarray(values, dtype=np.float64), bits))
+                else:
+                    parts[j].append(np.asarray(values, dtype=np.int64))
+            if public is not None:
+                public_parts.append(np.asarray(batch.column(public.name).to_pylist(), dtype=object))
+        cells = np.column_stack([np.concatenate(p) for p in parts])
+        codes = domain.encode(cells)
+        public_values: list[str] | None = None
+        public_codes = None
+        if public is not None:
+            texts = np.concatenate(public_parts).astype(str)
+            uniques, public_codes = np.unique(texts, return_inverse=True)
+            public_values = [str(u) for u in uniques]
+        release = rr.release(codes, domain, epsilon, public=public_codes)
+        payload = {
+            "release": release.to_dict(),
+            "bits": bits,
+            "public_values": public_values,
+        }
+        return Measured(
+            payload=pack(payload),
+            privacy_cost=release.privacy_cost,
+            resolved={
+                "domain_size": domain.size,
+                "cardinalities": list(domain.cardinalities),
+                "bits": bits,
+                "keep_probability": release.keep_probability,
+                "replace_probability": release.replace_probability,
+                "epsilon_effective": release.epsilon_effective,
+            },
+        )
+
+    # -- post-processing
+
+    def load(self, payload: Mapping[str, Any], info: DatasetInfo) -> dict[str, Any]:
+        data = unpack(payload)
+        return {
+            "release": rr.RRRelease.from_dict(data["release"]),
+            "bits": int(data["bits"]),
+            "public_values": data["public_values"],
+        }
+
+    def _decoded_table(self, loaded: Mapping[str, Any], info: DatasetInfo) -> pa.Table:
+        release: rr.RRRelease = loaded["release"]
+        domain = release.domain
+        assert domain is not None
+        cells = domain.decode(release.codes)
+        columns: dict[str, Any] = {}
+        for j, column in enumerate(self._perturbed(info)):
+            values = cells[:, j]
+            if column.kind == "categorical":
+                assert column.categories is not None
+                columns[column.name] = pa.array(np.asarray(column.categories, dtype=object)[values])
+            elif column.kind == "binary":
+                columns[column.name] = pa.array(values.astype(np.int8))
+            else:
+                mid = rr.cell_midpoints(values, loaded["bits"])
+                columns[column.name] = pa.array(column.to_original(mid))
+        public = self._public(info)
+        if public is not None and release.public is not None:
+            names = np.asarray(loaded["public_values"], dtype=object)
+            columns[public.name] = pa.array(names[release.public])
+        return pa.table(columns)
+
+    def synthesize(
+        self,
+        payload: Mapping[str, Any],
+        info: DatasetInfo,
+        params: BaseModel,
+        rng: np.random.Generator,
+        workdir: Path,
+        progress: ProgressFn,
+    ) -> Synthesized:
+        loaded = self.load(payload, info)
+        release: rr.RRRelease = loaded["release"]
+        table = self._decoded_table(loaded, info)
+        progress(0.5)
+        pacsv.write_csv(table, workdir / "sample.csv")
+        pq.write_table(table, workdir / "sample.parquet")
+        description = {
+            "mechanism": "randomized_response (paper 004, mechanism E)",
+            "rows": release.n,
+            "domain": {
+                "columns": [c.name for c in self._perturbed(info)],
+                "cardinalities": list(release.cardinalities or ()),
+                "bits_per_continuous_column": loaded["bits"],
+            },
+            "keep_probability": release.keep_probability,
+            "replace_probability": release.replace_probability,
+            "estimator": "unbiased estimate of mean_i phi(x_i): "
+            "(mean_i phi(y_i) - rho * mean_cells phi) / (1 - rho), rho = replace_probability",
+            "epsilon": release.epsilon,
+            "epsilon_effective": release.epsilon_effective,
+        }
+        (workdir / "release.json").write_text(json.dumps(description, indent=1))
+        return Synthesized(
+            artifacts={
+                "sample.csv": ArtifactInfo(
+                    "sample.csv", "text/csv", "the perturbed database (original units)"
+                ),
+                "sample.parquet": ArtifactInfo(
+                    "sample.parquet",
+                    "application/vnd.apache.parquet",
+                    "the perturbed database (original units)",
+                ),
+                "release.json": ArtifactInfo(
+                    "release.json",
+                    "application/json",
+                    "domain and perturbation probabilities, for offline estimation",
+                ),
+            },
+            summary={"rows": release.n},
+        )
+
+    # -- answers
+
+    def _terms(
+        self, where: Mapping[str, Condition], info: DatasetInfo, bits: int
+    ) -> dict[int, list[int]]:
+        perturbed = self._perturbed(info)
+        index = {c.name: j for j, c in enumerate(perturbed)}
+        terms: dict[int, list[int]] = {}
+        for name, condition in where.items():
+            if name not in index:
+                raise InvalidRequest(
+                    f"column {name!r} is not a perturbed column of this release ({sorted(index)})"
+                )
+            column = perturbed[index[name]]
+            values = condition if isinstance(condition, list) else [condition]
+            if column.kind == "categorical":
+                assert column.categories is not None
+                labels = {label: k for k, label in enumerate(column.categories)}
+                missing = [v for v in values if str(v) not in labels]
+                if missing or isinstance(condition, dict):
+                    raise InvalidRequest(f"column {name!r} has no category {missing}")
+                cells = [labels[str(v)] for v in values]
+            elif column.kind == "binary":
+                if isinstance(condition, dict) or any(v not in (0, 1, True, False) for v in values):
+                    raise InvalidRequest(f"column {name!r} is binary: use 0 or 1")
+                cells = [1 if v in (1, True) else 0 for v in values]
+            else:
+                if not (isinstance(condition, dict) and set(condition) == {"between"}):
+                    raise InvalidRequest(
+                        f'column {name!r} is continuous: use {{"between": [low, high]}}'
+                    )
+                low, high = condition["between"]
+                original = column.to_original(rr.cell_midpoints(np.arange(1 << bits), bits))
+                cells = [int(k) for k in np.flatnonzero((original >= low) & (original <= high))]
+                if not cells:
+                    raise InvalidRequest(f"no cell of column {name!r} lies in [{low}, {high}]")
+            terms[index[name]] = cells
+        return terms
+
+    def answer(
+        self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        try:
+            parsed = _QUERIES.validate_python(list(queries))
+        except ValidationError as exc:
+            raise InvalidRequest(
+                "invalid queries: " + describe_errors(exc.errors(include_input=False), "queries")
+            ) from None
+        release: rr.RRRelease = loaded["release"]
+        domain = release.domain
+        assert domain is not None
+        out = []
+        for position, query in enumerate(parsed):
+            try:
+                row_query: Any
+                if isinstance(query, ConjunctionQuery):
+                    row_query = rr.Conjunction(
+                        domain, self._terms(query.where, info, loaded["bits"])
+                    )
+                elif isinstance(query, TableQuery):
+                    if domain.size > MAX_TABLE_DOMAIN:
+                        raise InvalidRequest(
+                            f"table queries need a domain of at most {MAX_TABLE_DOMAIN} cells "
+                            f"(this one has {domain.size}); use a conjunction"
+                        )
+                    if len(query.values) != domain.size:
+                        raise InvalidRequest(
+                            f"a table query needs {domain.size} values (one per cell)"
+                        )
+                    row_query = rr.Table(np.asarray(query.values, dtype=np.float64))
+                else:
+                    public_values = loaded["public_values"]
+                    if public_values is None:
+                        raise InvalidRequest("this release has no public column")
+                    codes = {value: k for k, value in enumerate(public_values)}
+                    unknown = sorted(set(query.by_public) - set(codes))
+                    if unknown:
+                        raise InvalidRequest(
+                            f"values not in the released public column: {unknown[:10]}"
+                        )
+                    row_query = rr.Heterogeneous(
+                        {
+                            codes[key]: rr.Conjunction(
+                                domain, self._terms(where, info, loaded["bits"])
+                            )
+                            for key, where in query.by_public.items()
+                        }
+                    )
+                value = (
+                    release.estimate_proper(row_query)
+                    if query.estimator == "proper"
+                    else release.estimate(row_query)
+                )
+                stderr = release.stderr(row_query, kind="worst_case")
+                bound = release.stderr(
+                    row_query, kind="bound_proper" if query.estimator == "proper" else "bound"
+                )
+            except MechanismError as exc:
+                raise InvalidRequest(f"queries.{position}: {exc}") from None
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"queries.{position}: {exc.message}") from None
+            out.append(
+                {
+                    "value": value,
+                    "stderr": stderr,
+                    "interval": [value - Z_95 * stderr, value + Z_95 * stderr],
+                    "error_bound": bound,
+                    "estimator": query.estimator,
+                    "note": "stderr: exact worst case over databases of this size; interval: "
+                    "normal approximation; error_bound: paper 004 bound (20)/(22)",
+                }
+            )
+        return out
+
+
+registry.register(RandomizedResponse())

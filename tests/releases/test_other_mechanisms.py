@@ -1,0 +1,280 @@
+"""randomized_response, graph_cuts and compressed as release types, through the API."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from fastapi.testclient import TestClient
+
+from tests.conftest import Caller
+from tests.datasets.helpers import upload
+from tests.datasets.test_graphs import upload_graph
+from tests.releases.helpers import budget, request_release, run_all
+
+
+def _table(
+    client: TestClient, curator: Caller, n: int = 400, **schema_changes: Any
+) -> tuple[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    data = {
+        "age": rng.uniform(0, 100, n).round(2),
+        "weight": rng.uniform(40, 120, n).round(2),
+        "blood": rng.choice(["A", "B", "AB", "O"], n, p=[0.4, 0.1, 0.1, 0.4]),
+        "smoker": rng.integers(0, 2, n),
+        "movie": rng.choice(["m1", "m2", "m3"], n),
+    }
+    lines = ["age,weight,blood,smoker,movie"] + [
+        f"{data['age'][i]},{data['weight'][i]},{data['blood'][i]},{data['smoker'][i]},{data['movie'][i]}"
+        for i in range(n)
+    ]
+    schema = {
+        "name": "people",
+        "columns": [
+            {"name": "age", "kind": "continuous", "lower": 0, "upper": 100},
+            {"name": "weight", "kind": "continuous", "lower": 20, "upper": 220},
+            {"name": "blood", "kind": "categorical", "categories": ["A", "B", "AB", "O"]},
+            {"name": "smoker", "kind": "binary"},
+            {"name": "movie", "kind": "public"},
+        ],
+        "budget": {"epsilon": 10, "delta": 1e-6},
+        **schema_changes,
+    }
+    response = upload(client, curator, ("\n".join(lines) + "\n").encode(), schema)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"]), data
+
+
+def _answers(
+    client: TestClient, caller: Caller, release_id: str, queries: list[dict[str, Any]]
+) -> Any:
+    return client.post(
+        f"/v1/releases/{release_id}/answers", headers=caller.headers, json={"queries": queries}
+    )
+
+
+def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> None:
+    dataset_id, data = _table(client, curator)
+    body = {
+        "mechanism": "randomized_response",
+        "epsilon": 2.0,
+        "columns": ["blood", "smoker", "movie"],
+    }
+    preview = client.post(
+        f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body
+    ).json()
+    assert preview["resolved"]["domain_size"] == 8
+    assert preview["resolved"]["public_column"] == "movie"
+    assert preview["accuracy"]["rmse_bound"] > 0
+    release = request_release(client, curator, dataset_id, body)
+    assert release.status_code == 202, release.text
+    release_id = release.json()["id"]
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert done["privacy_cost"]["epsilon"] <= 2.0
+    assert done["resolved"]["domain_size"] == 8
+
+    sample = pacsv.read_csv(
+        io.BytesIO(
+            client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).content
+        )
+    )
+    assert sample.num_rows == 400
+    assert set(sample["blood"].to_pylist()) <= {"A", "B", "AB", "O"}
+    assert sample["movie"].to_pylist() == list(data["movie"])  # public: unperturbed
+
+    queries = [
+        {"type": "conjunction", "where": {"blood": "A"}},
+        {"type": "conjunction", "where": {"blood": ["A", "O"], "smoker": 1}, "estimator": "proper"},
+        {"type": "table", "values": [1.0] + [0.0] * 7},
+        {
+            "type": "heterogeneous",
+            "by_public": {
+                "m1": {"smoker": 1},
+                "m2": {"blood": "B"},
+                "m3": {"blood": "O", "smoker": 0},
+            },
+        },
+    ]
+    response = _answers(client, curator, release_id, queries)
+    assert response.status_code == 200, response.text
+    answers = response.json()["answers"]
+    truth_a = float(np.mean(data["blood"] == "A"))
+    assert abs(answers[0]["value"] - truth_a) < 5 * answers[0]["stderr"]
+    assert answers[0]["interval"][0] < answers[0]["value"] < answers[0]["interval"][1]
+    truth_cell0 = float(np.mean((data["blood"] == "A") & (data["smoker"] == 0)))  # cell 0 = (A, 0)
+    assert abs(answers[2]["value"] - truth_cell0) < 5 * answers[2]["stderr"]
+    truth_h = float(
+        np.mean(
+            ((data["movie"] == "m1") & (data["smoker"] == 1))
+            | ((data["movie"] == "m2") & (data["blood"] == "B"))
+        )
+    )
+    assert abs(answers[3]["value"] - truth_h) < 5 * answers[3]["stderr"]
+    assert response.json()["guarantee"] == "differential privacy"
+
+    for bad, fragment in (
+        ({"type": "conjunction", "where": {"blood": "Z"}}, "no category"),
+        ({"type": "conjunction", "where": {"age": 3}}, "not a perturbed column"),
+        ({"type": "table", "values": [1.0]}, "needs 8 values"),
+        ({"type": "gaussian_mixture"}, "queries.0"),
+        (
+            {"type": "heterogeneous", "by_public": {"m9": {"smoker": 1}}},
+            "not in the released public column: ['m9']",
+        ),
+        ({"type": "heterogeneous", "by_public": {"m1": {"smoker": 1}}}, "no row function for 2"),
+    ):
+        refused = _answers(client, curator, release_id, [bad])
+        assert refused.status_code == 422, bad
+        assert fragment in refused.json()["error"]["message"]
+
+
+def test_randomized_response_discretises_continuous_columns(
+    client: TestClient, curator: Caller
+) -> None:
+    dataset_id, data = _table(client, curator)
+    body = {
+        "mechanism": "randomized_response",
+        "epsilon": 5.0,
+        "columns": ["age"],
+        "params": {"bits": 2},
+    }
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    sample = pacsv.read_csv(
+        io.BytesIO(
+            client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).content
+        )
+    )
+    assert set(sample["age"].to_pylist()) <= {12.5, 37.5, 62.5, 87.5}
+    answer = _answers(
+        client,
+        curator,
+        release_id,
+        [{"type": "conjunction", "where": {"age": {"between": [0, 50]}}}],
+    ).json()["answers"][0]
+    assert abs(answer["value"] - float(np.mean(data["age"] < 50))) < 5 * answer["stderr"]
+
+
+def test_randomized_response_warns_when_useless(client: TestClient, curator: Caller) -> None:
+    dataset_id, _ = _table(client, curator)
+    body = {
+        "mechanism": "randomized_response",
+        "epsilon": 1.0,
+        "columns": ["age", "weight"],
+        "params": {"bits": 8},
+    }
+    preview = client.post(
+        f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body
+    ).json()
+    assert preview["resolved"]["domain_size"] == 2**16
+    assert preview["accuracy"]["useful"] is False
+    assert "useless" in preview["accuracy"]["warning"]
+    assert budget(client, curator, dataset_id)["entries"] == []
+    bad = request_release(client, curator, dataset_id, {**body, "delta": 1e-9})
+    assert bad.status_code == 422
+    assert "use delta = 0" in bad.json()["error"]["message"]
+
+
+def test_graph_cuts_end_to_end(client: TestClient, curator: Caller, analyst: Caller) -> None:
+    rng = np.random.default_rng(3)
+    n = 60
+    pairs = {(int(u), int(v)) for u, v in rng.integers(0, n, size=(300, 2)) if u < v}
+    content = ("\n".join(f"{u} {v}" for u, v in sorted(pairs)) + "\n").encode()
+    dataset_id = upload_graph(
+        client,
+        curator,
+        content,
+        {"name": "g", "kind": "graph", "vertices": n, "budget": {"epsilon": 5}},
+    ).json()["id"]
+    preview = client.post(
+        f"/v1/datasets/{dataset_id}/preview",
+        headers=curator.headers,
+        json={"mechanism": "graph_cuts", "epsilon": 1},
+    ).json()
+    assert preview["resolved"]["vertex_pairs"] == n * (n - 1) // 2
+    assert json.dumps(preview).find(str(len(pairs))) == -1 or len(pairs) < 10  # no edge count
+    release_id = request_release(
+        client, curator, dataset_id, {"mechanism": "graph_cuts", "epsilon": 1}
+    ).json()["id"]
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    edges = pq.read_table(
+        io.BytesIO(
+            client.get(
+                f"/v1/releases/{release_id}/artifacts/edges.parquet", headers=curator.headers
+            ).content
+        )
+    )
+    assert all(
+        u < v < n for u, v in zip(edges["u"].to_pylist(), edges["v"].to_pylist(), strict=True)
+    )
+    S, T = list(range(30)), list(range(30, 60))
+    truth = sum(1 for u, v in pairs if (u in S) != (v in S))
+    client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    answer = _answers(client, analyst, release_id, [{"type": "cut", "S": S, "T": T}]).json()[
+        "answers"
+    ][0]
+    assert abs(answer["value"] - truth) < 5 * answer["stderr"]
+    assert answer["error_bound"] > answer["stderr"] > 0
+    overlap = _answers(client, analyst, release_id, [{"type": "cut", "S": [0, 1], "T": [1, 2]}])
+    assert overlap.status_code == 422
+    assert (
+        request_release(
+            client, curator, dataset_id, {"mechanism": "randomized_response", "epsilon": 1}
+        ).status_code
+        == 422
+    )
+
+
+def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator: Caller) -> None:
+    dataset_id, _ = _table(client, curator, n=600)
+    body = {"mechanism": "compressed", "columns": ["age", "weight"], "params": {"delta_max": 0.05}}
+    refused = request_release(client, curator, dataset_id, body)
+    assert refused.status_code == 409
+    client.patch(
+        f"/v1/datasets/{dataset_id}", headers=curator.headers, json={"allow_non_dp_releases": True}
+    )
+    assert request_release(client, curator, dataset_id, {**body, "epsilon": 1}).status_code == 422
+    small = request_release(
+        client, curator, dataset_id, {**body, "params": {"delta_max": 0.05, "m": 10}}
+    )
+    assert small.status_code == 422
+    assert "must be at least" in small.json()["error"]["message"]
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    assert (
+        response.json()["guarantee"]
+        == "distributional privacy (paper 002), not differential privacy"
+    )
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert done["privacy_cost"]["kind"] == "distributional"
+    answers = _answers(client, curator, release_id, [{"type": "pca", "k": 1}]).json()
+    assert answers["guarantee"] == "distributional privacy (paper 002), not differential privacy"
+    value = answers["answers"][0]["value"]
+    assert len(value["components"]) == 1
+    assert len(value["components"][0]) == 2
+    matrix = pq.read_table(
+        io.BytesIO(
+            client.get(
+                f"/v1/releases/{release_id}/artifacts/compressed.parquet", headers=curator.headers
+            ).content
+        )
+    )
+    assert matrix.column_names == ["age", "weight"]
+    summary = budget(client, curator, dataset_id)
+    assert [e["kind"] for e in summary["entries"]] == ["non_dp"]
+    assert summary["epsilon_spent"] == 0.0
