@@ -81,7 +81,8 @@ from app.mechanisms.privacy import CostPart, PrivacyCost
 dp.enable_features("contrib")
 
 MECHANISMS = ("laplace", "laplace_approx", "gaussian")
-_METRIC = {"laplace": "l1", "laplace_approx": "linf", "gaussian": "l2"}
+#: Metric of the ``sensitivity`` each mechanism is calibrated to.
+METRIC = {"laplace": "l1", "laplace_approx": "linf", "gaussian": "l2"}
 _DISTRIBUTION = {"laplace": "laplace", "laplace_approx": "laplace", "gaussian": "gaussian"}
 
 
@@ -134,7 +135,7 @@ class NoiseCalibration:
 
     @property
     def metric(self) -> str:
-        return _METRIC[self.mechanism]
+        return METRIC[self.mechanism]
 
     @property
     def stddev(self) -> float:
@@ -241,7 +242,10 @@ def calibrate(
         )
 
     def charged_epsilon(scale: float) -> float:
-        return cost_of_scale(mechanism, scale, sensitivity, dimension, delta, compositions)[0]
+        try:
+            return cost_of_scale(mechanism, scale, sensitivity, dimension, delta, compositions)[0]
+        except dp.OpenDPException:  # the map overflows for absurdly small scales
+            return math.inf
 
     scale = _smallest_scale(
         charged_epsilon,
@@ -430,7 +434,7 @@ def _smallest_scale(charged: Any, target: float, guess: float) -> float:
             raise MechanismError("noise calibration failed: privacy map is not decreasing")
 
     def gap(u: float) -> float:
-        return math.log(charged(math.exp(u))) - math.log(target)
+        return min(math.log(charged(math.exp(u))), 700.0) - math.log(target)
 
     u = brentq(gap, math.log(lo), math.log(hi), xtol=1e-13, rtol=1e-13, maxiter=200)
     scale = max(math.exp(u), lo)
