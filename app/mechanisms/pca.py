@@ -109,13 +109,17 @@ def rayleigh_ritz(
     """Axes and eigenvalues from the last noisy iterate (post-processing, module docstring).
 
     Returns ``(axes (d, k), eigenvalues (k,))`` sorted by decreasing eigenvalue, the
-    eigenvalues clipped to ``[0, d]``.
+    eigenvalues clipped to ``[0, d]`` and capped to sum at most ``d`` (the trace bound).
     """
     M = X_prev.T @ W
     values, vectors = np.linalg.eigh((M + M.T) / 2.0)
     order = np.argsort(values)[::-1]
     axes = gram_schmidt(X_prev @ vectors[:, order])
-    return axes, np.clip(values[order], 0.0, float(d))
+    eigenvalues = np.clip(values[order], 0.0, float(d))
+    total = float(eigenvalues.sum())
+    if total > d:  # trace(A) = sum_i Var(x_i) <= d for rows in [-1, 1]^d
+        eigenvalues *= d / total
+    return axes, eigenvalues
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,6 +157,18 @@ class PrivatePCA:
     @property
     def iterations(self) -> int:
         return int(self.iterates.shape[0])
+
+    @property
+    def noise_norm(self) -> float:
+        """Typical spectral norm of the noise in the ``k x k`` Rayleigh-Ritz matrix.
+
+        ``X^T G`` has i.i.d. entries of standard deviation ``s`` (the noise's, by rotation
+        invariance); its symmetric part has spectral norm about ``s sqrt(2k)``. Eigenvalue
+        estimates below this are indistinguishable from noise. 0 for the exact reference.
+        """
+        if self.calibration is None:
+            return 0.0
+        return self.calibration.stddev * math.sqrt(2.0 * self.rank)
 
     @property
     def privacy_cost(self) -> PrivacyCost:

@@ -58,12 +58,22 @@ Defaults and the parameter rules
 * ``C`` (``grid_size=None``): ``10^4``, as in §4. ``m`` (``sample_size=None``): the
   Theorem's ``m``, capped at ``10^6`` rows (the sampling error is then below ``1e-3``;
   the uncapped ``m`` grows like ``n^{1 + (K+1)/(2d+K)}``).
+* ``grid="hypercube"``: robustly below the 0-DP baseline in the benchmark. The ellipsoid
+  grid is the paper's preferred one but needs ``n`` large against ``d^2 / epsilon``: the
+  sensitivity of ``A X`` is ``4d/n``, and on the paper's datasets at ``epsilon <= 1`` no
+  private eigenvalue rises above the noise (``SyntheticRelease.parameters`` reports
+  ``pca_eigenvalues_above_noise``); the grid then acts as a random cloud around the noisy
+  centre, which helps on some datasets and hurts on others (CRM, ``d = 100``). See
+  ``bench/results/smooth_synthetic.md``.
 * ``pca_share=0.2`` of the budget for Algorithm 2 (the paper does not give its split);
   ``pca_rank=None`` -> ``k = d`` and ``pca_iterations=None`` -> ``L = 1``: with the
   Gaussian noise the L2 sensitivity does not grow with ``k``, and every extra iteration
   divides the per-iteration budget, so one release of ``A X`` on a full orthonormal basis
   (the noisy covariance in a random basis) is the cheapest way to get all ``d`` axes; the
-  paper's ``k``/``L`` are not stated for §4 and both are parameters.
+  paper's ``k``/``L`` are not stated for §4 and both are parameters. The private
+  eigenvalues are clipped to ``[0, d]`` and scaled to sum to at most ``d`` (the trace
+  bound for rows in ``[-1, 1]^d``); ``ellipsoid_radius="paper"`` uses radii
+  ``sqrt(lambda_hat)``.
 * ``solver="simplex"``: the vertex solution of the paper; ``"ipm"`` gives an interior
   optimum (mass spread over many candidates).
 """
@@ -515,6 +525,10 @@ def synthesize_from(
             "support_size": int(points.shape[0]),
         }
     )
+    if measurements.pca is not None:
+        record = measurements.pca
+        params["pca_noise_norm"] = record.noise_norm
+        params["pca_eigenvalues_above_noise"] = int(np.sum(record.eigenvalues > record.noise_norm))
     return SyntheticRelease(
         points=points,
         weights=weights,
@@ -702,14 +716,9 @@ def _plan(
     else:
         shares = {"moments": 1.0}
         uses_delta = {"moments": mechanism != "laplace"}
-    delta_weight = sum(shares[s] for s in shares if uses_delta[s])
-    budget = {
-        step: (
-            epsilon * share,
-            delta * share / delta_weight if uses_delta[step] and delta_weight > 0 else 0.0,
-        )
-        for step, share in shares.items()
-    }
+    eps_parts = _split(epsilon, shares)
+    delta_parts = _split(delta, {s: w for s, w in shares.items() if uses_delta[s]})
+    budget = {step: (eps_parts[step], delta_parts.get(step, 0.0)) for step in shares}
     return _Plan(
         source=source,
         n=n,
@@ -770,6 +779,18 @@ def _candidates(
     factor = 1.0 if radius == "paper" else float(record.rank + 2)
     radii = np.sqrt(factor * record.eigenvalues)
     return grids.ellipsoid(C, measurements.noisy_centre(), record.axes, radii, rng)
+
+
+def _split(total: float, weights: Mapping[str, float]) -> dict[str, float]:
+    """``total`` in proportion to ``weights``, rounded so the parts never sum above ``total``."""
+    if not weights or total == 0.0:
+        return dict.fromkeys(weights, 0.0)
+    weight_sum = math.fsum(weights.values())
+    parts = {step: total * w / weight_sum for step, w in weights.items()}
+    while math.fsum(parts.values()) > total:
+        largest = max(parts, key=lambda step: parts[step])
+        parts[largest] = math.nextafter(parts[largest], 0.0)
+    return parts
 
 
 def _check_positive_int(name: str, value: int) -> None:

@@ -84,7 +84,8 @@ def test_every_data_dependent_step_is_charged_within_budget(
     delta = float(kwargs.pop("delta", 0.0))  # type: ignore[arg-type]
     m = measure(data, 1.0, delta, rng=np.random.default_rng(0), **kwargs)  # type: ignore[arg-type]
     assert [p.step for p in m.privacy_cost.parts] == steps
-    assert m.privacy_cost.within(1.0, delta)
+    assert m.privacy_cost.epsilon <= 1.0  # strictly, not just within a tolerance
+    assert m.privacy_cost.delta <= delta
     assert m.privacy_cost.kind == "dp"
     if "pca_subspace" in steps:
         share = m.parameters["budget"]["pca_subspace"][0]
@@ -223,17 +224,21 @@ def test_error_falls_as_r_and_c_grow_without_noise() -> None:
     truth = queries.answers(X)
 
     def error(R: int, C: int) -> float:
+        """Mean over three candidate draws of the worst-case error."""
         m = smooth_synthetic._measure_without_noise(X, basis_size=R)
         assert m.privacy_cost.kind == "non_private"
-        rel = synthesize_from(m, np.random.default_rng(0), grid_size=C, sample_size=1)
-        return float(np.max(np.abs(queries.answers(rel.points, rel.weights) - truth)))
+        worst = []
+        for seed in range(3):
+            rel = synthesize_from(m, np.random.default_rng(seed), grid_size=C, sample_size=1)
+            worst.append(np.max(np.abs(queries.answers(rel.points, rel.weights) - truth)))
+        return float(np.mean(worst))
 
-    by_R = [error(R, 5000) for R in (2, 5, 20, 44)]
+    by_R = [error(R, 5000) for R in (2, 5, 20, 44)]  # total degree <= 1, 2, 5, 8
     assert by_R[0] > by_R[1] > by_R[2] > by_R[3]
     assert by_R[3] < by_R[0] / 100
-    by_C = [error(44, C) for C in (50, 500, 5000)]
-    assert by_C[0] > 10 * by_C[1]
-    assert by_C[1] >= by_C[2]
+    by_C = [error(44, C) for C in (10, 100, 1000)]
+    assert by_C[0] > 5 * by_C[1]
+    assert by_C[1] > 5 * by_C[2]
 
 
 def test_non_private_measurements_cannot_be_stored(data: np.ndarray) -> None:
