@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from app.mechanisms import smooth_synthetic
+from app.mechanisms.errors import SolverError
 from app.mechanisms.queries import GaussianMixtureBatch
 
 SIGMAS = (2, 4, 6, 8, 10)
@@ -222,6 +223,7 @@ def run_one(
         "R": float(release.parameters["R"]),
         "support": float(release.points.shape[0]),
         "objective": float(release.solver["objective"]),
+        "crossover_fallback": float(release.solver["fallback"] == "crossover"),
         "epsilon": measurements.privacy_cost.epsilon,
         "delta": measurements.privacy_cost.delta,
         "pca_above_noise": float(release.parameters.get("pca_eigenvalues_above_noise") or 0),
@@ -272,6 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=10_000)
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="save each finished dataset under OUT/partial/ and reuse those already there",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.datasets, args.rounds, args.rounds_large, args.rounds_ipm, args.queries = (
@@ -291,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         sizes=(10_000,) if args.quick else (10_000, 50_000),
         ipm=args.ipm_datasets.split(","),
         log=print,
+        partial_dir=args.out / "partial" if args.resume else None,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "smooth_synthetic_quick" if args.quick else "smooth_synthetic"
@@ -311,6 +319,7 @@ def run(
     ipm: list[str],
     log: Any = print,
     data: dict[str, np.ndarray] | None = None,
+    partial_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run the protocol; ``data`` replaces the named datasets (used by the smoke test)."""
     started = time.time()
@@ -335,6 +344,11 @@ def run(
         data = load_datasets(datasets, data_dir)
     for name, X in data.items():
         n, d = X.shape
+        partial = None if partial_dir is None else partial_dir / f"{name}.json"
+        if partial is not None and partial.exists():
+            log(f"{name}: loaded from {partial}")
+            result["datasets"][name] = json.loads(partial.read_text())
+            continue
         log(f"{name}: n={n} d={d} load={os.getloadavg()[0]:.2f}")
         entry: dict[str, Any] = {"n": n, "d": d, "baseline": {}, "configs": {}}
         batches = {}
@@ -358,20 +372,32 @@ def run(
             )
             per_sigma = {}
             for sigma in SIGMAS:
-                runs = [
-                    run_one(X, config, sigma, batches[sigma], truth[sigma], seed=1000 * r + sigma)
-                    for r in range(n_rounds)
-                ]
+                runs, failures = [], []
+                for r in range(n_rounds):
+                    try:
+                        runs.append(
+                            run_one(
+                                X, config, sigma, batches[sigma], truth[sigma], 1000 * r + sigma
+                            )
+                        )
+                    except SolverError as error:  # recorded, never hidden
+                        failures.append(str(error))
+                if not runs:
+                    raise SolverError(f"{name} {config.key} sigma={sigma}: every round failed")
                 summary = {key: float(np.mean([r[key] for r in runs])) for key in runs[0]}
                 summary["rel_std"] = float(np.std([r["rel"] for r in runs]))
                 summary["ratio"] = summary["rel"] / entry["baseline"][str(sigma)]["rel"]
-                summary["rounds"] = n_rounds
+                summary["rounds"] = len(runs)
+                summary["failures"] = failures  # type: ignore[assignment]
                 per_sigma[str(sigma)] = summary
             entry["configs"][config.key] = per_sigma
             ratios = " ".join(f"{per_sigma[str(s)]['ratio']:.2f}" for s in SIGMAS)
             synth = max(per_sigma[str(s)]["synth_s"] for s in SIGMAS)
             log(f"  {config.key:42s} x baseline {ratios}  synth {synth:.2f}s")
         result["datasets"][name] = entry
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(entry))
     result["load_after"] = os.getloadavg()
     result["wall_seconds"] = time.time() - started
     return result

@@ -21,7 +21,7 @@ Privacy (replace-one neighbours, ``n`` public; proofs in :mod:`noise` and :mod:`
 ------------------------------------------------------------------------------------
 * ``moments``: ``R`` non-constant basis functions, each in ``[-1, 1]``, so the moment
   vector has L1 sensitivity ``2R/n``, L2 ``2 sqrt(R)/n``, per-coordinate ``2/n``.
-  ``noise="laplace"`` (default when ``delta = 0``): Laplace scale ``2R/(n eps_m)``
+  ``noise_mechanism="laplace"`` (default when ``delta = 0``): Laplace scale ``2R/(n eps_m)``
   (Algorithm 1 step 9 corrected from the paper's ``t^d/(n eps)``). ``"gaussian"`` (default
   when ``delta > 0``): Gaussian under L2, zCDP -> ``(eps_m, delta_m)`` by OpenDP.
   ``"laplace_approx"``: the §3.2 Laplace with ``sqrt(R log(1/delta))`` scaling, accounted
@@ -485,7 +485,7 @@ def synthesize_from(
         C = DEFAULT_GRID_SIZE if grid_size is None else grid_size
         N = grid_resolution if grid_resolution is not None else 0
     _check_positive_int("grid_size", C)
-    needed = lp.lp_bytes(R, C) + 8 * C * d
+    needed = lp.lp_bytes(R, C, solver) + 8 * C * d
     if needed > max_bytes:
         raise MechanismError(
             f"the synthesis LP with R = {R} moments and C = {C} candidates needs about "

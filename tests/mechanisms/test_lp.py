@@ -3,6 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
+from app.mechanisms import lp as lp_module
 from app.mechanisms.errors import MechanismError, SolverError
 from app.mechanisms.lp import fit_weights, lp_bytes, round_to_grid
 
@@ -87,5 +88,38 @@ def test_round_to_grid() -> None:
 
 
 def test_memory_estimate_grows_with_r_times_c() -> None:
-    assert lp_bytes(30, 10_000) < 20 * 2**20
+    assert lp_bytes(30, 10_000) < 40 * 2**20
+    assert lp_bytes(30, 10_000, "ipm") > lp_bytes(30, 10_000)
     assert lp_bytes(10_000, 50_000) > 4 * 2**30
+
+
+@pytest.mark.parametrize(
+    ("failing", "expected"),
+    [
+        (lambda presolve, crossover: presolve == "off", "presolve"),
+        (lambda presolve, crossover: not crossover, "crossover"),
+    ],
+)
+def test_ipm_retries_then_falls_back_to_crossover(
+    monkeypatch: pytest.MonkeyPatch,
+    failing,
+    expected: str,  # type: ignore[no-untyped-def]
+) -> None:
+    """Attempts that stop early (here forced by a tiny time limit) are retried."""
+    real = lp_module._solve
+
+    def flaky(matrix, target, solver, presolve, crossover, time_limit):  # type: ignore[no-untyped-def]
+        limit = 1e-9 if failing(presolve, crossover) else time_limit
+        return real(matrix, target, solver, presolve, crossover, limit)
+
+    rng = np.random.default_rng(5)
+    W = np.cos(rng.uniform(0, 3, size=(8, 300)))
+    b = rng.normal(0, 0.5, size=8)
+    reference = fit_weights(W, b, solver="simplex")
+    monkeypatch.setattr(lp_module, "_solve", flaky)
+    solution = fit_weights(W, b, solver="ipm")
+    assert solution.fallback == expected
+    assert solution.status == "Optimal"
+    assert solution.objective == pytest.approx(reference.objective, abs=1e-7)
+    if expected == "crossover":
+        assert np.count_nonzero(solution.weights) <= 8 + 1
