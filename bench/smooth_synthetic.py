@@ -498,10 +498,15 @@ def render_markdown(result: dict[str, Any]) -> str:
                 if grid != "pca_ellipsoid"
                 else f"{np.mean([st['pca_above_noise'] for st in stats]):.1f}"
             )
-            n_rounds = stats[0]["rounds"]
-            label = (
-                f"{variant} ({privacy}, {grid}, {size.replace('C=', 'C = ')}; {n_rounds} rounds)"
-            )
+            n_rounds = max(st["rounds"] for st in stats)
+            label = f"{variant} ({privacy}, {grid}, {size.replace('C=', 'C = ')}; {n_rounds} rounds"
+            failed = sum(len(st.get("failures", [])) for st in stats)
+            crossed = sum(st.get("crossover_fallback", 0.0) * st["rounds"] for st in stats)
+            if failed:
+                label += f"; {failed} runs failed in the LP"
+            if crossed:
+                label += f"; {crossed:.0f} IPM runs fell back to crossover"
+            label += ")"
             cells = [f"{st['rel']:.3f} (x{st['ratio']:.2f})" for st in stats]
             timing = [
                 f"{max(st['synth_s'] for st in stats):.2f}",
