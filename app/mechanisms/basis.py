@@ -1,0 +1,370 @@
+"""Tensor Chebyshev basis of papers 000 and 001: index sets, evaluation, moments.
+
+The basis functions are ``T_r(x) = prod_i T_{r_i}(x_i)`` for a multi-index
+``r = (r_1, ..., r_d)`` of non-negative integers, where ``T_j(x) = cos(j arccos x)`` is
+the Chebyshev polynomial of the first kind (the "trigonometric basis" of paper 000,
+Algorithm 1 step 8, after the change of variables ``theta_i = arccos x_i``). Every
+``|T_r(x)| <= 1`` on ``[-1, 1]^d``.
+
+The *moments* of a dataset ``D`` of ``n`` rows are ``b_r = (1/n) sum_{x in D} T_r(x)``
+(Algorithm 1 step 8). The constant function ``r = 0`` is always 1 and carries no
+information, so no index set here contains it.
+
+Index sets
+----------
+* :func:`full_tensor` -- ``{0, ..., t-1}^d`` minus the constant (Theorem 3.1 of paper
+  000; ``t^d - 1`` functions), in mixed-radix order (``itertools.product``, last column
+  fastest).
+* :func:`total_degree` -- the ``R`` non-constant multi-indices of lowest total degree
+  ``|r| = r_1 + ... + r_d`` (paper 000 §3.4, "a subset of size R ... preferred to lower
+  degrees"). Order: total degree first, then *graded lexicographic* order with
+  ``x_1 > x_2 > ... > x_d`` (a larger exponent on an earlier column comes first). For
+  ``R = d`` this is exactly the ``d`` first-degree terms ``T_1(x_i) = x_i``, i.e. the
+  column means; degree 2 starts ``T_2(x_1), T_1(x_1) T_1(x_2), ...``. When ``R`` stops
+  inside a degree, the earlier columns get that degree's terms first.
+* :meth:`IndexSet.from_terms` -- any other set (e.g. chosen by a research variant).
+
+Evaluation
+----------
+For a block of rows, a per-column table ``T_j(x_i)`` for ``j <= max degree`` is built by
+the three-term recurrence ``T_0 = 1, T_1 = x, T_{j+1} = 2 x T_j - T_{j-1}`` (stable on
+``[-1, 1]``: the error after ``j`` steps stays below ``~j^2`` ulps). Each basis function
+is then the product of table rows over the *nonzero* entries of its multi-index only (a
+degree-``k`` index in ``d = 100`` dimensions multiplies at most ``k`` rows, not 100).
+Indices are grouped by their number of nonzero entries so each group is one vectorised
+gather-and-multiply. Rows are processed in blocks of at most ``block_elements / R`` rows,
+so memory stays bounded whatever ``n`` is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from app.mechanisms.data import RowSource, as_source, iter_checked
+from app.mechanisms.errors import MechanismError
+
+#: Default float64 elements in one evaluation block (``R x rows``): 2 MiB; cache-sized
+#: blocks measured fastest.
+DEFAULT_BLOCK_ELEMENTS = 1 << 18
+
+#: Largest index set built by :func:`full_tensor` or :func:`total_degree`.
+MAX_INDEX_SET_SIZE = 1_000_000
+
+_KINDS = ("full_tensor", "total_degree", "custom")
+
+
+@dataclass(frozen=True, eq=False)
+class IndexSet:
+    """Multi-indices ``r`` of the non-constant basis functions ``T_r``, one per row.
+
+    ``degrees`` is an ``(R, d)`` integer array; row ``j`` is the multi-index of the
+    ``j``-th basis function, and that order is the order of the moment vector. ``kind``
+    and ``parameter`` say how the set was generated (``full_tensor`` with ``t``,
+    ``total_degree`` with ``R``, or ``custom``) so that it serialises compactly.
+    """
+
+    degrees: NDArray[np.int64]
+    kind: str = "custom"
+    parameter: int = 0
+    _sparse: tuple[tuple[NDArray[np.int64], NDArray[np.int64]], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        degrees = np.array(self.degrees, dtype=np.int64, copy=True)
+        if degrees.ndim != 2 or degrees.shape[1] == 0:
+            raise MechanismError(f"index set degrees must be a (R, d) array; got {degrees.shape}")
+        if degrees.shape[0] == 0:
+            raise MechanismError("index set is empty (R = 0); it needs at least one function")
+        if np.any(degrees < 0):
+            raise MechanismError("index set degrees must be non-negative integers")
+        if np.any(degrees.sum(axis=1) == 0):
+            raise MechanismError(
+                "index set contains the constant function r = 0; it carries no information"
+            )
+        if np.unique(degrees, axis=0).shape[0] != degrees.shape[0]:
+            raise MechanismError("index set contains repeated multi-indices")
+        if self.kind not in _KINDS:
+            raise MechanismError(f"index set kind ({self.kind!r}) must be one of {_KINDS}")
+        degrees.setflags(write=False)
+        object.__setattr__(self, "degrees", degrees)
+        object.__setattr__(self, "_sparse", _group_by_support(degrees))
+
+    @property
+    def size(self) -> int:
+        """``R``, the number of basis functions."""
+        return int(self.degrees.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """``d``, the number of columns."""
+        return int(self.degrees.shape[1])
+
+    @cached_property
+    def max_degree(self) -> int:
+        """Largest single-column degree ``max_{r, i} r_i``."""
+        return int(self.degrees.max())
+
+    @cached_property
+    def total_degrees(self) -> NDArray[np.int64]:
+        """``|r|`` for every index."""
+        out: NDArray[np.int64] = self.degrees.sum(axis=1)
+        out.setflags(write=False)
+        return out
+
+    def first_degree_positions(self) -> NDArray[np.int64]:
+        """Position in this set of ``T_1(x_i) = x_i`` for each column ``i``, or -1 if absent.
+
+        The moments at these positions are the column means (used as the PCA-grid centre).
+        """
+        positions = np.full(self.dim, -1, dtype=np.int64)
+        rows = np.flatnonzero(self.total_degrees == 1)
+        positions[np.argmax(self.degrees[rows], axis=1)] = rows
+        return positions
+
+    def evaluate(
+        self, X: ArrayLike, *, block_elements: int = DEFAULT_BLOCK_ELEMENTS
+    ) -> NDArray[np.float64]:
+        """``(R, m)`` matrix of ``T_r(x)`` for the ``m`` rows ``x`` of ``X`` (in ``[-1, 1]^d``).
+
+        This is the LP matrix ``W`` of paper 000 (Algorithm 1 step 14) when ``X`` holds
+        the candidate support points. The result itself has ``R m`` elements; the work
+        space beyond it is bounded by ``block_elements``.
+        """
+        points = _as_points(X, self.dim)
+        out = np.empty((self.size, points.shape[0]), dtype=np.float64)
+        for start, stop in _row_blocks(points.shape[0], self.size, block_elements):
+            _evaluate_block(self, points[start:stop], out[:, start:stop])
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-safe description; ``custom`` sets list each index's nonzero ``[col, deg]``."""
+        data: dict[str, object] = {"kind": self.kind, "d": self.dim, "size": self.size}
+        if self.kind == "full_tensor":
+            data["t"] = self.parameter
+        elif self.kind == "custom":
+            data["terms"] = [
+                [[int(i), int(row[i])] for i in np.flatnonzero(row)] for row in self.degrees
+            ]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> IndexSet:
+        kind = str(data["kind"])
+        d = int(data["d"])  # type: ignore[call-overload]
+        size = int(data["size"])  # type: ignore[call-overload]
+        if kind == "full_tensor":
+            out = full_tensor(d, int(data["t"]))  # type: ignore[call-overload]
+        elif kind == "total_degree":
+            out = total_degree(d, size)
+        elif kind == "custom":
+            terms = data["terms"]
+            assert isinstance(terms, list)
+            out = cls.from_terms(d, terms)
+        else:
+            raise MechanismError(f"index set kind ({kind!r}) must be one of {_KINDS}")
+        if out.size != size:
+            raise MechanismError(f"index set size ({out.size}) does not match its record ({size})")
+        return out
+
+    @classmethod
+    def from_terms(cls, d: int, terms: list[list[list[int]]]) -> IndexSet:
+        """Build a ``custom`` set from sparse terms: each index is a list of ``[col, deg]``."""
+        degrees = np.zeros((len(terms), d), dtype=np.int64)
+        for j, term in enumerate(terms):
+            for col, deg in term:
+                if not 0 <= col < d:
+                    raise MechanismError(f"index set column ({col}) must lie in [0, {d})")
+                degrees[j, col] = deg
+        return cls(degrees, kind="custom")
+
+    def same_as(self, other: IndexSet) -> bool:
+        """Same multi-indices in the same order."""
+        return self.degrees.shape == other.degrees.shape and bool(
+            np.array_equal(self.degrees, other.degrees)
+        )
+
+
+def full_tensor(d: int, t: int) -> IndexSet:
+    """``{0, ..., t-1}^d`` minus the constant: Theorem 3.1's ``t^d - 1`` basis functions.
+
+    Order: mixed radix with the last column varying fastest (``itertools.product``),
+    the all-zero index dropped.
+    """
+    _check_positive_int("d", d)
+    _check_positive_int("t", t)
+    if t < 2:
+        raise MechanismError(f"t ({t}) must be at least 2 (t = 1 leaves only the constant)")
+    size = t**d - 1
+    if size > MAX_INDEX_SET_SIZE:
+        raise MechanismError(
+            f"the full tensor basis has t^d - 1 = {t}^{d} - 1 functions, more than "
+            f"{MAX_INDEX_SET_SIZE}; use the total-degree basis (basis_size=R) instead"
+        )
+    grid = np.array(list(itertools.product(range(t), repeat=d)), dtype=np.int64)
+    return IndexSet(grid[1:], kind="full_tensor", parameter=t)
+
+
+def total_degree(d: int, R: int) -> IndexSet:
+    """The first ``R`` non-constant multi-indices in graded lexicographic order.
+
+    Total degree ``|r|`` ascending; within a degree, lexicographically *descending*
+    (``(2,0,0), (1,1,0), (1,0,1), (0,2,0), (0,1,1), (0,0,2)``). Paper 000 §3.4 and
+    appendix A.5 use "R basis functions preferred to lower degrees"; this fixes the
+    order the paper leaves open.
+    """
+    _check_positive_int("d", d)
+    _check_positive_int("R", R)
+    if R > MAX_INDEX_SET_SIZE:
+        raise MechanismError(f"basis size R ({R}) must be at most {MAX_INDEX_SET_SIZE}")
+    degrees = np.zeros((R, d), dtype=np.int64)
+    row = 0
+    for degree in itertools.count(1):
+        for composition in _compositions_descending(degree, d):
+            degrees[row] = composition
+            row += 1
+            if row == R:
+                return IndexSet(degrees, kind="total_degree", parameter=R)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def count_total_degree(d: int, max_degree: int) -> int:
+    """Number of non-constant multi-indices in ``d`` variables with ``|r| <= max_degree``."""
+    return math.comb(max_degree + d, d) - 1
+
+
+def chebyshev_table(x: ArrayLike, max_degree: int) -> NDArray[np.float64]:
+    """``T_j(x)`` for ``j = 0..max_degree`` by the three-term recurrence.
+
+    The result has shape ``(max_degree + 1,) + x.shape``.
+    """
+    values = np.asarray(x, dtype=np.float64)
+    table = np.empty((max_degree + 1, *values.shape), dtype=np.float64)
+    table[0] = 1.0
+    if max_degree >= 1:
+        table[1] = values
+    for j in range(1, max_degree):
+        np.multiply(values, table[j], out=table[j + 1])
+        table[j + 1] *= 2.0
+        table[j + 1] -= table[j - 1]
+    return table
+
+
+def moments(
+    X: ArrayLike | RowSource,
+    index_set: IndexSet,
+    *,
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+) -> NDArray[np.float64]:
+    """Exact moments ``b_r = (1/n) sum_x T_r(x)`` (paper 000, Algorithm 1 step 8).
+
+    Streams the rows of a :class:`RowSource` once, in blocks of at most
+    ``block_elements / R`` rows, so memory is ``O(block_elements + R)`` whatever ``n``.
+    This is the exact, *non-private* statistic: the mechanisms add calibrated noise to
+    it (:mod:`app.mechanisms.noise`) before anything leaves the measure step.
+    """
+    source = as_source(X)
+    if source.n_cols != index_set.dim:
+        raise MechanismError(
+            f"the data has {source.n_cols} columns but the index set has d = {index_set.dim}"
+        )
+    totals = np.zeros(index_set.size, dtype=np.float64)
+    work = np.empty((index_set.size, _block_rows(index_set.size, block_elements)), dtype=np.float64)
+    for batch in iter_checked(source):
+        for start, stop in _row_blocks(batch.shape[0], index_set.size, block_elements):
+            block = work[:, : stop - start]
+            _evaluate_block(index_set, batch[start:stop], block)
+            totals += block.sum(axis=1)
+    return totals / source.n_rows
+
+
+# --- internals ---------------------------------------------------------------------------
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise MechanismError(f"{name} ({value!r}) must be a positive integer")
+
+
+def _compositions_descending(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Compositions of ``total`` into ``parts`` non-negative parts, lexicographically descending.
+
+    Successor rule: take the rightmost position ``i < parts - 1`` with ``a_i > 0``,
+    decrement it, and put everything to its right (plus one) at position ``i + 1``.
+    """
+    a = [0] * parts
+    a[0] = total
+    while True:
+        yield tuple(a)
+        i = parts - 2
+        while i >= 0 and a[i] == 0:
+            i -= 1
+        if i < 0:
+            return
+        # positions i+1 .. parts-2 are zero, so everything right of i sits in the last part
+        tail = a[parts - 1]
+        a[i] -= 1
+        a[parts - 1] = 0
+        a[i + 1] = tail + 1
+
+
+def _group_by_support(
+    degrees: NDArray[np.int64],
+) -> tuple[tuple[NDArray[np.int64], NDArray[np.int64]], ...]:
+    """Group indices by number of nonzero entries ``s``.
+
+    Each group is ``(positions, flat)``: the group's rows in the index set, and an
+    ``(R_s, s)`` array of table rows ``deg * d + col`` to multiply together.
+    """
+    d = degrees.shape[1]
+    support = np.count_nonzero(degrees, axis=1)
+    groups = []
+    for s in np.unique(support):
+        positions = np.flatnonzero(support == s)
+        sub = degrees[positions]
+        cols = np.nonzero(sub)[1].reshape(positions.size, int(s))
+        degs = np.take_along_axis(sub, cols, axis=1)
+        flat = degs * d + cols
+        positions.setflags(write=False)
+        flat.setflags(write=False)
+        groups.append((positions, flat))
+    return tuple(groups)
+
+
+def _as_points(X: ArrayLike, d: int) -> NDArray[np.float64]:
+    points = np.asarray(X, dtype=np.float64)
+    if points.ndim != 2 or points.shape[1] != d:
+        raise MechanismError(f"points must be a (m, {d}) array; got shape {points.shape}")
+    if not np.all(np.isfinite(points)) or np.any(np.abs(points) > 1.0):
+        raise MechanismError("points must be finite and lie in [-1, 1]^d")
+    return points
+
+
+def _block_rows(R: int, block_elements: int) -> int:
+    if block_elements < 1:
+        raise MechanismError(f"block_elements ({block_elements}) must be positive")
+    return max(1, block_elements // max(R, 1))
+
+
+def _row_blocks(m: int, R: int, block_elements: int) -> Iterator[tuple[int, int]]:
+    step = _block_rows(R, block_elements)
+    for start in range(0, m, step):
+        yield start, min(start + step, m)
+
+
+def _evaluate_block(
+    index_set: IndexSet, rows: NDArray[np.float64], out: NDArray[np.float64]
+) -> None:
+    """Write ``T_r(x)`` for the rows of ``rows`` into ``out`` (shape ``(R, len(rows))``)."""
+    # table[(deg * d + col), row] = T_deg(x_row, col)
+    table = chebyshev_table(rows.T, index_set.max_degree).reshape(-1, rows.shape[0])
+    for positions, flat in index_set._sparse:
+        values = table[flat[:, 0]]
+        for p in range(1, flat.shape[1]):
+            values *= table[flat[:, p]]
+        out[positions] = values

@@ -1,0 +1,239 @@
+"""Noise calibration, sensitivity and distribution of the OpenDP samplers.
+
+Statistical tests draw fresh OpenDP noise (it cannot be seeded), so each states its
+false-failure rate: a Kolmogorov-Smirnov test at p < 1e-6 fails a correct sampler with
+probability 1e-6 per run.
+"""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from app.mechanisms import noise
+from app.mechanisms.basis import moments, total_degree
+from app.mechanisms.errors import MechanismError
+
+ALPHA = 1e-6  # false-failure rate of each statistical assertion
+
+
+# --- sensitivity -------------------------------------------------------------------------
+
+
+def test_moment_sensitivity_formulas() -> None:
+    s = noise.moment_sensitivity(n=500, R=36)
+    assert s == {"linf": 2 / 500, "l1": 72 / 500, "l2": 12 / 500}
+
+
+@pytest.mark.parametrize(("d", "R"), [(2, 9), (3, 19), (4, 4)])
+def test_moment_sensitivity_bounds_hold_on_random_neighbours(d: int, R: int) -> None:
+    """Brute force: replace one row, at random and at the cube's corners."""
+    rng = np.random.default_rng(10)
+    index_set = total_degree(d, R)
+    n = 7
+    bound = noise.moment_sensitivity(n, R)
+    worst = {"linf": 0.0, "l1": 0.0, "l2": 0.0}
+    corners = np.array(list(np.ndindex(*(2,) * d)), dtype=float) * 2 - 1
+    for trial in range(400):
+        D = rng.uniform(-1, 1, size=(n, d))
+        if trial % 2:
+            D = corners[rng.integers(0, len(corners), size=n)]
+        D2 = D.copy()
+        D2[rng.integers(n)] = (
+            corners[rng.integers(len(corners))] if trial % 3 else rng.uniform(-1, 1, size=d)
+        )
+        diff = moments(D, index_set) - moments(D2, index_set)
+        worst["linf"] = max(worst["linf"], float(np.max(np.abs(diff))))
+        worst["l1"] = max(worst["l1"], float(np.sum(np.abs(diff))))
+        worst["l2"] = max(worst["l2"], float(np.linalg.norm(diff)))
+    for key in worst:
+        assert worst[key] <= bound[key] * (1 + 1e-12), key
+    assert worst["linf"] == pytest.approx(bound["linf"])  # a corner flip attains 2/n
+
+
+def test_first_degree_moments_attain_the_sensitivity() -> None:
+    d, n = 5, 11
+    index_set = total_degree(d, d)
+    D = np.zeros((n, d))
+    D[0] = 1.0
+    D2 = D.copy()
+    D2[0] = -1.0
+    diff = moments(D, index_set) - moments(D2, index_set)
+    bound = noise.moment_sensitivity(n, d)
+    assert np.sum(np.abs(diff)) == pytest.approx(bound["l1"])
+    assert np.linalg.norm(diff) == pytest.approx(bound["l2"])
+
+
+# --- calibration -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sensitivity", "epsilon", "k"), [(2 * 30 / 569, 1.0, 1), (0.013, 0.3, 1), (0.2, 0.7, 4)]
+)
+def test_laplace_scale_is_sensitivity_over_epsilon(
+    sensitivity: float, epsilon: float, k: int
+) -> None:
+    cal = noise.calibrate(
+        "laplace", sensitivity=sensitivity, epsilon=epsilon, dimension=30, compositions=k
+    )
+    assert cal.scale == pytest.approx(k * sensitivity / epsilon, rel=1e-12)
+    assert cal.epsilon <= epsilon
+    assert cal.epsilon == pytest.approx(epsilon, rel=1e-12)
+    assert (cal.delta, cal.distribution, cal.metric) == (0.0, "laplace", "l1")
+
+
+def test_gaussian_scale_is_minimal_and_linear_in_sensitivity() -> None:
+    delta = 1e-10
+    a = noise.calibrate("gaussian", sensitivity=0.02, epsilon=1.0, delta=delta, dimension=30)
+    b = noise.calibrate("gaussian", sensitivity=0.05, epsilon=1.0, delta=delta, dimension=30)
+    assert a.epsilon <= 1.0
+    assert a.delta == delta
+    # scale = sensitivity * c(epsilon, delta): the ratio does not depend on the sensitivity
+    assert a.scale / 0.02 == pytest.approx(b.scale / 0.05, rel=1e-9)
+    # minimal: a slightly smaller scale overspends
+    eps_smaller, _ = noise.cost_of_scale("gaussian", a.scale * (1 - 1e-6), 0.02, 30, delta)
+    assert eps_smaller > 1.0
+    # the charged epsilon is no worse than the textbook zCDP conversion of rho = D^2 / (2 s^2)
+    rho = 0.02**2 / (2 * a.scale**2)
+    assert rho + 2 * math.sqrt(rho * math.log(1 / delta)) >= 1.0
+
+
+def test_gaussian_compositions_add_in_zcdp() -> None:
+    one = noise.calibrate("gaussian", sensitivity=0.1, epsilon=0.5, delta=1e-9, dimension=8)
+    ten = noise.calibrate(
+        "gaussian", sensitivity=0.1, epsilon=0.5, delta=1e-9, dimension=8, compositions=10
+    )
+    assert ten.scale == pytest.approx(math.sqrt(10) * one.scale, rel=1e-9)
+
+
+def test_laplace_approx_uses_zcdp_for_many_moments() -> None:
+    n, delta = 569, 1e-10
+    s1 = noise.moment_sensitivity(n, 1000)
+    s4 = noise.moment_sensitivity(n, 4000)
+    big = noise.calibrate(
+        "laplace_approx", sensitivity=s1["linf"], epsilon=1.0, delta=delta, dimension=1000
+    )
+    bigger = noise.calibrate(
+        "laplace_approx", sensitivity=s4["linf"], epsilon=1.0, delta=delta, dimension=4000
+    )
+    assert big.accounting == "zcdp"
+    assert big.delta == delta
+    assert big.epsilon <= 1.0
+    # advanced composition: the scale grows like sqrt(R), not R
+    assert bigger.scale / big.scale == pytest.approx(2.0, rel=1e-6)
+    assert big.scale < s1["l1"] / 5  # five times less noise than pure Laplace at R = 1000
+    # each coordinate is (linf / b)-DP -> rho = R (linf / b)^2 / 2; textbook conversion bound
+    rho = 1000 * (s1["linf"] / big.scale) ** 2 / 2
+    assert rho + 2 * math.sqrt(rho * math.log(1 / delta)) >= 1.0
+
+
+def test_laplace_approx_falls_back_to_pure_for_few_moments() -> None:
+    s = noise.moment_sensitivity(569, 10)
+    cal = noise.calibrate(
+        "laplace_approx", sensitivity=s["linf"], epsilon=1.0, delta=1e-10, dimension=10
+    )
+    assert cal.accounting == "pure"
+    assert cal.delta == 0.0
+    assert cal.scale == pytest.approx(s["l1"], rel=1e-9)
+
+
+def test_paper_literal_laplace_scale_overspends() -> None:
+    """Paper 000 §3.2's Lap(sqrt(t^d log(1/delta)) / (n eps)) is not (eps, delta)-DP."""
+    n, delta = 569, 1e-10
+    for R, expected in [(30, 2.2829), (1000, 2.6750)]:
+        scale = noise.paper_laplace_scale(n, R, 1.0, delta)
+        eps, _ = noise.cost_of_scale("laplace_approx", scale, 2 / n, R, delta)
+        assert eps == pytest.approx(expected, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mechanism": "laplace", "epsilon": 0.0}, "epsilon"),
+        ({"mechanism": "laplace", "epsilon": -1.0}, "epsilon"),
+        ({"mechanism": "laplace", "sensitivity": 0.0}, "sensitivity"),
+        ({"mechanism": "gaussian", "delta": 0.0}, "needs delta > 0"),
+        ({"mechanism": "laplace_approx", "delta": 0.0}, "needs delta > 0"),
+        ({"mechanism": "gaussian", "delta": 1.0}, r"\[0, 1\)"),
+        ({"mechanism": "cauchy"}, "must be one of"),
+        ({"mechanism": "laplace", "dimension": 0}, "dimension"),
+    ],
+)
+def test_bad_calibration_requests(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"sensitivity": 0.1, "epsilon": 1.0, "delta": 1e-9, "dimension": 3}
+    args.update(kwargs)
+    mechanism = args.pop("mechanism")
+    with pytest.raises(MechanismError, match=message):
+        noise.calibrate(mechanism, **args)  # type: ignore[arg-type]
+
+
+# --- sampling ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_laplace_noise_has_the_calibrated_law() -> None:
+    cal = noise.calibrate("laplace", sensitivity=0.5, epsilon=1.0, dimension=4000)
+    draws = noise.sample(cal, np.zeros(4000))
+    assert stats.kstest(draws, stats.laplace(scale=cal.scale).cdf).pvalue > ALPHA
+    # the test has power: a 1.5x wrong scale is rejected (KS distance 0.074 at n = 4000)
+    assert stats.kstest(draws, stats.laplace(scale=1.5 * cal.scale).cdf).pvalue < ALPHA
+
+
+@pytest.mark.slow
+def test_gaussian_noise_has_the_calibrated_law() -> None:
+    cal = noise.calibrate("gaussian", sensitivity=0.5, epsilon=1.0, delta=1e-9, dimension=4000)
+    draws = noise.sample(cal, np.zeros(4000))
+    assert stats.kstest(draws, stats.norm(scale=cal.scale).cdf).pvalue > ALPHA
+    assert stats.kstest(draws, stats.norm(scale=1.5 * cal.scale).cdf).pvalue < ALPHA
+
+
+def test_noisy_moments_are_centred_on_the_exact_moments() -> None:
+    """4-sigma band on the mean noise over R = 500 coordinates (false failure 6e-5)."""
+    X = np.random.default_rng(11).uniform(-1, 1, size=(200, 3))
+    index_set = total_degree(3, 500)
+    exact = moments(X, index_set)
+    s = noise.moment_sensitivity(200, 500)
+    released = noise.release(
+        exact, step="moments", mechanism="laplace", sensitivity=s["l1"], epsilon=50.0
+    )
+    errors = released.values - exact
+    stddev = released.calibration.stddev
+    assert abs(errors.mean()) < 4 * stddev / math.sqrt(500)
+    assert np.all(errors != 0.0)
+    assert released.privacy_cost.epsilon <= 50.0
+    assert [p.step for p in released.privacy_cost.parts] == ["moments"]
+
+
+def test_noisy_vector_round_trips_through_json() -> None:
+    released = noise.release(
+        np.array([0.1, -0.2, 0.3]),
+        step="moments",
+        mechanism="gaussian",
+        sensitivity=0.01,
+        epsilon=1.0,
+        delta=1e-9,
+    )
+    back = noise.NoisyVector.from_dict(json.loads(json.dumps(released.to_dict())))
+    np.testing.assert_array_equal(back.values, released.values)
+    assert back.calibration == released.calibration
+    assert back.to_dict() == released.to_dict()
+
+
+def test_sample_checks_length() -> None:
+    cal = noise.calibrate("laplace", sensitivity=0.5, epsilon=1.0, dimension=3)
+    with pytest.raises(MechanismError, match="length 2"):
+        noise.sample(cal, np.zeros(2))
+
+
+def test_privacy_noise_only_from_opendp_with_safe_features() -> None:
+    """No numpy sampler draws privacy noise; no unsafe OpenDP feature is switched on."""
+    root = Path(__file__).resolve().parents[2] / "app" / "mechanisms"
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"\.laplace\(", text), path
+        for call in re.findall(r"enable_features\(([^)]*)\)", text):
+            assert call.strip() == '"contrib"', path
