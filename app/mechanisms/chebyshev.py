@@ -584,9 +584,10 @@ def _restrict_block(
     M = Qb * J
     a = factors.reshape(M, d, L)
     w = weights.reshape(M)
-    norms = np.abs(a).sum(axis=2)  # n_ji
+    norms = np.abs(a).sum(axis=2)  # n_ji, over the whole computed expansion
     safe = np.where(norms > 0, norms, 1.0)
-    unit = a / safe[:, :, None]  # factors of unit l1 norm (zero factors stay 0)
+    # only degrees up to the set's largest enter a product
+    unit = a[:, :, : index_set.max_degree + 1] / safe[:, :, None]  # unit l1 norm factors
     a0 = unit[:, :, 0]
     zero = np.abs(a0) < STRUCTURAL_ZERO
     dropped = np.where(zero, np.abs(a0), 0.0).sum(axis=1)

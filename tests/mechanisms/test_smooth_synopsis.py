@@ -6,6 +6,7 @@ OpenDP call at the synopsis' own scale (the Laplace scale ``Delta_1 / epsilon`` 
 Gaussian scale do not depend on the vector's length), reshaped to 2,000 draws of ``R``.
 """
 
+import itertools
 import json
 import math
 
@@ -147,6 +148,21 @@ def test_auto_rule_keeps_the_smallest_predicted_halfwidth() -> None:
     assert gauss.size >= index_set.size
 
 
+def test_nominal_rule_makes_the_truncation_bound_negligible() -> None:
+    _, auto = ss.choose_basis(5875, 21, epsilon=1.0, delta=1e-10, smoothness=100)
+    index_set, nominal = ss.choose_basis(
+        5875, 21, epsilon=1.0, delta=1e-10, smoothness=100, basis="nominal"
+    )
+    c = nominal.chosen
+    assert c.predicted_truncation <= ss.NOMINAL_TRUNCATION_SHARE * 1.96 * c.predicted_stderr
+    assert index_set.size > auto.chosen.size  # bought with a larger basis
+    assert c.predicted_halfwidth >= auto.chosen.predicted_halfwidth
+    # when no candidate qualifies it falls back to the narrowest interval
+    _, fallback = ss.choose_basis(569, 30, epsilon=1.0, smoothness=4, basis="nominal")
+    _, narrow = ss.choose_basis(569, 30, epsilon=1.0, smoothness=4)
+    assert fallback.chosen == narrow.chosen
+
+
 def test_default_rule_is_sensible_for_high_dimension() -> None:
     for d in (20, 30, 100):
         index_set, choice = ss.choose_basis(2000, d, epsilon=1.0, smoothness=36)
@@ -168,6 +184,24 @@ def test_predictions_match_the_representative_query() -> None:
     assert np.mean(coef.truncation_bound) == pytest.approx(
         choice.chosen.predicted_truncation, rel=0.08
     )
+
+
+def test_rule_is_fast_in_small_dimension_and_takes_any_basis_size() -> None:
+    """d = 1, 2: thousands of possible sets, a thinned list of candidates (10 % apart)."""
+    index_set, choice = ss.choose_basis(10**6, 1, epsilon=1.0, smoothness=4)
+    assert len(choice.candidates) < 250
+    sizes = [c.size for c in choice.candidates if c.kind == "total_degree"]
+    assert sizes == sorted(sizes)
+    assert all(b >= 1.1 * a for a, b in itertools.pairwise(sizes[:-1]))  # last: the largest
+    assert sizes[-1] == ss.DEFAULT_MAX_BASIS_SIZE
+    index_set, _ = ss.choose_basis(1000, 1, epsilon=1.0, basis_size=300)
+    assert index_set.max_degree == 300
+    # predictions at unit-sensitivity scaling equal a direct OpenDP calibration
+    _, gauss = ss.choose_basis(1000, 2, epsilon=0.5, delta=1e-7, basis_size=14)
+    direct = noise.calibrate(
+        "gaussian", sensitivity=2 * math.sqrt(14) / 1000, epsilon=0.5, delta=1e-7, dimension=14
+    )
+    assert gauss.chosen.coordinate_stddev == pytest.approx(direct.stddev, rel=1e-8)
 
 
 def test_basis_size_and_custom_sets() -> None:
