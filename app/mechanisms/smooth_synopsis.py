@@ -76,6 +76,18 @@ narrowest honest ones. ``basis="nominal"`` instead takes the narrowest candidate
 predicted ``tau`` is at most 10 % of the predicted noise half-width: coverage close to 95 %
 (at most ``P(|Z| <= 1.1 z) = 96.9 %`` when the actual truncation error is negligible),
 bought with a larger basis and more noise (measured in ``bench/results``).
+
+Service notes
+-------------
+* Store ``Synopsis.to_dict()`` (JSON, exact round trip); answer later with
+  ``Synopsis.from_dict(doc).answer_many(queries)`` -- no data needed. ``Answer.as_dict()``
+  gives ``value``, ``stderr``, ``interval`` and its two parts.
+* A Gaussian-mixture query in original units (centre ``c``, widths ``s_i``) on a column
+  normalised by ``x' = 2 (x - lo_i) / (hi_i - lo_i) - 1`` is the
+  :class:`~app.mechanisms.queries.AnisotropicGaussianMixture` with centre
+  ``2 (c_i - lo_i) / (hi_i - lo_i) - 1`` and ``sigma_i = 2 s_i / (hi_i - lo_i)``.
+* :func:`choose_basis` needs no data: it can preview ``R``, the noise scale and the
+  predicted stderr / truncation of a request before any budget is spent.
 """
 
 from __future__ import annotations

@@ -72,3 +72,19 @@ def test_polynomial_evaluates_its_monomials() -> None:
         Polynomial(np.array([[1, 0]]), np.array([np.nan]))
     with pytest.raises(MechanismError, match="non-empty"):
         Polynomial(np.zeros((0, 2), dtype=int), np.zeros(0))
+
+
+def test_original_units_query_is_an_anisotropic_mixture_on_normalised_data() -> None:
+    """The conversion in smooth_synopsis' service notes: same values on the same rows."""
+    rng = np.random.default_rng(33)
+    lo, hi = np.array([10.0, -3.0, 0.0]), np.array([50.0, 5.0, 0.01])
+    raw = rng.uniform(lo, hi, size=(300, 3))
+    centers, s = rng.uniform(lo, hi, size=(2, 3)), np.array([8.0, 1.5, 0.004])
+    weights = np.array([0.3, 0.9])
+    original = sum(
+        a * np.exp(-np.sum((raw - c) ** 2 / (2 * s**2), axis=1))
+        for a, c in zip(weights, centers, strict=True)
+    )
+    normalised = 2 * (raw - lo) / (hi - lo) - 1
+    q = AnisotropicGaussianMixture(2 * (centers - lo) / (hi - lo) - 1, weights, 2 * s / (hi - lo))
+    np.testing.assert_allclose(q.evaluate(normalised), original, rtol=1e-10, atol=1e-14)
