@@ -629,6 +629,10 @@ class Synopsis:
         groups: dict[tuple[Any, ...], list[int]] = {}
         others: list[int] = []
         for i, q in enumerate(items):
+            if isinstance(q, GaussianMixtureBatch):
+                raise MechanismError(
+                    f"item {i} is a GaussianMixtureBatch; pass a batch on its own, not in a list"
+                )
             key = _gaussian_key(q)
             if key is None:
                 others.append(i)

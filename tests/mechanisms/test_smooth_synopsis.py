@@ -433,6 +433,10 @@ def test_clear_errors(data: np.ndarray) -> None:
         syn.answer(GaussianMixture(np.zeros((1, 2)), np.ones(1), 1.0))
     with pytest.raises(MechanismError, match="d = 5 columns"):
         syn.answer_many(GaussianMixtureBatch(np.zeros((2, 1, 5)), np.ones((2, 1)), 1.0))
+    with pytest.raises(MechanismError, match="on its own"):
+        syn.answer_many([GaussianMixtureBatch(np.zeros((2, 1, 3)), np.ones((2, 1)), 1.0)])
+    with pytest.raises(MechanismError, match="at least one"):
+        syn.answer_many([])
     with pytest.raises(MechanismError, match="level"):
         syn.interval(Polynomial(np.array([[1, 0, 0]]), np.ones(1)), level=1.5)
     with pytest.raises(MechanismError, match="one query"):
