@@ -19,10 +19,12 @@ Both give the exact expectation under the uniform distribution on ``[-1, 1]^d`` 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from numpy.polynomial.chebyshev import chebval
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import erfc
 
@@ -257,3 +259,175 @@ def _uniform_log_factors(centers: NDArray[np.float64], sigma: float) -> NDArray[
     with np.errstate(divide="ignore"):
         out: NDArray[np.float64] = np.log(per_dim).sum(axis=-1)
     return out
+
+
+# --- separable query families (appended for smooth_synopsis; see app.mechanisms.chebyshev) ---
+
+
+@dataclass(frozen=True, eq=False)
+class AnisotropicGaussianMixture:
+    """``f(x) = sum_j a_j exp(-sum_i (x_i - c_ji)^2 / (2 sigma_i^2))`` with per-column ``sigma``.
+
+    ``sigma`` is a scalar or a length-``d`` vector. This is the form a Gaussian-mixture
+    query given in original units takes on the normalised ``[-1, 1]^d`` scale (each column
+    has its own width after the curator's min/max normalisation). With equal widths it is
+    :class:`GaussianMixture`.
+    """
+
+    centers: NDArray[np.float64]
+    weights: NDArray[np.float64]
+    sigma: NDArray[np.float64]
+
+    def __post_init__(self) -> None:
+        c = np.asarray(self.centers, dtype=np.float64)
+        if c.ndim != 2 or c.shape[1] == 0:
+            raise MechanismError(f"centers must be a non-empty (J, d) array; got shape {c.shape}")
+        sigma = np.array(self.sigma, dtype=np.float64, copy=True)
+        if sigma.ndim == 0:
+            sigma = np.full(c.shape[1], float(sigma))
+        if sigma.shape != (c.shape[1],):
+            raise MechanismError(
+                f"sigma must be a scalar or a vector of length d = {c.shape[1]}; "
+                f"got shape {sigma.shape}"
+            )
+        if not (np.all(np.isfinite(sigma)) and np.all(sigma > 0)):
+            raise MechanismError("sigma must be positive and finite in every column")
+        centers, weights = _check_mixture(self.centers, self.weights, 1.0, batched=False)
+        sigma.setflags(write=False)
+        object.__setattr__(self, "centers", centers)
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "sigma", sigma)
+
+    @property
+    def dim(self) -> int:
+        return int(self.centers.shape[1])
+
+    def evaluate(
+        self, X: ArrayLike, *, block_elements: int = DEFAULT_BLOCK_ELEMENTS
+    ) -> NDArray[np.float64]:
+        """Values on the rows of ``X``: the isotropic kernel on ``x / sigma`` and ``c / sigma``."""
+        pts = _as_points(X, self.dim) / self.sigma
+        out = np.empty(pts.shape[0], dtype=np.float64)
+        aug = _augmented_centers(self.centers / self.sigma, 1.0)
+        step = max(1, block_elements // self.centers.shape[0])
+        for start in range(0, pts.shape[0], step):
+            kernel = _kernel_block(pts[start : start + step], aug)
+            out[start : start + step] = kernel @ self.weights
+        return out
+
+    def answer(self, points: ArrayLike, weights: ArrayLike | None = None) -> float:
+        return answer(self, points, weights)
+
+    def uniform_expectation(self) -> float:
+        """Exact ``E f(U)`` for ``U`` uniform on ``[-1, 1]^d`` (per-column erfc factors)."""
+        scale = self.sigma * math.sqrt(2.0)
+        c = np.abs(self.centers)
+        per_dim = (
+            (self.sigma / 2.0)
+            * math.sqrt(math.pi / 2.0)
+            * (erfc((c - 1.0) / scale) - erfc((c + 1.0) / scale))
+        )
+        return float(np.prod(per_dim, axis=1) @ self.weights)
+
+
+Factor = Callable[[NDArray[np.float64]], ArrayLike] | NDArray[np.float64] | None
+
+
+@dataclass(frozen=True, eq=False)
+class ProductQuery:
+    """``f(x) = weight * prod_i g_i(x_i)``: a product of one-dimensional functions.
+
+    Each factor is a vectorised callable ``g_i(x) -> values`` on ``[-1, 1]``, a vector of
+    1-D Chebyshev coefficients ``(a_0, a_1, ...)`` meaning ``g_i = sum_k a_k T_k``, or
+    ``None`` for the constant 1 (the query does not depend on column ``i``).
+    """
+
+    factors: tuple[Factor, ...]
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        factors = tuple(self.factors)
+        if not factors:
+            raise MechanismError("a product query needs one factor per column; got none")
+        checked: list[Factor] = []
+        for i, g in enumerate(factors):
+            if g is None or callable(g):
+                checked.append(g)
+                continue
+            coef = np.array(g, dtype=np.float64, copy=True)
+            if coef.ndim != 1 or coef.size == 0:
+                raise MechanismError(
+                    f"factor {i} must be a callable, None or a non-empty vector of "
+                    f"Chebyshev coefficients; got an array of shape {coef.shape}"
+                )
+            if not np.all(np.isfinite(coef)):
+                raise MechanismError(f"factor {i} has non-finite Chebyshev coefficients")
+            coef.setflags(write=False)
+            checked.append(coef)
+        if not (isinstance(self.weight, int | float) and math.isfinite(self.weight)):
+            raise MechanismError(f"weight ({self.weight!r}) must be a finite number")
+        object.__setattr__(self, "factors", tuple(checked))
+        object.__setattr__(self, "weight", float(self.weight))
+
+    @property
+    def dim(self) -> int:
+        return len(self.factors)
+
+    def evaluate(self, X: ArrayLike) -> NDArray[np.float64]:
+        pts = _as_points(X, self.dim)
+        out = np.full(pts.shape[0], self.weight, dtype=np.float64)
+        for i, g in enumerate(self.factors):
+            if g is None:
+                continue
+            if callable(g):
+                values = np.asarray(g(pts[:, i].copy()), dtype=np.float64)
+                if values.shape != (pts.shape[0],):
+                    raise MechanismError(
+                        f"factor {i} must return one value per point; got shape {values.shape}"
+                    )
+            else:
+                values = np.asarray(chebval(pts[:, i], g), dtype=np.float64)
+            out *= values
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Polynomial:
+    """``f(x) = sum_j a_j prod_i x_i^(p_ji)``: a sum of monomials.
+
+    ``exponents`` is a ``(J, d)`` array of non-negative integers, ``coefficients`` is
+    ``(J,)``.
+    """
+
+    exponents: NDArray[np.int64]
+    coefficients: NDArray[np.float64]
+
+    def __post_init__(self) -> None:
+        raw = np.asarray(self.exponents)
+        if raw.ndim != 2 or raw.shape[0] == 0 or raw.shape[1] == 0:
+            raise MechanismError(f"exponents must be a non-empty (J, d) array; got {raw.shape}")
+        if not np.issubdtype(raw.dtype, np.integer) or np.any(raw < 0):
+            raise MechanismError("exponents must be non-negative integers")
+        exponents = np.array(raw, dtype=np.int64, copy=True)
+        coefficients = np.array(self.coefficients, dtype=np.float64, copy=True)
+        if coefficients.shape != (exponents.shape[0],):
+            raise MechanismError(
+                f"coefficients must have shape ({exponents.shape[0]},); got {coefficients.shape}"
+            )
+        if not np.all(np.isfinite(coefficients)):
+            raise MechanismError("polynomial coefficients must be finite")
+        exponents.setflags(write=False)
+        coefficients.setflags(write=False)
+        object.__setattr__(self, "exponents", exponents)
+        object.__setattr__(self, "coefficients", coefficients)
+
+    @property
+    def dim(self) -> int:
+        return int(self.exponents.shape[1])
+
+    def evaluate(self, X: ArrayLike) -> NDArray[np.float64]:
+        pts = _as_points(X, self.dim)
+        out = np.zeros(pts.shape[0], dtype=np.float64)
+        for a, p in zip(self.coefficients, self.exponents, strict=True):
+            out += a * np.prod(pts ** p[None, :], axis=1)
+        return out

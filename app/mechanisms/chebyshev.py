@@ -1,0 +1,910 @@
+"""Coefficients of a query in the tensor Chebyshev basis (paper 001, Algorithm 2 and §4).
+
+Paper 001 answers a query ``q_f(D) = (1/n) sum_x f(x)`` from the noisy moments by
+expanding ``g_f(theta) = f(cos theta_1, ..., cos theta_d)`` in the even trigonometric
+polynomials ``cos(r_1 theta_1) ... cos(r_d theta_d)``. With ``x_i = cos theta_i`` these
+are the tensor Chebyshev polynomials ``T_r(x) = prod_i T_{r_i}(x_i)`` of
+:mod:`app.mechanisms.basis`, so the cosine series of ``g_f`` *is* the Chebyshev series
+
+    f(x) = c_0 + sum_{r != 0} c_r T_r(x)        (c_0 = coefficient of T_0 = 1).
+
+For an index set ``S`` (the released basis) this module returns ``c_0``, the vector
+``(c_r)_{r in S}`` in the order of ``S`` and a **truncation bound** ``tau`` with
+
+    sup_{x in [-1, 1]^d} |f(x) - c_0 - sum_{r in S} c_r T_r(x)|  <=  tau.        (*)
+
+Since every moment satisfies ``|b_r| <= 1`` (``|T_r| <= 1`` on the cube), ``tau`` also
+bounds ``|q_f(D) - c_0 - sum_{r in S} c_r b_r(D)|`` for every dataset ``D``: the error
+that remains when the synopsis has no noise. Coefficients outside ``S`` are never dropped
+silently; their mass is in ``tau``.
+
+Separable queries (exact in any dimension)
+------------------------------------------
+A separable query is a weighted sum of products of 1-D functions,
+``f(x) = sum_j w_j prod_i g_ji(x_i)`` (:class:`TensorExpansion`): Gaussian kernels and
+their mixtures (isotropic :class:`~app.mechanisms.queries.GaussianMixture`, its batch,
+and :class:`~app.mechanisms.queries.AnisotropicGaussianMixture` with one ``sigma`` per
+column), products of 1-D functions (:class:`~app.mechanisms.queries.ProductQuery`) and
+polynomials (:class:`~app.mechanisms.queries.Polynomial`). Each 1-D factor ``g`` gets
+its Chebyshev coefficients ``a_k``, and the tensor coefficient of ``r`` is the product
+``c_r = sum_j w_j prod_i a_{ji, r_i}``, evaluated only for the ``R`` indices of ``S`` and
+only over each index's nonzero entries (a ``t^d`` tensor is never formed).
+
+1-D coefficients come from function values at the ``N`` Chebyshev points of the first
+kind ``x_k = cos(pi (k + 1/2) / N)`` through a type-II DCT (``scipy.fft.dct``):
+``a_k = DCT(f)_k / N`` and ``a_0 = DCT(f)_0 / (2N)``. Sampling at ``N`` points folds each
+coefficient ``a_m``, ``m >= N``, onto exactly one ``k < N`` (aliasing), so the computed
+vector differs from the true expansion by at most ``2 sum_{m >= N} |a_m|`` in l1 norm.
+
+* Gaussian factor ``exp(-(x - c)^2 / (2 s^2))``: entire; on the Bernstein ellipse
+  ``E_rho`` its modulus is at most ``M(rho) = exp(((rho - 1/rho) / 2)^2 / (2 s^2))`` for
+  every real ``c``, so ``|a_m| <= 2 M(rho) rho^-m`` (Trefethen, *Approximation Theory and
+  Approximation Practice*, Thm 8.1) and ``sum_{m >= N} |a_m| <= 2 M(rho) rho^-N /
+  (1 - 1/rho)``, minimised over a grid of ``rho``. ``N`` is the smallest number of points
+  that makes this bound negligible (< 1e-16): the coefficients are exact to rounding, with
+  a proven tail.
+* Monomials ``x^p``: exact, ``x^p = 2^(1-p) sum_k binom(p, k) T_{p-2k}(x)`` (the ``T_0``
+  term halved).
+* 1-D Chebyshev coefficient vectors: taken as given (exact).
+* 1-D callables: ``N = 16, 32, ...`` until the upper half of the coefficients is below
+  ``1e-14`` of their l1 norm (or the rounding floor); the tail estimate is twice that
+  upper-half sum. This is an *estimate*, not a proof (``rigorous = False``).
+
+Truncation bound of a separable query: with ``n_ji = ||a_ji||_1`` and ``e_ji`` the 1-D
+tail bound, the l1 norm of the full tensor of kernel ``j`` is at most
+``prod_i (n_ji + e_ji)``; subtracting what is kept gives
+
+    tau = sum_j |w_j| [prod_i (n_ji + e_ji) - sum_{r in S u {0}} prod_i |a_{ji, r_i}|] + slack,
+
+by the triangle inequality over the ``J`` kernels (cancellation between kernels is not
+credited). ``slack`` covers floating-point rounding (``(d + 2 log2 R + 8) eps`` times the
+kernel l1 norms).
+
+General callables (small ``d``)
+-------------------------------
+A function known only through ``f(X)`` is interpolated on the ``N^d`` tensor grid of
+Chebyshev points (``scipy.fft.dctn``), ``N`` doubled until the last quarter of the
+coefficients is negligible or ``N^d`` reaches ``max_points``. The interpolant can be
+damped with the generalized Jackson kernel of paper 001 §4 (the operator ``I_{t,K}`` of
+eq. (2) applied in every variable, Fact 4.2): in the cosine basis it multiplies the
+coefficient of ``cos(n theta)`` by
+
+    lambda_n = - sum_{l=1}^{K+1} (-1)^l binom(K+1, l) H^(l n),
+
+where ``H^(m) = int H_{t,r}(s) cos(m s) ds`` are the normalised Fourier coefficients of
+``H_{t,r} = J_{t',r}``, ``J_{t',r}(s) ~ (sin(t' s/2) / sin(s/2))^(2r)``, ``r = ceil((K+3)/2)``,
+``t' = floor(t/r) + 1`` (eq. (1)). ``lambda_0 = 1`` and ``lambda_n = 0`` for ``n > t``; the
+damped coefficients are bounded (Lemma 4.3) and ``||g - I_{t,K} g||_inf = O(t^-K)`` for
+``K``-smooth ``g`` (Theorem 4.1). Here ``t`` is the largest single-column degree of ``S``.
+With the paper's constants ``lambda_n`` is close to 1 only for ``n`` well below
+``t / r`` (e.g. ``K = 4``, ``t = 10``: ``lambda_2 = 1.46``), so for moderate ``t`` the damped
+coefficients approximate worse than the interpolant's own. ``damping="auto"`` (default)
+computes both and keeps the one with the smaller bound; ``"jackson"`` / ``"none"`` force
+one. (The interpolant's coefficients are bounded as well: ``|c_k| <= 2 max |f|``.)
+
+Its bound is ``tau = ||c_hat - c_S||_1 + eps_interp``: the l1 norm of everything the
+released coefficients differ from the interpolant in (outside ``S`` and the damping
+inside ``S``; rigorous relative to the interpolant), plus the interpolation error
+estimated as twice the largest ``|f - p_N|`` over ``n_check`` random points plus the
+l1 norm of the last quarter of the coefficients. The accuracy check reports
+``max |f - p_S|`` on those random points (it must not exceed ``tau``). Only
+``eps_interp`` is an estimate (``rigorous = False``). Dimensions above
+:data:`MAX_CALLABLE_DIM` are refused: interpolation costs ``N^d`` evaluations.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.fft import dct, dctn
+
+from app.mechanisms.basis import IndexSet, chebyshev_table
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.queries import (
+    AnisotropicGaussianMixture,
+    GaussianMixture,
+    GaussianMixtureBatch,
+    Polynomial,
+    ProductQuery,
+    Query,
+)
+
+EPS = float(np.finfo(np.float64).eps)
+
+#: Largest dimension in which a general callable is interpolated on a tensor grid.
+MAX_CALLABLE_DIM = 3
+
+#: Largest number of grid points ``N^d`` for interpolating a general callable.
+MAX_INTERPOLATION_POINTS = 1 << 21
+
+#: Largest number of points for one 1-D factor (callables and Gaussians).
+MAX_POINTS_1D = 1 << 16
+
+#: A Gaussian factor's proven coefficient tail is pushed below this (absolute; the factor
+#: is at most 1 on the cube).
+GAUSSIAN_TAIL_TOLERANCE = 1e-16
+
+#: Relative size below which a 1-D factor's constant coefficient is treated as exactly 0
+#: (its mass moves into the truncation bound); keeps the product ratios finite.
+STRUCTURAL_ZERO = 1e-20
+
+#: float64 elements of one work block in :func:`restrict` (kernels x basis functions).
+DEFAULT_BLOCK_ELEMENTS = 1 << 20
+
+_ONE_D_TOLERANCE = 1e-14
+
+
+# --- 1-D Chebyshev transforms ------------------------------------------------------------
+
+
+def chebyshev_points(n_points: int) -> NDArray[np.float64]:
+    """Chebyshev points of the first kind ``x_k = cos(pi (k + 1/2) / N)``, ``k = 0..N-1``."""
+    if n_points < 1:
+        raise MechanismError(f"number of Chebyshev points ({n_points}) must be positive")
+    k = np.arange(n_points, dtype=np.float64)
+    out: NDArray[np.float64] = np.cos(np.pi * (k + 0.5) / n_points)
+    return out
+
+
+def coefficients_from_values(values: ArrayLike, axis: int = -1) -> NDArray[np.float64]:
+    """Chebyshev coefficients of the interpolant through values at :func:`chebyshev_points`.
+
+    ``a_k = DCT-II(f)_k / N`` and ``a_0 = DCT-II(f)_0 / (2N)`` along ``axis``.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    n_points = v.shape[axis]
+    out: NDArray[np.float64] = dct(v, type=2, axis=axis) / n_points
+    first = [slice(None)] * out.ndim
+    first[axis] = slice(0, 1)
+    out[tuple(first)] *= 0.5
+    return out
+
+
+def monomial_coefficients(p: int) -> NDArray[np.float64]:
+    """Exact Chebyshev coefficients of ``x^p``: ``2^(1-p) sum_k binom(p, k) T_{p-2k}``."""
+    if p < 0:
+        raise MechanismError(f"monomial exponent ({p}) must be non-negative")
+    out = np.zeros(p + 1, dtype=np.float64)
+    if p == 0:
+        out[0] = 1.0
+        return out
+    for k in range(p // 2 + 1):
+        degree = p - 2 * k
+        weight = math.comb(p, k) * 2.0 ** (1 - p)
+        out[degree] += weight / 2.0 if degree == 0 else weight
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _dct_matrix(n_points: int) -> NDArray[np.float64]:
+    """``(N, N)`` matrix of :func:`coefficients_from_values` (one GEMM beats many short DCTs)."""
+    matrix = coefficients_from_values(np.eye(n_points), axis=1)
+    matrix.setflags(write=False)
+    return matrix
+
+
+@functools.lru_cache(maxsize=4096)
+def gaussian_tail_bound(sigma: float, n_points: int) -> float:
+    """Proven bound on ``sum_{m >= N} |a_m|`` for ``exp(-(x - c)^2 / (2 sigma^2))``, any real c.
+
+    Bernstein-ellipse bound (module docstring): ``min_rho 2 M(rho) rho^-N / (1 - 1/rho)``
+    with ``log M(rho) = ((rho - 1/rho) / 2)^2 / (2 sigma^2)``, minimised over a fixed grid
+    of ``rho`` (any ``rho > 1`` gives a valid bound).
+    """
+    rho = np.geomspace(1.0 + 1e-6, 1e8, 4000)
+    half = (rho - 1.0 / rho) / 2.0
+    log_bound = (
+        math.log(2.0)
+        + half * half / (2.0 * sigma * sigma)
+        - n_points * np.log(rho)
+        - np.log1p(-1.0 / rho)
+    )
+    return float(math.exp(min(float(np.min(log_bound)), 700.0)))
+
+
+@functools.lru_cache(maxsize=4096)
+def gaussian_points(sigma: float, min_points: int = 8) -> int:
+    """Fewest points ``N >= min_points`` whose proven aliasing + tail error is negligible."""
+    n_points = max(int(min_points), 8)
+    while 2.0 * gaussian_tail_bound(sigma, n_points) > GAUSSIAN_TAIL_TOLERANCE:
+        n_points = math.ceil(n_points * 1.25)
+        if n_points > MAX_POINTS_1D:
+            raise MechanismError(
+                f"sigma ({sigma:.3g}) is too small to expand on [-1, 1]: a Gaussian factor "
+                f"needs more than {MAX_POINTS_1D} Chebyshev points"
+            )
+    return n_points
+
+
+def gaussian_factors(
+    centers: NDArray[np.float64], sigma: NDArray[np.float64], min_length: int = 1
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """1-D coefficients of ``exp(-(x - c)^2 / (2 sigma_i^2))`` for every centre coordinate.
+
+    ``centers`` has shape ``(..., d)`` and ``sigma`` ``(d,)``. Returns ``(A, e)`` with ``A``
+    of shape ``(..., d, N)`` and ``e`` of shape ``(d,)``: a proven bound on the l1 distance
+    between ``A[..., i, :]`` and the true infinite coefficient sequence (aliasing plus
+    omitted tail, ``2 sum_{m >= N} |a_m|``, plus rounding of the DCT).
+    """
+    n_points = max(gaussian_points(float(s), max(min_length, 8)) for s in np.unique(sigma))
+    x = chebyshev_points(n_points)
+    inv = 1.0 / (2.0 * sigma * sigma)
+    diff = x - centers[..., None]
+    values = np.exp(-(diff * diff) * inv[:, None])
+    factors = (
+        values @ _dct_matrix(n_points) if n_points <= 128 else coefficients_from_values(values)
+    )
+    rounding = 4.0 * n_points * EPS  # |values| <= 1
+    tails = np.array(
+        [2.0 * gaussian_tail_bound(float(s), n_points) + rounding for s in sigma],
+        dtype=np.float64,
+    )
+    return factors, tails
+
+
+def callable_factor(
+    g: Callable[[NDArray[np.float64]], ArrayLike], min_length: int = 1, *, name: str = "factor"
+) -> tuple[NDArray[np.float64], float]:
+    """Adaptive 1-D coefficients of a vectorised callable and an *estimated* l1 tail.
+
+    ``N = 16, 32, ...`` until ``sum_{k >= N/2} |a_k| <= max(1e-14 ||a||_1, 4 N eps max|f|)``;
+    the returned tail is twice that upper-half sum plus the rounding floor.
+    """
+    n_points = 16
+    while n_points < min_length:
+        n_points *= 2
+    while True:
+        x = chebyshev_points(n_points)
+        values = np.asarray(g(x.copy()), dtype=np.float64)
+        if values.shape != (n_points,):
+            raise MechanismError(
+                f"{name} must return one value per point; got shape {values.shape} "
+                f"for {n_points} points"
+            )
+        if not np.all(np.isfinite(values)):
+            raise MechanismError(f"{name} returned non-finite values on [-1, 1]")
+        coef = coefficients_from_values(values)
+        upper = float(np.abs(coef[n_points // 2 :]).sum())
+        floor = 4.0 * n_points * EPS * float(np.max(np.abs(values)))
+        if upper <= max(_ONE_D_TOLERANCE * float(np.abs(coef).sum()), floor):
+            return coef, 2.0 * upper + floor
+        if n_points * 2 > MAX_POINTS_1D:
+            raise MechanismError(
+                f"{name} is not smooth enough for a Chebyshev expansion: its coefficients "
+                f"do not decay below {_ONE_D_TOLERANCE:g} of their l1 norm with "
+                f"{MAX_POINTS_1D} points"
+            )
+        n_points *= 2
+
+
+# --- generalized Jackson kernel (paper 001, §4.1) ----------------------------------------
+
+
+def jackson_multipliers(t: int, smoothness: int, size: int) -> NDArray[np.float64]:
+    """``lambda_n`` (``n < size``): paper 001's operator ``I_{t,K}`` (eq. (2)) on ``cos(n .)``.
+
+    ``H_{t,r} = J_{t',r}`` with ``r = ceil((K+3)/2)``, ``t' = floor(t/r) + 1`` (eq. (1)),
+    ``J_{t',r} ~ (sin(t's/2) / sin(s/2))^(2r)``. Its Fourier coefficients are the ``r``-fold
+    convolution of the triangle ``(t' - |m|)_{|m| < t'}`` (the Fourier series of
+    ``(sin(t's/2) / sin(s/2))^2``), normalised to ``H^(0) = 1`` (``int H = 1``). Then
+    ``lambda_n = -sum_{l=1}^{K+1} (-1)^l binom(K+1, l) H^(l n)``; ``lambda_0 = 1`` and
+    ``lambda_n = 0`` for ``n > r (t' - 1)``, in particular for ``n > t``.
+    """
+    if t < 1 or smoothness < 1 or size < 1:
+        raise MechanismError(
+            f"Jackson damping needs t ({t}), smoothness ({smoothness}) and size ({size}) >= 1"
+        )
+    r = math.ceil((smoothness + 3) / 2)
+    t_prime = t // r + 1
+    triangle = t_prime - np.abs(np.arange(-(t_prime - 1), t_prime, dtype=np.float64))
+    series = np.ones(1)
+    for _ in range(r):
+        series = np.convolve(series, triangle)
+        series /= series.max()
+    centre = (series.size - 1) // 2
+    h_hat = series[centre:] / series[centre]  # H^(m), m = 0..r(t'-1)
+    out = np.zeros(size, dtype=np.float64)
+    out[0] = 1.0
+    for n in range(1, size):
+        total = 0.0
+        for ell in range(1, smoothness + 2):
+            m = ell * n
+            if m < h_hat.size:
+                total += (-1) ** ell * math.comb(smoothness + 1, ell) * h_hat[m]
+        out[n] = -total
+    return out
+
+
+# --- separable expansions ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class TensorExpansion:
+    """``Q`` separable functions ``f_q(x) = sum_j w_qj prod_i g_qji(x_i)``.
+
+    ``factors[q, j, i, k]`` is the ``k``-th Chebyshev coefficient of ``g_qji`` (length
+    ``L``), ``tails[q, j, i]`` bounds the l1 distance to its true coefficient sequence, and
+    ``rigorous`` says whether that bound is proven (Gaussians, polynomials, coefficient
+    vectors) or estimated (1-D callables).
+    """
+
+    weights: NDArray[np.float64]
+    factors: NDArray[np.float64]
+    tails: NDArray[np.float64]
+    method: str
+    rigorous: bool = True
+
+    def __post_init__(self) -> None:
+        w = np.asarray(self.weights, dtype=np.float64)
+        a = np.asarray(self.factors, dtype=np.float64)
+        e = np.asarray(self.tails, dtype=np.float64)
+        if a.ndim != 4 or w.shape != a.shape[:2] or e.shape != a.shape[:3]:
+            raise MechanismError(
+                "a tensor expansion needs weights (Q, J), factors (Q, J, d, L) and tails "
+                f"(Q, J, d); got {w.shape}, {a.shape}, {e.shape}"
+            )
+        if not (np.all(np.isfinite(w)) and np.all(np.isfinite(a)) and np.all(e >= 0)):
+            raise MechanismError("expansion weights and coefficients must be finite")
+        object.__setattr__(self, "weights", w)
+        object.__setattr__(self, "factors", a)
+        object.__setattr__(self, "tails", e)
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.factors.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.factors.shape[2])
+
+    def uniform_expectation(self) -> NDArray[np.float64]:
+        """``(Q,)`` expectations under the uniform law on the cube, from the coefficients.
+
+        ``E T_k(U) = 0`` for odd ``k`` and ``-1 / (k^2 - 1)`` for even ``k`` (``1`` for
+        ``k = 0``); exact up to the 1-D tails.
+        """
+        k = np.arange(self.factors.shape[3])
+        m = np.where(k % 2 == 0, -1.0 / np.maximum(k * k - 1.0, 1.0), 0.0)
+        m[0] = 1.0
+        per_kernel = np.prod(self.factors @ m, axis=2)
+        out: NDArray[np.float64] = np.einsum("qj,qj->q", self.weights, per_kernel)
+        return out
+
+
+def gaussian_expansion(
+    centers: ArrayLike, weights: ArrayLike, sigma: ArrayLike, *, min_length: int = 1
+) -> TensorExpansion:
+    """Expansion of ``Q`` Gaussian mixtures: ``centers (Q, J, d)``, ``weights (Q, J)``.
+
+    ``sigma`` is a scalar or ``(d,)`` (per-column widths).
+    """
+    c = np.asarray(centers, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if c.ndim != 3 or w.shape != c.shape[:2]:
+        raise MechanismError(f"centers (Q, J, d) and weights (Q, J) mismatch: {c.shape}, {w.shape}")
+    s = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (c.shape[2],))
+    if not (np.all(np.isfinite(s)) and np.all(s > 0)):
+        raise MechanismError("sigma must be positive and finite in every column")
+    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(w))):
+        raise MechanismError("centers and weights must be finite")
+    factors, tails = gaussian_factors(c, np.ascontiguousarray(s), min_length)
+    return TensorExpansion(
+        weights=w,
+        factors=factors,
+        tails=np.broadcast_to(tails, c.shape).copy(),
+        method="gaussian",
+    )
+
+
+def polynomial_expansion(query: Polynomial, *, min_length: int = 1) -> TensorExpansion:
+    """Exact expansion of a sum of monomials (one kernel per monomial)."""
+    length = max(int(query.exponents.max()) + 1, min_length)
+    J, d = query.exponents.shape
+    factors = np.zeros((1, J, d, length), dtype=np.float64)
+    cache: dict[int, NDArray[np.float64]] = {}
+    for j in range(J):
+        for i in range(d):
+            p = int(query.exponents[j, i])
+            if p not in cache:
+                cache[p] = monomial_coefficients(p)
+            factors[0, j, i, : p + 1] = cache[p]
+    rounding = 4.0 * length * EPS * np.abs(factors).sum(axis=3)
+    return TensorExpansion(
+        weights=query.coefficients[None, :].copy(),
+        factors=factors,
+        tails=rounding,
+        method="polynomial",
+    )
+
+
+def product_expansion(query: ProductQuery, *, min_length: int = 1) -> TensorExpansion:
+    """Expansion of ``weight * prod_i g_i(x_i)``; callables are resolved adaptively."""
+    coefs: list[NDArray[np.float64]] = []
+    tails: list[float] = []
+    rigorous = True
+    for i, g in enumerate(query.factors):
+        if g is None:
+            coefs.append(np.ones(1))
+            tails.append(0.0)
+        elif callable(g):
+            coef, tail = callable_factor(g, min_length, name=f"factor {i}")
+            coefs.append(coef)
+            tails.append(tail)
+            rigorous = False
+        else:
+            arr = np.asarray(g, dtype=np.float64)
+            coefs.append(arr)
+            tails.append(4.0 * arr.size * EPS * float(np.abs(arr).sum()))
+    length = max(max(c.size for c in coefs), min_length)
+    factors = np.zeros((1, 1, len(coefs), length), dtype=np.float64)
+    for i, c in enumerate(coefs):
+        factors[0, 0, i, : c.size] = c
+    return TensorExpansion(
+        weights=np.array([[query.weight]]),
+        factors=factors,
+        tails=np.array([[tails]], dtype=np.float64),
+        method="product",
+        rigorous=rigorous,
+    )
+
+
+def expand(query: object, dim: int, *, min_length: int = 1) -> TensorExpansion | None:
+    """The separable expansion of ``query``, or ``None`` if it is not a separable type."""
+    if isinstance(query, GaussianMixtureBatch):
+        _check_dim(query.dim, dim)
+        return gaussian_expansion(query.centers, query.weights, query.sigma, min_length=min_length)
+    if isinstance(query, GaussianMixture):
+        _check_dim(query.dim, dim)
+        return gaussian_expansion(
+            query.centers[None], query.weights[None], query.sigma, min_length=min_length
+        )
+    if isinstance(query, AnisotropicGaussianMixture):
+        _check_dim(query.dim, dim)
+        return gaussian_expansion(
+            query.centers[None], query.weights[None], query.sigma, min_length=min_length
+        )
+    if isinstance(query, Polynomial):
+        _check_dim(query.dim, dim)
+        return polynomial_expansion(query, min_length=min_length)
+    if isinstance(query, ProductQuery):
+        _check_dim(query.dim, dim)
+        return product_expansion(query, min_length=min_length)
+    return None
+
+
+# --- coefficients on an index set --------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class QueryCoefficients:
+    """Coefficients of ``Q`` queries on an index set ``S`` and their truncation bounds.
+
+    ``constant[q]`` is ``c_0``, ``coefficients[q]`` the ``R`` coefficients in the order of
+    ``S``, ``truncation_bound[q]`` the bound ``tau`` of (*) in the module docstring.
+    ``rigorous`` is False when part of ``tau`` is an estimate (1-D callables, interpolated
+    callables). ``check_residual`` is, for interpolated callables, ``max |f - p_S|`` over
+    the random check points (``None`` otherwise).
+    """
+
+    constant: NDArray[np.float64]
+    coefficients: NDArray[np.float64]
+    truncation_bound: NDArray[np.float64]
+    method: str
+    rigorous: bool
+    check_residual: NDArray[np.float64] | None = None
+
+    def __post_init__(self) -> None:
+        c0 = np.asarray(self.constant, dtype=np.float64)
+        c = np.asarray(self.coefficients, dtype=np.float64)
+        tau = np.asarray(self.truncation_bound, dtype=np.float64)
+        if c.ndim != 2 or c0.shape != (c.shape[0],) or tau.shape != c0.shape:
+            raise MechanismError(
+                "coefficients must be (Q, R) with constant and truncation_bound of shape (Q,)"
+            )
+        if np.any(tau < 0) or np.any(np.isnan(tau)):
+            raise MechanismError("truncation bounds must be non-negative")
+        for arr in (c0, c, tau):
+            arr.setflags(write=False)
+        object.__setattr__(self, "constant", c0)
+        object.__setattr__(self, "coefficients", c)
+        object.__setattr__(self, "truncation_bound", tau)
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.constant.shape[0])
+
+
+def restrict(
+    expansion: TensorExpansion,
+    index_set: IndexSet,
+    *,
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+) -> QueryCoefficients:
+    """``c_0``, ``(c_r)_{r in S}`` and the truncation bound of a separable expansion.
+
+    ``c_r = sum_j w_j prod_i a_{ji, r_i}``. Each factor is scaled to unit l1 norm and
+    divided by its constant term, so a kernel's coefficient is its product of constant
+    terms times the ratios over the *support* of ``r`` only. For index sets closed under
+    dropping a column (full tensors, total-degree sets) every ``r`` is its parent (``r``
+    with its last nonzero column zeroed) times one ratio: one multiplication per index.
+    Otherwise, and for factors whose constant term is (numerically, below
+    :data:`STRUCTURAL_ZERO`) zero -- whose mass then goes into the bound -- the product
+    runs over the support. Work is done in blocks of at most ``block_elements``
+    (kernels x basis functions); the cost is ``O(Q J R)``.
+    """
+    if expansion.dim != index_set.dim:
+        raise MechanismError(
+            f"the query has d = {expansion.dim} columns but the index set has d = {index_set.dim}"
+        )
+    Q, J, d, L = expansion.factors.shape
+    length = max(L, index_set.max_degree + 1)
+    factors = expansion.factors
+    if length > L:
+        factors = np.concatenate([factors, np.zeros((Q, J, d, length - L))], axis=3)
+    R = index_set.size
+    constant = np.empty(Q, dtype=np.float64)
+    coefficients = np.empty((Q, R), dtype=np.float64)
+    bound = np.empty(Q, dtype=np.float64)
+    step = max(1, block_elements // max(1, J * max(R, length * d)))
+    slack_factor = (d + 2.0 * math.log2(R + 2) + 8.0) * EPS
+    for start in range(0, Q, step):
+        stop = min(Q, start + step)
+        c0, coef, tau = _restrict_block(
+            expansion.weights[start:stop],
+            factors[start:stop],
+            expansion.tails[start:stop],
+            index_set,
+            slack_factor,
+        )
+        constant[start:stop] = c0
+        coefficients[start:stop] = coef
+        bound[start:stop] = tau
+    return QueryCoefficients(
+        constant=constant,
+        coefficients=coefficients,
+        truncation_bound=bound,
+        method=expansion.method,
+        rigorous=expansion.rigorous,
+    )
+
+
+def _restrict_block(
+    weights: NDArray[np.float64],
+    factors: NDArray[np.float64],
+    tails: NDArray[np.float64],
+    index_set: IndexSet,
+    slack_factor: float,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    Qb, J, d, L = factors.shape
+    M = Qb * J
+    a = factors.reshape(M, d, L)
+    w = weights.reshape(M)
+    norms = np.abs(a).sum(axis=2)  # n_ji, over the whole computed expansion
+    safe = np.where(norms > 0, norms, 1.0)
+    # only degrees up to the set's largest enter a product
+    unit = a[:, :, : index_set.max_degree + 1] / safe[:, :, None]  # unit l1 norm factors
+    a0 = unit[:, :, 0]
+    zero = np.abs(a0) < STRUCTURAL_ZERO
+    dropped = np.where(zero, np.abs(a0), 0.0).sum(axis=1)
+    n_zero = zero.sum(axis=1)
+    ratio = unit / np.where(zero, 1.0, a0)[:, :, None]
+    scale = np.prod(norms, axis=1)
+    kernel = w * scale * np.prod(np.where(zero, 1.0, a0), axis=1)
+    kernel_c0 = np.where(n_zero == 0, kernel, 0.0)
+    values = None
+    chain = _parent_chain(index_set) if not np.any(n_zero) else None
+    if chain is not None:
+        values = _values_by_parents(ratio, kernel, chain)
+    if values is None or not np.all(np.isfinite(values)):
+        values = _values_by_groups(unit, ratio, kernel, w * scale, zero, n_zero, index_set)
+    kept_abs = np.abs(kernel_c0) + np.abs(values).sum(axis=0)
+    coef = values.reshape(index_set.size, Qb, J).sum(axis=2).T
+    constant = kernel_c0.reshape(Qb, J).sum(axis=1)
+    total = np.abs(w) * np.prod(norms + tails.reshape(M, d), axis=1)
+    per_kernel = total - kept_abs + np.abs(w) * scale * dropped
+    per_kernel = np.maximum(per_kernel, 0.0) + slack_factor * total
+    bound = per_kernel.reshape(Qb, J).sum(axis=1)
+    return constant, coef, bound
+
+
+def _ratio_table(ratio: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``table[deg * d + col, m]``: basis.py's flat layout, one contiguous row per (deg, col)."""
+    M, d, L = ratio.shape
+    return np.ascontiguousarray(ratio.transpose(2, 1, 0)).reshape(L * d, M)
+
+
+def _values_by_parents(
+    ratio: NDArray[np.float64],
+    kernel: NDArray[np.float64],
+    chain: tuple[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], ...],
+) -> NDArray[np.float64]:
+    """``(R, M)`` kernel coefficients, each index from its parent (one multiplication each)."""
+    table = _ratio_table(ratio)
+    R = sum(rows.size for rows, _, _ in chain)
+    values = np.empty((R, kernel.size), dtype=np.float64)
+    for rows, parents, last in chain:
+        if parents.size and parents[0] < 0:
+            values[rows] = table[last] * kernel[None, :]
+        else:
+            values[rows] = values[parents] * table[last]
+    return values
+
+
+def _values_by_groups(
+    unit: NDArray[np.float64],
+    ratio: NDArray[np.float64],
+    kernel: NDArray[np.float64],
+    kernel_scale: NDArray[np.float64],
+    zero: NDArray[np.bool_],
+    n_zero: NDArray[np.int64],
+    index_set: IndexSet,
+) -> NDArray[np.float64]:
+    """``(R, M)`` kernel coefficients by products over each index's support (general path).
+
+    Handles structural zeros (an index whose support misses a column with a zero constant
+    term gets 0) and, if ratios of tiny constant terms overflow, multiplies the unit-norm
+    factors over all ``d`` columns instead (every ``|factor| <= 1``: no overflow).
+    """
+    table = _ratio_table(ratio)
+    M, d, _ = unit.shape
+    out = np.empty((index_set.size, M), dtype=np.float64)
+    any_zero = bool(np.any(n_zero))
+    zero_t = np.ascontiguousarray(zero.T)
+    for positions, flat in index_set._sparse:
+        values = table[flat[:, 0]] * kernel[None, :]
+        for p in range(1, flat.shape[1]):
+            values *= table[flat[:, p]]
+        if not np.all(np.isfinite(values)):
+            degrees = index_set.degrees[positions]
+            values = np.ones((positions.size, M))
+            for i in range(d):
+                values *= unit[:, i, degrees[:, i]].T
+            values *= kernel_scale[None, :]
+        if any_zero:
+            cols = flat % d
+            count = zero_t[cols[:, 0]].astype(np.int64)
+            for p in range(1, cols.shape[1]):
+                count += zero_t[cols[:, p]]
+            values = np.where(count == n_zero[None, :], values, 0.0)
+        out[positions] = values
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _parent_chain(
+    index_set: IndexSet,
+) -> tuple[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], ...] | None:
+    """Levels ``(rows, parents, last)``: ``T_r = T_parent(r) * T_{r_j}(x_j)`` on each level.
+
+    ``j`` is the last nonzero column of ``r`` and ``parent(r)`` is ``r`` with ``r_j = 0``
+    (``-1``: the constant). Levels follow the support size, so parents come first. ``None``
+    when some parent is missing (a set that is not closed under dropping a column; full
+    tensors and total-degree sets always are).
+    """
+    deg = index_set.degrees
+    R, d = deg.shape
+    support = np.count_nonzero(deg, axis=1)
+    last_col = d - 1 - np.argmax(deg[:, ::-1] > 0, axis=1)
+    rows_all = np.arange(R)
+    last = deg[rows_all, last_col] * d + last_col
+    parent_rows = deg.copy()
+    parent_rows[rows_all, last_col] = 0
+    lookup = {row.tobytes(): i for i, row in enumerate(deg)}
+    parents = np.full(R, -1, dtype=np.int64)
+    for i in np.flatnonzero(support > 1):
+        found = lookup.get(parent_rows[i].tobytes())
+        if found is None:
+            return None
+        parents[i] = found
+    levels = []
+    for s in np.unique(support):
+        rows = np.flatnonzero(support == s)
+        levels.append((rows, parents[rows], last[rows]))
+    return tuple(levels)
+
+
+# --- general callables: tensor interpolation with Jackson damping ------------------------
+
+
+DAMPING = ("auto", "jackson", "none")
+
+
+def interpolate(
+    f: Callable[[NDArray[np.float64]], ArrayLike],
+    index_set: IndexSet,
+    *,
+    smoothness: int,
+    damping: str = "auto",
+    rng: np.random.Generator | None = None,
+    max_points: int = MAX_INTERPOLATION_POINTS,
+    n_check: int = 256,
+) -> QueryCoefficients:
+    """Coefficients of a general ``f`` (rows of an ``(m, d)`` array -> ``(m,)`` values).
+
+    Tensor interpolation at Chebyshev points, then ``damping``: ``"jackson"`` applies the
+    generalized Jackson operator with ``t = max degree of S`` and ``K = smoothness``,
+    ``"none"`` keeps the interpolant's coefficients, ``"auto"`` computes both and keeps
+    the one with the smaller truncation bound (with the paper's constants the Jackson
+    multipliers are close to 1 only for degrees well below ``t / ceil((K+3)/2)``, so the
+    undamped coefficients usually win). Bound and accuracy check as in the module
+    docstring. ``rng`` draws the check points (default: a fixed seed, so answers are
+    reproducible).
+    """
+    if damping not in DAMPING:
+        raise MechanismError(f"damping ({damping!r}) must be one of {DAMPING}")
+    d = index_set.dim
+    if d > MAX_CALLABLE_DIM:
+        raise MechanismError(
+            f"a general callable query can only be expanded for d <= {MAX_CALLABLE_DIM} "
+            f"(tensor interpolation needs N^d evaluations); this synopsis has d = {d}. "
+            "Use a separable query (Gaussian mixture, product of 1-D functions, polynomial)"
+        )
+    t = index_set.max_degree
+    n_points = 16
+    while n_points < 2 * (t + 1):
+        n_points *= 2
+    if n_points**d > max_points:
+        raise MechanismError(
+            f"interpolating in d = {d} up to degree {t} needs more than {max_points} points"
+        )
+    while True:
+        c_hat, tail = _interpolate_grid(f, d, n_points)
+        scale = float(np.abs(c_hat).sum())
+        if tail <= 1e-13 * scale or (2 * n_points) ** d > max_points:
+            break
+        n_points *= 2
+    generator = rng if rng is not None else np.random.default_rng(0x5EED)
+    check = generator.uniform(-1.0, 1.0, size=(n_check, d))
+    f_check = _call(f, check)
+    interp_error = 2.0 * float(np.max(np.abs(f_check - _evaluate_tensor(c_hat, check)))) + tail
+    idx = tuple(index_set.degrees.T)
+    origin = (0,) * d
+    candidates = []
+    for mode in ("jackson", "none") if damping == "auto" else (damping,):
+        c = c_hat
+        if mode == "jackson":
+            lam = jackson_multipliers(t, smoothness, n_points)
+            for axis in range(d):
+                shape = [1] * d
+                shape[axis] = n_points
+                c = c * lam.reshape(shape)
+        kept = np.zeros_like(c)
+        kept[idx] = c[idx]
+        kept[origin] = c[origin]
+        bound = float(np.abs(c_hat - kept).sum()) + interp_error + (d + 8.0) * EPS * max(scale, 1.0)
+        candidates.append((bound, mode, kept))
+    bound, mode, kept = min(candidates, key=lambda item: item[0])
+    residual = float(np.max(np.abs(f_check - _evaluate_tensor(kept, check))))
+    return QueryCoefficients(
+        constant=np.array([kept[origin]]),
+        coefficients=kept[idx][None, :],
+        truncation_bound=np.array([bound]),
+        method="interpolation_jackson" if mode == "jackson" else "interpolation",
+        rigorous=False,
+        check_residual=np.array([residual]),
+    )
+
+
+def _interpolate_grid(
+    f: Callable[[NDArray[np.float64]], ArrayLike], d: int, n_points: int
+) -> tuple[NDArray[np.float64], float]:
+    x = chebyshev_points(n_points)
+    grid = np.stack(np.meshgrid(*([x] * d), indexing="ij"), axis=-1).reshape(-1, d)
+    values = _call(f, grid).reshape((n_points,) * d)
+    c_hat: NDArray[np.float64] = dctn(values, type=2) / float(n_points**d)
+    for axis in range(d):
+        first = [slice(None)] * d
+        first[axis] = slice(0, 1)
+        c_hat[tuple(first)] *= 0.5
+    high = np.zeros(c_hat.shape, dtype=bool)
+    for axis in range(d):
+        sl = [slice(None)] * d
+        sl[axis] = slice(3 * n_points // 4, None)
+        high[tuple(sl)] = True
+    return c_hat, float(np.abs(c_hat[high]).sum())
+
+
+def _call(
+    f: Callable[[NDArray[np.float64]], ArrayLike], X: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    values = np.asarray(f(X), dtype=np.float64)
+    if values.shape != (X.shape[0],):
+        raise MechanismError(
+            f"the query must return one value per row; got shape {values.shape} "
+            f"for {X.shape[0]} rows"
+        )
+    if not np.all(np.isfinite(values)):
+        raise MechanismError("the query returned non-finite values on [-1, 1]^d")
+    return values
+
+
+def _evaluate_tensor(c: NDArray[np.float64], X: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``sum_r c_r T_r(x)`` for a full ``N^d`` coefficient tensor, one axis at a time."""
+    n_points, d = c.shape[0], X.shape[1]
+    tables = [chebyshev_table(X[:, i], n_points - 1) for i in range(d)]  # (N, m) each
+    # contract the last axis first: (N^(d-1), N) @ (N, m) -> (N^(d-1), m), then pointwise
+    out = c.reshape(-1, n_points) @ tables[d - 1]
+    for i in range(d - 2, -1, -1):
+        out = out.reshape(-1, n_points, X.shape[0])
+        out = np.einsum("akm,km->am", out, tables[i])
+    result: NDArray[np.float64] = out.reshape(X.shape[0])
+    return result
+
+
+# --- dispatch ----------------------------------------------------------------------------
+
+
+def query_coefficients(
+    query: object,
+    index_set: IndexSet,
+    *,
+    smoothness: int = 4,
+    damping: str = "auto",
+    rng: np.random.Generator | None = None,
+) -> QueryCoefficients:
+    """Coefficients of any supported query on ``index_set`` (separable first, then callables).
+
+    Separable types (module docstring) are exact in any dimension. Anything else with an
+    ``evaluate(X)`` method (:class:`~app.mechanisms.queries.Query`) or a plain callable
+    ``f(X)`` is interpolated when ``d <= MAX_CALLABLE_DIM`` and refused otherwise.
+    """
+    expansion = expand(query, index_set.dim, min_length=index_set.max_degree + 1)
+    if expansion is not None:
+        return restrict(expansion, index_set)
+    if isinstance(query, Query):
+        dim = getattr(query, "dim", index_set.dim)
+        _check_dim(int(dim), index_set.dim)
+        return interpolate(
+            query.evaluate, index_set, smoothness=smoothness, damping=damping, rng=rng
+        )
+    if callable(query):
+        return interpolate(query, index_set, smoothness=smoothness, damping=damping, rng=rng)
+    raise MechanismError(
+        f"query of type {type(query).__name__} is not supported: pass a Gaussian mixture, "
+        "a ProductQuery, a Polynomial, or an object with evaluate(X) (d <= "
+        f"{MAX_CALLABLE_DIM})"
+    )
+
+
+def stack_expansions(expansions: Sequence[TensorExpansion]) -> TensorExpansion:
+    """One expansion of all queries, padding kernels (zero weight) and lengths (zeros)."""
+    if not expansions:
+        raise MechanismError("no queries to stack")
+    d = expansions[0].dim
+    if any(e.dim != d for e in expansions):
+        raise MechanismError("all queries must have the same number of columns")
+    J = max(e.factors.shape[1] for e in expansions)
+    L = max(e.factors.shape[3] for e in expansions)
+    Q = sum(e.n_queries for e in expansions)
+    weights = np.zeros((Q, J))
+    factors = np.zeros((Q, J, d, L))
+    factors[:, :, :, 0] = 1.0  # padded kernels: constant 1 with weight 0
+    tails = np.zeros((Q, J, d))
+    row = 0
+    for e in expansions:
+        q, j, _, ell = e.factors.shape
+        weights[row : row + q, :j] = e.weights
+        factors[row : row + q, :j] = 0.0
+        factors[row : row + q, :j, :, :ell] = e.factors
+        tails[row : row + q, :j] = e.tails
+        row += q
+    methods = sorted({e.method for e in expansions})
+    return TensorExpansion(
+        weights=weights,
+        factors=factors,
+        tails=tails,
+        method="+".join(methods),
+        rigorous=all(e.rigorous for e in expansions),
+    )
+
+
+def _check_dim(query_dim: int, dim: int) -> None:
+    if query_dim != dim:
+        raise MechanismError(
+            f"the query has d = {query_dim} columns but the synopsis has d = {dim}"
+        )

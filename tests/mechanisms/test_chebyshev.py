@@ -1,0 +1,341 @@
+"""Chebyshev coefficients of queries: against brute-force projections, bounds, errors.
+
+Brute force: the Chebyshev coefficient of ``T_k`` is the projection in the Chebyshev
+measure, ``a_k = (2 - [k = 0]) / pi * int_0^pi g(cos t) cos(k t) dt`` (``scipy.integrate``
+in 1-D and 2-D), or a direct product over all ``d`` columns for the tensor coefficients.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from numpy.polynomial import chebyshev as npcheb
+from scipy import integrate
+
+from app.mechanisms import chebyshev as ch
+from app.mechanisms.basis import IndexSet, full_tensor, moments, total_degree
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.queries import (
+    AnisotropicGaussianMixture,
+    GaussianMixture,
+    GaussianMixtureBatch,
+    Polynomial,
+    ProductQuery,
+)
+
+
+def projection_1d(g, k: int) -> float:  # type: ignore[no-untyped-def]
+    value, _ = integrate.quad(
+        lambda t: g(math.cos(t)) * math.cos(k * t), 0, math.pi, epsabs=1e-13, epsrel=0, limit=200
+    )
+    return value * (1 if k == 0 else 2) / math.pi
+
+
+def projection_2d(f, k: int, m: int) -> float:  # type: ignore[no-untyped-def]
+    value, _ = integrate.dblquad(
+        lambda t, s: f(math.cos(s), math.cos(t)) * math.cos(k * s) * math.cos(m * t),
+        0,
+        math.pi,
+        0,
+        math.pi,
+        epsabs=1e-12,
+        epsrel=0,
+    )
+    return value * (1 if k == 0 else 2) * (1 if m == 0 else 2) / math.pi**2
+
+
+def sup_residual(coef: ch.QueryCoefficients, index_set: IndexSet, f, X: np.ndarray) -> float:  # type: ignore[no-untyped-def]
+    approx = coef.constant[0] + coef.coefficients[0] @ index_set.evaluate(X)
+    return float(np.max(np.abs(approx - f(X))))
+
+
+# --- 1-D transforms ----------------------------------------------------------------------
+
+
+def test_dct_coefficients_interpolate_at_chebyshev_points() -> None:
+    x = ch.chebyshev_points(23)
+    values = np.exp(x) * np.sin(3 * x)
+    coef = ch.coefficients_from_values(values)
+    np.testing.assert_allclose(npcheb.chebval(x, coef), values, atol=1e-14)
+    np.testing.assert_allclose(
+        coef, npcheb.chebinterpolate(lambda z: np.exp(z) * np.sin(3 * z), 22), atol=1e-14
+    )
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 5, 8, 13])
+def test_monomial_coefficients_are_exact(p: int) -> None:
+    e = np.zeros(p + 1)
+    e[p] = 1.0
+    np.testing.assert_array_equal(ch.monomial_coefficients(p), npcheb.poly2cheb(e))
+
+
+@pytest.mark.parametrize(("c", "sigma"), [(0.3, 0.5), (-0.9, 2.0), (1.7, 0.8), (0.0, 10.0)])
+def test_gaussian_factor_against_projection(c: float, sigma: float) -> None:
+    factors, tails = ch.gaussian_factors(np.array([[c]]), np.array([sigma]))
+    a = factors[0, 0]
+
+    def g(x: float) -> float:
+        return math.exp(-((x - c) ** 2) / (2 * sigma**2))
+
+    for k in range(min(12, a.size)):
+        assert a[k] == pytest.approx(projection_1d(g, k), abs=2e-13)
+    # the proven l1 tail dominates the difference to a much longer expansion
+    long, _ = ch.gaussian_factors(np.array([[c]]), np.array([sigma]), min_length=4 * a.size)
+    diff = np.abs(long[0, 0, : a.size] - a).sum() + np.abs(long[0, 0, a.size :]).sum()
+    assert diff <= tails[0]
+    assert tails[0] < 1e-13
+
+
+def test_gaussian_tail_bound_decreases_and_rejects_tiny_sigma() -> None:
+    assert ch.gaussian_tail_bound(1.0, 40) < ch.gaussian_tail_bound(1.0, 20)
+    assert ch.gaussian_tail_bound(2.0, 20) < ch.gaussian_tail_bound(1.0, 20)
+    assert ch.gaussian_points(0.05) > ch.gaussian_points(0.5) > ch.gaussian_points(5.0)
+    with pytest.raises(MechanismError, match="sigma"):
+        ch.gaussian_points(1e-6)
+
+
+def test_callable_factor_resolves_smooth_functions_and_refuses_rough_ones() -> None:
+    coef, tail = ch.callable_factor(np.cos)
+    for k in range(6):
+        assert coef[k] == pytest.approx(projection_1d(math.cos, k), abs=1e-14)
+    assert tail < 1e-13
+    with pytest.raises(MechanismError, match="not smooth enough"):
+        ch.callable_factor(np.sign)
+    with pytest.raises(MechanismError, match="non-finite"):
+        ch.callable_factor(lambda x: 1.0 / x * np.inf)
+    with pytest.raises(MechanismError, match="one value per point"):
+        ch.callable_factor(lambda x: np.ones(3))
+
+
+# --- tensor coefficients of separable queries --------------------------------------------
+
+
+def test_product_coefficients_against_1d_projection_in_d1() -> None:
+    index_set = total_degree(1, 15)
+    q = GaussianMixture(np.array([[0.4], [-0.7]]), np.array([0.6, 0.3]), sigma=0.6)
+    coef = ch.query_coefficients(q, index_set)
+
+    def f(x: float) -> float:
+        return float(q.evaluate(np.array([[x]]))[0])
+
+    assert coef.constant[0] == pytest.approx(projection_1d(f, 0), abs=1e-13)
+    for j, k in enumerate(index_set.degrees[:, 0]):
+        assert coef.coefficients[0, j] == pytest.approx(projection_1d(f, int(k)), abs=1e-13)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        AnisotropicGaussianMixture(
+            np.array([[0.2, -0.5], [0.9, 0.1]]), np.array([1.0, -0.4]), np.array([0.7, 1.5])
+        ),
+        ProductQuery((np.sin, np.array([0.5, -0.25, 0.125])), weight=1.5),
+        Polynomial(np.array([[2, 1], [0, 3], [1, 0]]), np.array([1.0, -0.5, 2.0])),
+    ],
+    ids=["anisotropic_gaussian", "product", "polynomial"],
+)
+def test_tensor_coefficients_against_2d_projection(query: object) -> None:
+    index_set = full_tensor(2, 4)
+    coef = ch.query_coefficients(query, index_set)
+
+    def f(x: float, y: float) -> float:
+        return float(query.evaluate(np.array([[x, y]]))[0])  # type: ignore[attr-defined]
+
+    assert coef.constant[0] == pytest.approx(projection_2d(f, 0, 0), abs=1e-11)
+    for j, (k, m) in enumerate(index_set.degrees):
+        assert coef.coefficients[0, j] == pytest.approx(projection_2d(f, int(k), int(m)), abs=1e-11)
+
+
+def test_restriction_equals_direct_product_in_high_dimension() -> None:
+    """d = 30, total-degree set: the parent-chain products equal prod over all 30 columns."""
+    rng = np.random.default_rng(3)
+    d = 30
+    index_set = total_degree(d, 600)
+    batch = GaussianMixtureBatch.random(4, 5, d, 3.0, rng)
+    expansion = ch.expand(batch, d, min_length=index_set.max_degree + 1)
+    assert expansion is not None
+    coef = ch.restrict(expansion, index_set)
+    a = expansion.factors  # (Q, J, d, L)
+    cols = np.arange(d)
+    for q in range(4):
+        direct = np.zeros(index_set.size)
+        for j in range(5):
+            direct += batch.weights[q, j] * np.prod(a[q, j][cols, index_set.degrees], axis=1)
+        np.testing.assert_allclose(coef.coefficients[q], direct, rtol=1e-12, atol=1e-17)
+        c0 = sum(batch.weights[q, j] * np.prod(a[q, j][:, 0]) for j in range(5))
+        assert coef.constant[q] == pytest.approx(c0, rel=1e-12)
+
+
+def test_group_path_equals_parent_path_and_handles_structural_zeros() -> None:
+    """A set without parents (custom) takes the general path; zeros of x_i are exact."""
+    rng = np.random.default_rng(4)
+    d = 4
+    closed = total_degree(d, 69)  # all |r| <= 3
+    # drop the first-degree terms: parents of some degree-2 terms are missing
+    custom = IndexSet(closed.degrees[d:], kind="custom")
+    q = GaussianMixture(rng.uniform(-1, 1, (3, d)), rng.uniform(0, 1, 3), sigma=1.1)
+    full = ch.query_coefficients(q, closed)
+    part = ch.query_coefficients(q, custom)
+    np.testing.assert_allclose(part.coefficients[0], full.coefficients[0, d:], rtol=1e-13)
+    # x1 * x3^2 - x2: every monomial has structural zeros in its constant terms
+    poly = Polynomial(np.array([[1, 0, 2, 0], [0, 1, 0, 0]]), np.array([1.0, -1.0]))
+    coef = ch.query_coefficients(poly, closed)
+    X = rng.uniform(-1, 1, (400, d))
+    assert sup_residual(coef, closed, poly.evaluate, X) < 1e-14
+    assert coef.truncation_bound[0] < 1e-13
+
+
+@pytest.mark.parametrize(
+    ("query", "index_set"),
+    [
+        (GaussianMixture(np.zeros((1, 3)), np.ones(1), sigma=0.8), total_degree(3, 83)),
+        (
+            AnisotropicGaussianMixture(
+                np.array([[0.5, -0.5, 0.9, 0.0, 0.1]]), np.ones(1), np.array([1, 2, 0.6, 4, 1.0])
+            ),
+            total_degree(5, 251),
+        ),
+        (ProductQuery((np.exp, None, np.cos)), full_tensor(3, 5)),
+        (Polynomial(np.array([[3, 2, 1]]), np.array([2.0])), total_degree(3, 19)),
+    ],
+    ids=["gaussian", "anisotropic", "product", "polynomial_outside"],
+)
+def test_truncation_bound_dominates_the_sup_error(query: object, index_set: IndexSet) -> None:
+    rng = np.random.default_rng(5)
+    X = rng.uniform(-1, 1, (3000, index_set.dim))
+    corners = np.array(list(itertools.product([-1.0, 1.0], repeat=index_set.dim)))
+    coef = ch.query_coefficients(query, index_set)
+    error = sup_residual(coef, index_set, query.evaluate, np.vstack([X, corners]))  # type: ignore[attr-defined]
+    assert error <= coef.truncation_bound[0]
+    assert error > 0.05 * coef.truncation_bound[0]  # and it is not vacuous here
+
+
+def test_truncation_bound_is_the_l1_norm_of_what_is_left_out() -> None:
+    """1-D: tau equals the l1 norm of the omitted coefficients of a long expansion."""
+    q = GaussianMixture(np.array([[0.3]]), np.array([1.0]), sigma=0.4)
+    index_set = total_degree(1, 6)
+    coef = ch.query_coefficients(q, index_set)
+    long, _ = ch.gaussian_factors(np.array([[0.3]]), np.array([0.4]), min_length=200)
+    omitted = float(np.abs(long[0, 0, 7:]).sum())
+    assert coef.truncation_bound[0] == pytest.approx(omitted, rel=1e-9, abs=1e-15)
+
+
+def test_uniform_expectation_from_coefficients() -> None:
+    q = AnisotropicGaussianMixture(
+        np.array([[0.1, 0.8], [-0.6, 0.0]]), np.array([0.5, 0.5]), np.array([0.9, 0.4])
+    )
+    expansion = ch.expand(q, 2)
+    assert expansion is not None
+    assert expansion.uniform_expectation()[0] == pytest.approx(q.uniform_expectation(), rel=1e-13)
+
+
+def test_stack_expansions_pads_kernels_without_changing_answers() -> None:
+    rng = np.random.default_rng(6)
+    index_set = total_degree(3, 30)
+    queries = [
+        GaussianMixture(rng.uniform(-1, 1, (2, 3)), rng.uniform(0, 1, 2), sigma=1.0),
+        Polynomial(np.array([[1, 1, 0], [0, 0, 2], [0, 0, 0]]), np.array([1.0, 2.0, 3.0])),
+        ProductQuery((None, np.array([0.0, 1.0]), None)),
+    ]
+    stacked = ch.restrict(ch.stack_expansions([ch.expand(q, 3) for q in queries]), index_set)  # type: ignore[misc]
+    for i, q in enumerate(queries):
+        one = ch.query_coefficients(q, index_set)
+        np.testing.assert_allclose(stacked.coefficients[i], one.coefficients[0], atol=1e-15)
+        # equal up to the rounding slack (which depends on the padded length)
+        assert stacked.truncation_bound[i] == pytest.approx(one.truncation_bound[0], abs=1e-12)
+
+
+# --- Jackson kernel and general callables ------------------------------------------------
+
+
+@pytest.mark.parametrize(("t", "K"), [(12, 2), (20, 4), (9, 1)])
+def test_jackson_multipliers_against_the_integral_operator(t: int, K: int) -> None:
+    """lambda_n = -int H(s) sum_l (-1)^l binom(K+1, l) cos(n l s) ds with H from its formula."""
+    r = math.ceil((K + 3) / 2)
+    t_prime = t // r + 1
+
+    def kernel(s: float) -> float:
+        if abs(math.sin(s / 2)) < 1e-12:
+            return float(t_prime ** (2 * r))
+        return (math.sin(t_prime * s / 2) / math.sin(s / 2)) ** (2 * r)
+
+    norm, _ = integrate.quad(kernel, -math.pi, math.pi, limit=200)
+    lam = ch.jackson_multipliers(t, K, t + 4)
+    for n in range(t + 4):
+
+        def integrand(s: float, n: int = n) -> float:
+            total = sum(
+                (-1) ** ell * math.comb(K + 1, ell) * math.cos(n * ell * s)
+                for ell in range(1, K + 2)
+            )
+            return -kernel(s) * total / norm
+
+        value, _ = integrate.quad(integrand, -math.pi, math.pi, limit=400)
+        assert lam[n] == pytest.approx(value, abs=1e-9)
+    assert lam[0] == 1.0
+    assert np.all(lam[t + 1 :] == 0.0)
+
+
+def smooth_3d(X: np.ndarray) -> np.ndarray:
+    return np.cos(2 * X[:, 0] + X[:, 1]) * np.exp(-(X[:, 2] ** 2)) / (2 + X[:, 1] * X[:, 2])
+
+
+@pytest.mark.parametrize("damping", ["none", "jackson", "auto"])
+def test_interpolation_of_a_general_callable(damping: str) -> None:
+    rng = np.random.default_rng(7)
+    index_set = full_tensor(3, 10)
+    coef = ch.interpolate(smooth_3d, index_set, smoothness=4, damping=damping, rng=rng)
+    assert coef.check_residual is not None
+    assert coef.check_residual[0] <= coef.truncation_bound[0]
+    X = rng.uniform(-1, 1, (2000, 3))
+    assert sup_residual(coef, index_set, smooth_3d, X) <= coef.truncation_bound[0]
+    if damping != "jackson":
+        assert coef.truncation_bound[0] < 1e-3  # smooth f, degree 9: plain truncation is good
+        assert coef.method == "interpolation"
+
+
+def test_interpolation_is_reproducible_and_answers_within_the_bound() -> None:
+    index_set = full_tensor(2, 12)
+
+    def f(X: np.ndarray) -> np.ndarray:
+        return np.abs(X[:, 0] - 0.2) ** 3 + X[:, 1]
+
+    a = ch.interpolate(f, index_set, smoothness=3, rng=np.random.default_rng(1))
+    b = ch.interpolate(f, index_set, smoothness=3, rng=np.random.default_rng(1))
+    np.testing.assert_array_equal(a.coefficients, b.coefficients)
+    np.testing.assert_array_equal(a.truncation_bound, b.truncation_bound)
+    X = np.random.default_rng(2).uniform(-1, 1, (800, 2))
+    answer = a.constant[0] + a.coefficients[0] @ moments(X, index_set)
+    assert abs(answer - f(X).mean()) <= a.truncation_bound[0]
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def test_clear_errors_for_queries_the_evaluator_cannot_handle() -> None:
+    index_set = total_degree(4, 14)
+    with pytest.raises(MechanismError, match="d = 3 columns but the synopsis has d = 4"):
+        ch.query_coefficients(GaussianMixture(np.zeros((1, 3)), np.ones(1), 1.0), index_set)
+    with pytest.raises(MechanismError, match="d <= 3"):
+        ch.query_coefficients(lambda X: X[:, 0], index_set)
+    with pytest.raises(MechanismError, match="not supported"):
+        ch.query_coefficients("x^2", index_set)
+    with pytest.raises(MechanismError, match="non-finite"):
+        ch.query_coefficients(lambda X: np.full(len(X), np.nan), total_degree(2, 5))
+    with pytest.raises(MechanismError, match="one value per row"):
+        ch.query_coefficients(lambda X: X, total_degree(2, 5))
+    with pytest.raises(MechanismError, match="sigma"):
+        AnisotropicGaussianMixture(np.zeros((1, 2)), np.ones(1), np.array([1.0, np.nan]))
+    with pytest.raises(MechanismError, match="sigma"):
+        AnisotropicGaussianMixture(np.zeros((1, 2)), np.ones(1), np.array([1.0, 2.0, 3.0]))
+    with pytest.raises(MechanismError, match="finite"):
+        GaussianMixture(np.array([[np.inf, 0.0]]), np.ones(1), 1.0)
+    with pytest.raises(MechanismError, match="sigma"):
+        ch.query_coefficients(GaussianMixture(np.zeros((1, 4)), np.ones(1), 1e-7), index_set)
+    with pytest.raises(MechanismError, match="non-negative integers"):
+        Polynomial(np.array([[1.5, 0.0]]), np.ones(1))
+    with pytest.raises(MechanismError, match="non-finite"):
+        ProductQuery((np.array([1.0, np.inf]),))
+    with pytest.raises(MechanismError, match="damping"):
+        ch.interpolate(smooth_3d, full_tensor(3, 3), smoothness=2, damping="fejer")
