@@ -1,4 +1,4 @@
-"""The ``curator`` command: serve, worker, migrate, create-user, create-key."""
+"""The ``curator`` command: serve, worker, migrate, create-user, create-key, demo."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import sys
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from app import __version__
 from app.config import ConfigError, Settings, load_settings
@@ -147,6 +148,17 @@ def cmd_create_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from app.demo.runner import DemoError, run
+
+    configure_logging("WARNING")
+    try:
+        run(args.data_dir)
+    except DemoError as exc:
+        return _fail(f"demo failed: {exc}", code=1)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="curator", description="privacy curator service")
     parser.add_argument("--version", action="version", version=f"curator {__version__}")
@@ -176,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     create_user.add_argument("--role", required=True, choices=[r.value for r in Role])
     create_user.add_argument("--json", action="store_true")
     create_user.set_defaults(func=cmd_create_user)
+
+    demo = sub.add_parser(
+        "demo", help="run the whole flow on WDBC in one process and print a short report"
+    )
+    demo.add_argument(
+        "--data-dir", type=Path, default=None, help="keep the demo's data here (default: temporary)"
+    )
+    demo.set_defaults(func=cmd_demo)
 
     create_key = sub.add_parser("create-key", help="issue another API key for a user")
     create_key.add_argument("--user-id", required=True, type=uuid.UUID)

@@ -37,7 +37,8 @@ def test_walkthrough_runs_verbatim(tmp_path: Path) -> None:
     # A scratch checkout: the examples, and a .venv whose activate puts this interpreter first.
     work = tmp_path / "checkout"
     (work / ".venv" / "bin").mkdir(parents=True)
-    (work / "examples").symlink_to(ROOT / "examples")
+    (work / "app").mkdir()
+    (work / "app" / "demo").symlink_to(ROOT / "app" / "demo")
     bin_dir = Path(sys.executable).parent
     (work / ".venv" / "bin" / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
     port = _free_port()
@@ -47,7 +48,7 @@ def test_walkthrough_runs_verbatim(tmp_path: Path) -> None:
     server = subprocess.Popen(
         [sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port)],
         env=env,
-        cwd=work,
+        cwd=tmp_path,  # not the scratch checkout: its app/ would shadow the installed package
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -81,3 +82,13 @@ def test_walkthrough_runs_verbatim(tmp_path: Path) -> None:
     budget = json.loads(lines[3])
     assert budget["epsilon_total"] == 5.0
     assert budget["epsilon_remaining"] == 5.0
+    assert "predicted_stderr" in lines[4]  # the preview's accuracy
+    assert lines[5].startswith("release ")
+    assert lines[5].endswith(": succeeded")
+    assert lines[6].startswith("release ")
+    assert lines[6].endswith(": succeeded")
+    assert lines[7].startswith('"mean_radius","mean_texture"')
+    assert "'stderr'" in lines[8]
+    assert "'interval'" in lines[8]
+    assert "'value'" in lines[9]
+    assert lines[10] == "2.0"  # two releases of epsilon 1 spent; the retry-safe key charged once

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from app.answers import service
 from app.answers.schemas import AnswerRequest, AnswersOut
-from app.core.deps import CurrentUser, ReadSessionDep
+from app.core.deps import CurrentUser, ReadSessionDep, ServicesDep
 from app.core.errors import Conflict, InvalidRequest, NotFound, Unauthorized, error_responses
 
 router = APIRouter(prefix="/v1", tags=["answers"], responses=error_responses(Unauthorized))
@@ -20,8 +20,12 @@ router = APIRouter(prefix="/v1", tags=["answers"], responses=error_responses(Una
     responses=error_responses(NotFound, Conflict, InvalidRequest),
 )
 def answers(
-    release_id: uuid.UUID, body: AnswerRequest, user: CurrentUser, session: ReadSessionDep
+    release_id: uuid.UUID,
+    body: AnswerRequest,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    services: ServicesDep,
 ) -> AnswersOut:
     """Answer a batch of queries from a release, with standard errors where the mechanism
     allows. Post-processing: no budget is spent."""
-    return service.answer(session, user, release_id, body.queries)
+    return service.answer(session, services, user, release_id, body.queries)

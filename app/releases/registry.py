@@ -185,9 +185,10 @@ class Mechanism(ABC):
     ) -> Synthesized:
         """Post-process stored measurements into artifacts written under ``workdir``."""
 
-    def load(self, payload: Mapping[str, Any], info: DatasetInfo) -> Any:
-        """The object that answers queries, rebuilt from stored measurements (the service
-        caches it per release version)."""
+    def load(self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path) -> Any:
+        """The object that answers queries, rebuilt from the stored measurements and, where
+        the answers come from synthesised output, the current artifacts (the service caches
+        it per release and synthesis version)."""
         raise InvalidRequest(f"{self.name} releases do not answer queries")
 
     def answer(

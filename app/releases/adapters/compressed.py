@@ -139,7 +139,9 @@ class Compressed(registry.Mechanism):
             },
         )
 
-    def load(self, payload: Mapping[str, Any], info: DatasetInfo) -> cp.CompressedRelease:
+    def load(
+        self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path
+    ) -> cp.CompressedRelease:
         return cp.CompressedRelease.from_dict(unpack(payload))
 
     def synthesize(
@@ -151,7 +153,7 @@ class Compressed(registry.Mechanism):
         workdir: Path,
         progress: ProgressFn,
     ) -> Synthesized:
-        release = self.load(payload, info)
+        release = self.load(payload, info, workdir)
         table = pa.table({name: release.matrix[:, j] for j, name in enumerate(info.names)})
         pq.write_table(table, workdir / "compressed.parquet")
         (workdir / "release.json").write_text(

@@ -140,7 +140,9 @@ class GraphCuts(registry.Mechanism):
             },
         )
 
-    def load(self, payload: Mapping[str, Any], info: DatasetInfo) -> gc.GraphRelease:
+    def load(
+        self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path
+    ) -> gc.GraphRelease:
         data = unpack(payload)
         n = int(data["n_vertices"])
         return gc.GraphRelease(
@@ -159,7 +161,7 @@ class GraphCuts(registry.Mechanism):
         workdir: Path,
         progress: ProgressFn,
     ) -> Synthesized:
-        release = self.load(payload, info)
+        release = self.load(payload, info, workdir)
         progress(0.5)
         table = pa.table({"u": release.edges[:, 0], "v": release.edges[:, 1]})
         pq.write_table(table, workdir / "edges.parquet")

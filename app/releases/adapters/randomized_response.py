@@ -231,7 +231,9 @@ class RandomizedResponse(registry.Mechanism):
 
     # -- post-processing
 
-    def load(self, payload: Mapping[str, Any], info: DatasetInfo) -> dict[str, Any]:
+    def load(
+        self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path
+    ) -> dict[str, Any]:
         data = unpack(payload)
         return {
             "release": rr.RRRelease.from_dict(data["release"]),
@@ -270,7 +272,7 @@ class RandomizedResponse(registry.Mechanism):
         workdir: Path,
         progress: ProgressFn,
     ) -> Synthesized:
-        loaded = self.load(payload, info)
+        loaded = self.load(payload, info, workdir)
         release: rr.RRRelease = loaded["release"]
         table = self._decoded_table(loaded, info)
         progress(0.5)

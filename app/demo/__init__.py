@@ -1,0 +1,1 @@
+"""Data for `curator demo` and the README walkthrough (WDBC and a curator's schema)."""

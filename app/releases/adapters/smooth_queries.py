@@ -1,0 +1,230 @@
+"""JSON query forms of the smooth-query releases (``smooth_synthetic``, ``smooth_synopsis``).
+
+A closed set of forms (nothing is evaluated as code), each in normalised (``[-1, 1]`` per
+column) or original units (``"space": "original"``), turned into the library's query
+objects on the normalised scale, where ``x' = 2 (x - lower) / (upper - lower) - 1``:
+
+- ``gaussian_mixture``: ``f(x) = sum_j w_j exp(-sum_i (x_i - c_ji)^2 / (2 sigma_i^2))``;
+  ``sigma`` a number or one per column. In original units a centre maps to
+  ``c' = 2 (c - lower) / (upper - lower) - 1`` and a width to ``sigma' = 2 sigma /
+  (upper - lower)`` (an anisotropic kernel on the normalised scale, the same function).
+- ``polynomial``: ``sum_j a_j prod_i x_i^(p_ji)`` with ``powers`` by column name; in
+  original units each ``x_i = lower_i + (x'_i + 1)(upper_i - lower_i)/2`` is substituted
+  and expanded exactly.
+- ``product``: ``weight * prod_i g_i(x_i)`` with per-column factors ``gaussian`` (centre,
+  width), ``polynomial`` (power-basis coefficients ``a_0 + a_1 x + ...``) or ``chebyshev``
+  (coefficients of ``T_k``; normalised units only); absent columns are the constant 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from numpy.polynomial import chebyshev, polynomial
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from app.core.errors import InvalidRequest, describe_errors
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.queries import (
+    AnisotropicGaussianMixture,
+    GaussianMixture,
+    Polynomial,
+    ProductQuery,
+)
+from app.releases.registry import DatasetInfo
+
+Space = Literal["normalized", "original"]
+MAX_DEGREE = 30
+MAX_CENTERS = 10_000
+
+
+class GaussianMixtureForm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["gaussian_mixture"]
+    centers: list[list[float]] = Field(min_length=1, max_length=MAX_CENTERS)
+    weights: list[float] = Field(min_length=1, max_length=MAX_CENTERS)
+    sigma: float | list[float]
+    space: Space = "normalized"
+
+
+class Term(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    coefficient: float
+    powers: dict[str, Annotated[int, Field(ge=0, le=MAX_DEGREE)]] = Field(default_factory=dict)
+
+
+class PolynomialForm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["polynomial"]
+    terms: list[Term] = Field(min_length=1, max_length=1000)
+    space: Space = "normalized"
+
+
+class GaussianFactor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["gaussian"]
+    center: float
+    sigma: float = Field(gt=0)
+
+
+class PolynomialFactor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["polynomial"]
+    coefficients: list[float] = Field(min_length=1, max_length=MAX_DEGREE + 1)
+
+
+class ChebyshevFactor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["chebyshev"]
+    coefficients: list[float] = Field(min_length=1, max_length=1000)
+
+
+Factor = Annotated[GaussianFactor | PolynomialFactor | ChebyshevFactor, Field(discriminator="type")]
+
+
+class ProductForm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["product"]
+    factors: dict[str, Factor] = Field(min_length=1)
+    weight: float = 1.0
+    space: Space = "normalized"
+
+
+SmoothQuery = Annotated[
+    GaussianMixtureForm | PolynomialForm | ProductForm, Field(discriminator="type")
+]
+_QUERIES: TypeAdapter[list[SmoothQuery]] = TypeAdapter(list[SmoothQuery])
+
+
+def _bounds(info: DatasetInfo) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    lower, upper = info.bounds()
+    return lower, upper
+
+
+def _column_index(info: DatasetInfo, name: str) -> int:
+    try:
+        return info.names.index(name)
+    except ValueError:
+        raise InvalidRequest(f"column {name!r} is not in this release ({info.names})") from None
+
+
+def _gaussian_mixture(form: GaussianMixtureForm, info: DatasetInfo) -> Any:
+    d = info.d
+    centers = np.asarray(form.centers, dtype=np.float64)
+    if centers.ndim != 2 or centers.shape[1] != d:
+        raise InvalidRequest(f"centers must be a list of points with {d} coordinates each")
+    if len(form.weights) != centers.shape[0]:
+        raise InvalidRequest("weights must have one entry per centre")
+    sigma = np.asarray(form.sigma, dtype=np.float64)
+    if sigma.ndim == 1 and sigma.shape[0] != d:
+        raise InvalidRequest(f"sigma must be a number or a list of {d} widths")
+    if np.any(sigma <= 0) or not np.all(np.isfinite(sigma)):
+        raise InvalidRequest("sigma must be positive and finite")
+    weights = np.asarray(form.weights, dtype=np.float64)
+    if form.space == "original":
+        lower, upper = _bounds(info)
+        centers = 2.0 * (centers - lower) / (upper - lower) - 1.0
+        sigma = 2.0 * np.broadcast_to(sigma, (d,)) / (upper - lower)
+    if sigma.ndim == 0:
+        return GaussianMixture(centers=centers, weights=weights, sigma=float(sigma))
+    return AnisotropicGaussianMixture(centers=centers, weights=weights, sigma=sigma)
+
+
+def _affine(info: DatasetInfo, i: int, space: Space) -> tuple[float, float]:
+    """``x = a + b x'`` for column ``i`` (identity in normalised units)."""
+    if space == "normalized":
+        return 0.0, 1.0
+    lower, upper = _bounds(info)
+    half = (upper[i] - lower[i]) / 2.0
+    return float(lower[i] + half), float(half)
+
+
+def _polynomial(form: PolynomialForm, info: DatasetInfo) -> Polynomial:
+    """Expand ``sum_j a_j prod_i (a_i + b_i x'_i)^(p_ji)`` into monomials of ``x'``."""
+    total: dict[tuple[int, ...], float] = {}
+    for term in form.terms:
+        # per column: power-basis coefficients of (a + b x')^p, in x'
+        expansions = {
+            _column_index(info, name): polynomial.polypow(
+                _affine(info, _column_index(info, name), form.space), power
+            )
+            for name, power in term.powers.items()
+        }
+        monomials: dict[tuple[int, ...], float] = {(0,) * info.d: term.coefficient}
+        for i, coefficients in expansions.items():
+            grown: dict[tuple[int, ...], float] = {}
+            for exponent, value in monomials.items():
+                for k, c in enumerate(coefficients):
+                    if c == 0.0:
+                        continue
+                    key = (*exponent[:i], exponent[i] + k, *exponent[i + 1 :])
+                    grown[key] = grown.get(key, 0.0) + value * float(c)
+            monomials = grown
+        for exponent, value in monomials.items():
+            total[exponent] = total.get(exponent, 0.0) + value
+    if not total:
+        total = {(0,) * info.d: 0.0}
+    exponents = np.array(list(total), dtype=np.int64).reshape(-1, info.d)
+    return Polynomial(exponents=exponents, coefficients=np.array(list(total.values())))
+
+
+def _product(form: ProductForm, info: DatasetInfo) -> ProductQuery:
+    factors: list[Any] = [None] * info.d
+    for name, factor in form.factors.items():
+        i = _column_index(info, name)
+        a, b = _affine(info, i, form.space)
+        if isinstance(factor, GaussianFactor):
+            centre = (factor.center - a) / b
+            width = factor.sigma / b
+
+            def gaussian(x: NDArray[np.float64], c: float = centre, s: float = width) -> Any:
+                return np.exp(-((x - c) ** 2) / (2.0 * s * s))
+
+            factors[i] = gaussian
+        elif isinstance(factor, PolynomialFactor):
+            # g(x) = sum_k a_k x^k with x = a + b x': compose, then to Chebyshev coefficients
+            composed: Any = np.zeros(1)
+            power: Any = np.ones(1)
+            for coefficient in factor.coefficients:
+                composed = polynomial.polyadd(composed, coefficient * power)
+                power = polynomial.polymul(power, [a, b])
+            factors[i] = chebyshev.poly2cheb(composed)
+        else:
+            if form.space != "normalized":
+                raise InvalidRequest("chebyshev factors are given on the normalised scale only")
+            factors[i] = np.asarray(factor.coefficients, dtype=np.float64)
+    return ProductQuery(factors=tuple(factors), weight=form.weight)
+
+
+def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
+    """The library query objects (normalised scale) for a batch of JSON queries, or 422."""
+    try:
+        forms = _QUERIES.validate_python(list(queries))
+    except ValidationError as exc:
+        raise InvalidRequest(
+            "invalid queries: " + describe_errors(exc.errors(include_input=False), "queries")
+        ) from None
+    out = []
+    for position, form in enumerate(forms):
+        try:
+            if isinstance(form, GaussianMixtureForm):
+                out.append(_gaussian_mixture(form, info))
+            elif isinstance(form, PolynomialForm):
+                out.append(_polynomial(form, info))
+            else:
+                out.append(_product(form, info))
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"queries.{position}: {exc.message}") from None
+        except MechanismError as exc:
+            raise InvalidRequest(f"queries.{position}: {exc}") from None
+    return out

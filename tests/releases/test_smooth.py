@@ -1,0 +1,266 @@
+"""smooth_synthetic and smooth_synopsis through the API: release, download, answers."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow.csv as pacsv
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import Caller
+from tests.datasets.helpers import upload
+from tests.releases.helpers import budget, request_release, run_all, services_of
+
+BOUNDS = {"x": (0.0, 10.0), "y": (-5.0, 5.0), "z": (100.0, 200.0)}
+
+
+def _dataset(client: TestClient, curator: Caller, n: int = 500) -> tuple[str, np.ndarray]:
+    rng = np.random.default_rng(11)
+    normalised = np.clip(rng.normal([0.3, -0.2, 0.0], [0.2, 0.3, 0.4], size=(n, 3)), -1, 1)
+    lower = np.array([b[0] for b in BOUNDS.values()])
+    upper = np.array([b[1] for b in BOUNDS.values()])
+    data = lower + (normalised + 1) * (upper - lower) / 2
+    lines = ["x,y,z,label"] + [
+        f"{a:.6f},{b:.6f},{c:.6f},{'u' if i % 2 else 'v'}" for i, (a, b, c) in enumerate(data)
+    ]
+    schema = {
+        "name": "smooth",
+        "columns": [
+            {"name": k, "kind": "continuous", "lower": lo, "upper": hi}
+            for k, (lo, hi) in BOUNDS.items()
+        ]
+        + [{"name": "label", "kind": "categorical", "categories": ["u", "v"]}],
+        "budget": {"epsilon": 10, "delta": 1e-6},
+    }
+    response = upload(client, curator, ("\n".join(lines) + "\n").encode(), schema)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"]), data
+
+
+def _answers(
+    client: TestClient, caller: Caller, release_id: str, queries: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    response = client.post(
+        f"/v1/releases/{release_id}/answers", headers=caller.headers, json={"queries": queries}
+    )
+    assert response.status_code == 200, response.text
+    return list(response.json()["answers"])
+
+
+def _original_to_normalised_query(center: list[float], sigma: float) -> dict[str, Any]:
+    lower = np.array([b[0] for b in BOUNDS.values()])
+    upper = np.array([b[1] for b in BOUNDS.values()])
+    c = 2 * (np.asarray(center) - lower) / (upper - lower) - 1
+    return {
+        "type": "gaussian_mixture",
+        "centers": [c.tolist()],
+        "weights": [1.0],
+        "sigma": (2 * sigma / (upper - lower)).tolist(),
+    }
+
+
+def test_smooth_synthetic_end_to_end(client: TestClient, curator: Caller) -> None:
+    dataset_id, _data = _dataset(client, curator)
+    body = {
+        "mechanism": "smooth_synthetic",
+        "epsilon": 1.0,
+        "params": {"grid_size": 2000, "sample_size": 300},
+    }
+    preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["resolved"]["basis_size"] >= 3
+    assert preview.json()["accuracy"]["noise"] == "laplace"
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    assert response.json()["columns"] == ["x", "y", "z"]
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "succeeded", release
+    assert release["privacy_cost"]["epsilon"] <= 1.0
+
+    rows = pacsv.read_csv(
+        io.BytesIO(
+            client.get(
+                f"/v1/releases/{release_id}/synthetic?format=csv", headers=curator.headers
+            ).content
+        )
+    )
+    assert rows.num_rows == 300
+    for name, (lo, hi) in BOUNDS.items():
+        values = np.asarray(rows[name].to_pylist())
+        assert np.all((values >= lo - 1e-9) & (values <= hi + 1e-9)), name
+    support = pacsv.read_csv(
+        io.BytesIO(
+            client.get(
+                f"/v1/releases/{release_id}/synthetic?kind=support", headers=curator.headers
+            ).content
+        )
+    )
+    weights = np.asarray(support["weight"].to_pylist())
+    assert weights.sum() == pytest.approx(1.0)
+
+    # the same function in original and normalised units gives the same answer
+    center, sigma = [5.0, 0.0, 150.0], 4.0
+    original = {
+        "type": "gaussian_mixture",
+        "centers": [center],
+        "weights": [1.0],
+        "sigma": sigma,
+        "space": "original",
+    }
+    a, b = _answers(
+        client, curator, release_id, [original, _original_to_normalised_query(center, sigma)]
+    )
+    assert a["value"] == pytest.approx(b["value"], rel=1e-12)
+    assert a["stderr"] is None
+    assert "no per-query bound" in a["note"]
+    # a polynomial in original units is the weighted mean over the downloaded support
+    poly = {
+        "type": "polynomial",
+        "terms": [
+            {"coefficient": 1.0, "powers": {"z": 1}},
+            {"coefficient": 2.0, "powers": {"x": 2}},
+        ],
+        "space": "original",
+    }
+    product = {
+        "type": "product",
+        "factors": {"y": {"type": "polynomial", "coefficients": [1.0, 0.5]}},
+        "space": "original",
+    }
+    p, q = _answers(client, curator, release_id, [poly, product])
+    z, x, y = (np.asarray(support[k].to_pylist()) for k in ("z", "x", "y"))
+    assert p["value"] == pytest.approx(float(weights @ (z + 2 * x**2)), rel=1e-9)
+    assert q["value"] == pytest.approx(float(weights @ (1 + 0.5 * y)), rel=1e-9)
+
+    resynthesized = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"solver": "ipm", "sample_size": 50}},
+    )
+    assert resynthesized.status_code == 202, resynthesized.text
+    run_all(client, release_id)
+    again = pacsv.read_csv(
+        io.BytesIO(
+            client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).content
+        )
+    )
+    assert again.num_rows == 50
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == [
+        "reserve",
+        "commit",
+    ]
+    assert client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"smoothness": 9}},
+    ).status_code in (409, 422)
+
+
+def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst: Caller) -> None:
+    dataset_id, data = _dataset(client, curator, n=2000)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"smoothness": 4}}
+    preview = client.post(
+        f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body
+    ).json()
+    assert preview["accuracy"]["predicted_stderr"] > 0
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "succeeded", release
+    document = client.get(f"/v1/releases/{release_id}/synopsis", headers=curator.headers)
+    assert document.status_code == 200
+    parsed = json.loads(document.content)
+    assert [c["name"] for c in parsed["columns"]] == ["x", "y", "z"]
+    from app.mechanisms.smooth_synopsis import Synopsis
+
+    offline = Synopsis.from_dict(parsed["synopsis"])
+
+    client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    center, sigma = [5.0, 0.0, 150.0], 8.0
+    query = {
+        "type": "gaussian_mixture",
+        "centers": [center],
+        "weights": [1.0],
+        "sigma": sigma,
+        "space": "original",
+    }
+    (a, b) = _answers(
+        client, analyst, release_id, [query, _original_to_normalised_query(center, sigma)]
+    )
+    assert a["value"] == pytest.approx(b["value"], rel=1e-9)
+    assert a["stderr"] > 0
+    low, high = a["interval"]
+    lower = np.array([v[0] for v in BOUNDS.values()])
+    upper = np.array([v[1] for v in BOUNDS.values()])
+    s = 2 * sigma / (upper - lower)
+    c = 2 * (np.asarray(center) - lower) / (upper - lower) - 1
+    truth = float(
+        np.mean(
+            np.exp(
+                -np.sum(((2 * (data - lower) / (upper - lower) - 1) - c) ** 2 / (2 * s**2), axis=1)
+            )
+        )
+    )
+    assert low - 3 * a["stderr"] <= truth <= high + 3 * a["stderr"]
+    from app.mechanisms.queries import AnisotropicGaussianMixture
+
+    offline_value = offline.answer(
+        AnisotropicGaussianMixture(centers=c[None, :], weights=np.ones(1), sigma=s)
+    )
+    assert offline_value == pytest.approx(a["value"], rel=1e-9)
+
+    bad = client.post(
+        f"/v1/releases/{release_id}/answers",
+        headers=analyst.headers,
+        json={
+            "queries": [
+                {"type": "gaussian_mixture", "centers": [[0, 0]], "weights": [1], "sigma": 1}
+            ]
+        },
+    )
+    assert bad.status_code == 422
+    assert "3 coordinates" in bad.json()["error"]["message"]
+    code = client.post(
+        f"/v1/releases/{release_id}/answers",
+        headers=analyst.headers,
+        json={"queries": [{"type": "python", "code": "import os"}]},
+    )
+    assert code.status_code == 422
+
+
+def test_smooth_requests_are_validated(client: TestClient, curator: Caller) -> None:
+    dataset_id, _ = _dataset(client, curator)
+    for body, fragment in (
+        ({"mechanism": "smooth_synthetic", "epsilon": 1, "columns": ["label"]}, "not: ['label']"),
+        (
+            {
+                "mechanism": "smooth_synthetic",
+                "epsilon": 1,
+                "params": {"noise_mechanism": "gaussian"},
+            },
+            "needs delta > 0",
+        ),
+        (
+            {"mechanism": "smooth_synthetic", "epsilon": 1, "params": {"grid": "sphere"}},
+            "params.grid",
+        ),
+        (
+            {"mechanism": "smooth_synopsis", "epsilon": 1, "params": {"basis": "magic"}},
+            "params.basis",
+        ),
+    ):
+        response = request_release(client, curator, dataset_id, body)
+        assert response.status_code == 422, (body, response.text)
+        assert fragment in response.json()["error"]["message"]
+    assert budget(client, curator, dataset_id)["entries"] == []
+    assert services_of(client).queue.pending() == 0
