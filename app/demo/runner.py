@@ -20,7 +20,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
@@ -140,7 +141,9 @@ def run(data_dir: Path | None = None, out: TextIO = sys.stdout) -> dict[str, Any
             temporary.cleanup()
 
 
-def _run(settings: Settings, out: TextIO) -> dict[str, Any]:
+@contextmanager
+def serving(settings: Settings) -> Iterator[str]:
+    """The API with its embedded worker on a free local port, in a thread; yields its URL."""
     import uvicorn
 
     from app.main import create_app
@@ -154,18 +157,23 @@ def _run(settings: Settings, out: TextIO) -> dict[str, Any]:
             log_level="warning",
         )
     )
-    thread = threading.Thread(target=server.run, name="demo-server", daemon=True)
+    thread = threading.Thread(target=server.run, name="curator-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise DemoError("the demo server did not start")
+            raise DemoError("the server did not start")
         time.sleep(0.05)
     try:
-        return _flow(settings, f"http://127.0.0.1:{port}", out)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+def _run(settings: Settings, out: TextIO) -> dict[str, Any]:
+    with serving(settings) as base:
+        return _flow(settings, base, out)
 
 
 def _flow(settings: Settings, base: str, out: TextIO) -> dict[str, Any]:
