@@ -15,11 +15,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from app.core.errors import InvalidRequest, describe_errors
 from app.mechanisms.privacy import PrivacyCost
@@ -196,6 +196,20 @@ class Mechanism(ABC):
     ) -> list[dict[str, Any]]:
         """Answer a batch of queries given in this release type's JSON forms (no budget)."""
         raise InvalidRequest(f"{self.name} releases do not answer queries")
+
+
+QueryT = TypeVar("QueryT")
+
+
+def validate_queries(forms: TypeAdapter[list[QueryT]], queries: Sequence[Any]) -> list[QueryT]:
+    """Parse a batch of JSON queries into a release type's closed set of forms, or 422
+    naming each problem (without the submitted values)."""
+    try:
+        return forms.validate_python(list(queries))
+    except ValidationError as exc:
+        raise InvalidRequest(
+            "invalid queries: " + describe_errors(exc.errors(include_input=False), "queries")
+        ) from None
 
 
 REGISTRY: dict[str, Mechanism] = {}

@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from app.core.errors import InvalidRequest, describe_errors
+from app.core.errors import InvalidRequest
 from app.mechanisms import graph_cuts as gc
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -195,12 +195,7 @@ class GraphCuts(registry.Mechanism):
     def answer(
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
-        try:
-            parsed = _QUERIES.validate_python(list(queries))
-        except ValidationError as exc:
-            raise InvalidRequest(
-                "invalid queries: " + describe_errors(exc.errors(include_input=False), "queries")
-            ) from None
+        parsed = registry.validate_queries(_QUERIES, queries)
         release: gc.GraphRelease = loaded
         out = []
         for position, query in enumerate(parsed):

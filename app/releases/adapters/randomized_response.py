@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from app.core.errors import InvalidRequest, describe_errors
+from app.core.errors import InvalidRequest
 from app.mechanisms import randomized_response as rr
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -355,12 +355,7 @@ class RandomizedResponse(registry.Mechanism):
     def answer(
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
-        try:
-            parsed = _QUERIES.validate_python(list(queries))
-        except ValidationError as exc:
-            raise InvalidRequest(
-                "invalid queries: " + describe_errors(exc.errors(include_input=False), "queries")
-            ) from None
+        parsed = registry.validate_queries(_QUERIES, queries)
         release: rr.RRRelease = loaded["release"]
         domain = release.domain
         assert domain is not None

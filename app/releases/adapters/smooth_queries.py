@@ -24,9 +24,9 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from numpy.polynomial import chebyshev, polynomial
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from app.core.errors import InvalidRequest, describe_errors
+from app.core.errors import InvalidRequest
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import (
     AnisotropicGaussianMixture,
@@ -34,6 +34,7 @@ from app.mechanisms.queries import (
     Polynomial,
     ProductQuery,
 )
+from app.releases import registry
 from app.releases.registry import DatasetInfo
 
 Space = Literal["normalized", "original"]
@@ -208,12 +209,7 @@ def _product(form: ProductForm, info: DatasetInfo) -> ProductQuery:
 
 def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
     """The library query objects (normalised scale) for a batch of JSON queries, or 422."""
-    try:
-        forms = _QUERIES.validate_python(list(queries))
-    except ValidationError as exc:
-        raise InvalidRequest(
-            "invalid queries: " + describe_errors(exc.errors(include_input=False), "queries")
-        ) from None
+    forms = registry.validate_queries(_QUERIES, queries)
     out = []
     for position, form in enumerate(forms):
         try:
