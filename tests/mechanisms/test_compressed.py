@@ -104,8 +104,11 @@ def test_truncation_rate_within_lemma_4_4() -> None:
 
     With 400 draws and n = 300 a second truncation has probability < 1e-6 if the
     lemma holds. The negative control shows that the same count does see truncations:
-    with a twentieth of eq. (12)'s radius (the lemma's radius is ~9 standard deviations
-    of an entry at this m), most draws are rejected.
+    with an eightieth of eq. (12)'s radius (the lemma's radius is ~9 standard deviations
+    of an entry at this m), nearly every draw is rejected. The projection's noise comes from
+    OpenDP and cannot be seeded: at a twentieth the rejection rate is ~0.89 (measured over
+    200 draws), which failed the >= 15 of 20 count about once in 70 runs; at an eightieth it
+    was 200 of 200, and 15 of 20 then fails with probability < 1e-7 even at a rate of 0.99.
     """
     n, p = 300, 3
     X = correlated(n, 4)
@@ -119,7 +122,7 @@ def test_truncation_rate_within_lemma_4_4() -> None:
     control = 0
     for _ in range(20):
         matrix = cp._project(source, scale, m)
-        control += not cp.satisfies_eq12(matrix.T @ matrix / m, sigma, radius / 20)
+        control += not cp.satisfies_eq12(matrix.T @ matrix / m, sigma, radius / 80)
     assert control >= 15
 
 
