@@ -1,0 +1,159 @@
+"""Noisy one-dimensional histograms (app.mechanisms.marginals): sensitivity, noise,
+projection, synthesis and accuracy on a known distribution."""
+
+import math
+
+import numpy as np
+import pytest
+
+from app.mechanisms import marginals
+from app.mechanisms.data import as_source
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.queries import GaussianMixtureBatch
+
+
+@pytest.mark.parametrize("atoms", [False, True])
+def test_histogram_sensitivity_bounds_every_neighbour_pair_and_is_attained(atoms: bool) -> None:
+    rng = np.random.default_rng(1)
+    n, d, B = 40, 5, 7
+    X = rng.uniform(-1, 1, size=(n, d))
+    X[:3, 0] = -1.0  # mass on the bounds, so the atoms are exercised
+    X[3:5, 1] = 1.0
+    sens = marginals.histogram_sensitivity(n, d)
+    h = marginals.exact_histograms(as_source(X), B, atoms)
+    worst_l1 = worst_l2 = 0.0
+    for _ in range(300):
+        Y = X.copy()
+        i = rng.integers(n)
+        Y[i] = rng.choice([-1.0, 1.0, rng.uniform(-1, 1)], size=d)
+        diff = marginals.exact_histograms(as_source(Y), B, atoms) - h
+        worst_l1 = max(worst_l1, np.abs(diff).sum())
+        worst_l2 = max(worst_l2, np.sqrt((diff**2).sum()))
+    assert worst_l1 <= sens["l1"] + 1e-12
+    assert worst_l2 <= sens["l2"] + 1e-12
+    # attained: a row moved to another cell in every column
+    Y = X.copy()
+    Y[10] = np.where(X[10] < 0, 0.99, -0.99)
+    diff = marginals.exact_histograms(as_source(Y), B, atoms) - h
+    assert np.abs(diff).sum() == pytest.approx(sens["l1"])
+    assert np.sqrt((diff**2).sum()) == pytest.approx(sens["l2"])
+
+
+def test_exact_histograms_count_the_bounds_as_atoms() -> None:
+    X = np.array([[-1.0], [-0.99], [0.0], [1.0], [1.0]])
+    with_atoms = marginals.exact_histograms(as_source(X), 2, True)
+    np.testing.assert_allclose(with_atoms, [[0.2, 0.2, 0.2, 0.4]])
+    without = marginals.exact_histograms(as_source(X), 2, False)
+    np.testing.assert_allclose(without, [[0.4, 0.6]])
+
+
+def test_projection_onto_the_simplex_meets_the_kkt_conditions() -> None:
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        v = rng.normal(0.1, 0.3, size=rng.integers(1, 12))
+        p = marginals.project_to_simplex(v)
+        assert np.all(p >= 0)
+        assert p.sum() == pytest.approx(1.0)
+        theta = (v - p)[p > 0]
+        assert np.ptp(theta) < 1e-9  # one threshold on the support
+        assert np.all(v[p == 0] <= theta[0] + 1e-9)  # and nothing above it left out
+    np.testing.assert_allclose(marginals.project_to_simplex([0.2, 0.3, 0.5]), [0.2, 0.3, 0.5])
+
+
+@pytest.mark.parametrize(("delta", "metric"), [(0.0, "l1"), (1e-9, "l2")])
+def test_noise_is_calibrated_to_the_histogram_sensitivity(delta: float, metric: str) -> None:
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(500, 4))
+    m = marginals.measure(X, 0.7, delta, bins=6)
+    sens = marginals.histogram_sensitivity(500, 4)[metric]
+    assert m.calibration.sensitivity == pytest.approx(sens)
+    if delta == 0.0:
+        assert m.calibration.scale == pytest.approx(sens / 0.7, rel=1e-9)
+    assert m.privacy_cost.epsilon <= 0.7
+    assert m.privacy_cost.delta <= delta
+    assert m.frequencies.shape == (4, 6 + 2 * m.atoms)
+
+
+def test_noise_has_the_calibrated_spread() -> None:
+    """Noisy minus exact over 40 x 25 frequencies; false failure well below 1e-6."""
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-0.9, 0.9, size=(2000, 40))
+    m = marginals.measure(X, 1.0, 1e-6, bins=25, bound_atoms=False)
+    residual = (m.frequencies - marginals.exact_histograms(as_source(X), 25, False)).ravel()
+    sd = m.calibration.stddev
+    assert abs(residual.mean()) < 5 * sd / math.sqrt(residual.size)
+    assert residual.std() == pytest.approx(sd, rel=0.15)
+
+
+def test_synthesis_reproduces_the_projected_marginals() -> None:
+    rng = np.random.default_rng(5)
+    X = np.clip(rng.normal(0.3, 0.2, size=(3000, 3)), -1, 1)
+    X[:600, 2] = 1.0
+    m = marginals.measure(X, 5.0, 1e-6, bins=8, bound_atoms=True)
+    release = marginals.synthesize_from(m, np.random.default_rng(0), grid_size=4000)
+    assert release.points.shape == (4000, 3)
+    assert np.all(np.abs(release.points) <= 1.0)
+    assert release.weights.sum() == pytest.approx(1.0)
+    cells = marginals.exact_histograms(as_source(release.points), 8, True)
+    np.testing.assert_allclose(cells, m.marginals(), atol=1.0 / 4000 + 1e-12)
+    again = marginals.synthesize_from(m, np.random.default_rng(0), grid_size=4000)
+    np.testing.assert_array_equal(again.points, release.points)  # post-processing is seeded
+
+
+def test_systematic_counts_sum_to_C_and_stay_within_one() -> None:
+    rng = np.random.default_rng(6)
+    for _ in range(100):
+        p = rng.dirichlet(np.ones(rng.integers(2, 10)))
+        counts = marginals._systematic_counts(p, 997, rng)
+        assert counts.sum() == 997
+        assert np.all(np.abs(counts - 997 * p) < 1.0)
+
+
+def test_small_noise_answers_smooth_queries_far_better_than_the_uniform_baseline() -> None:
+    rng = np.random.default_rng(7)
+    X = 2.0 * rng.beta(2.0, 5.0, size=(20_000, 4)) - 1.0  # independent skewed columns
+    queries = GaussianMixtureBatch.random(300, 10, 4, 1.0, np.random.default_rng(8))
+    truth = queries.answers(X)
+    baseline = np.max(np.abs(queries.uniform_expectations() - truth) / truth)
+    release = marginals.synthesize(X, 20.0, 1e-6, rng=np.random.default_rng(9))
+    error = np.max(np.abs(queries.answers(release.points, release.weights) - truth) / truth)
+    assert error < 0.05 * baseline
+
+
+def test_default_bins_follow_the_noise_level() -> None:
+    small = marginals.default_bins(500, 30, 1.0, 1e-9)
+    large = marginals.default_bins(50_000, 30, 1.0, 1e-9)
+    assert marginals.MIN_BINS <= small < large <= marginals.MAX_BINS
+
+
+def test_json_round_trip_is_exact() -> None:
+    X = np.random.default_rng(10).uniform(-1, 1, size=(100, 2))
+    m = marginals.measure(X, 1.0, 0.0, bins=3)
+    again = marginals.MarginalMeasurements.from_dict(m.to_dict())
+    np.testing.assert_array_equal(again.frequencies, m.frequencies)
+    assert again.to_dict() == m.to_dict()
+    with pytest.raises(MechanismError, match="format"):
+        marginals.MarginalMeasurements.from_dict({"format": "other"})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epsilon": 0.0}, "epsilon"),
+        ({"delta": 1.0}, "delta"),
+        ({"bins": 1}, "bins"),
+        ({"bins": 2.5}, "bins"),
+        ({"X": np.full((3, 2), 1.5)}, "outside"),
+        ({"X": np.empty((0, 2))}, "empty"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs: dict, message: str) -> None:
+    args = {"X": np.zeros((10, 2)), "epsilon": 1.0, "delta": 0.0, "bins": 4} | kwargs
+    with pytest.raises(MechanismError, match=message):
+        marginals.measure(**args)
+
+
+def test_bad_support_size_is_refused() -> None:
+    m = marginals.measure(np.zeros((10, 2)), 1.0, 0.0, bins=4)
+    with pytest.raises(MechanismError, match="grid_size"):
+        marginals.synthesize_from(m, np.random.default_rng(0), grid_size=0)
