@@ -200,7 +200,10 @@ def synopsis_stats(
         per_round.append(
             _errors(v, truth)
             | {
-                "coverage": float(np.mean(err <= ans.noise_halfwidth + ans.truncation_bound)),
+                "coverage": float(np.mean(err <= ans.halfwidth)),
+                "coverage_worst_case": float(
+                    np.mean(err <= ans.noise_halfwidth + ans.truncation_bound)
+                ),
                 "coverage_noise_only": float(np.mean(err <= ans.noise_halfwidth)),
                 "coverage_noise_calibration": float(
                     np.mean(np.abs(v - runs.exact) <= ans.noise_halfwidth)
@@ -215,6 +218,7 @@ def synopsis_stats(
         "noise_scale": syn.noise_scale,
         "stderr_mean": float(ans.stderr.mean()),
         "noise_halfwidth_mean": float(ans.noise_halfwidth.mean()),
+        "halfwidth_mean": float(ans.halfwidth.mean()),
         "truncation_bound_mean": float(ans.truncation_bound.mean()),
         "epsilon": syn.privacy_cost.epsilon,
         "delta": syn.privacy_cost.delta,
@@ -228,6 +232,9 @@ def synopsis_stats(
         "actual_truncation_error_mean": float(actual.mean()),
         "bound_over_actual_median": float(
             np.median(ans.truncation_bound / np.maximum(actual, 1e-300))
+        ),
+        "estimate_over_actual_median": float(
+            np.median((ans.halfwidth - ans.noise_halfwidth) / np.maximum(actual, 1e-300))
         ),
         "bound_holds": float(np.mean(actual <= ans.truncation_bound * (1 + 1e-9) + 1e-15)),
     }
@@ -302,7 +309,11 @@ def per_query_coverage(
             "stderr": ans.stderr.tolist(),
             "empirical_sd": v.std(axis=0, ddof=1).tolist(),
             "noise_halfwidth": ans.noise_halfwidth.tolist(),
-            "coverage": np.mean(err <= ans.noise_halfwidth + ans.truncation_bound, axis=0).tolist(),
+            "halfwidth": ans.halfwidth.tolist(),
+            "coverage": np.mean(err <= ans.halfwidth, axis=0).tolist(),
+            "coverage_worst_case": np.mean(
+                err <= ans.noise_halfwidth + ans.truncation_bound, axis=0
+            ).tolist(),
             "coverage_noise_only": np.mean(err <= ans.noise_halfwidth, axis=0).tolist(),
             "coverage_noise_calibration": np.mean(
                 np.abs(v - runs.exact) <= ans.noise_halfwidth, axis=0
@@ -445,8 +456,10 @@ NOTES = [
     "`synthesize` with its library defaults (hypercube grid, vertex LP), answered as the "
     "expectation of the weighted support. `exact moments (not private)`: the same index set "
     "with the noise-free moments, i.e. the actual truncation error alone (a diagnostic).",
-    "Coverage: 95 % intervals. `full` = `value -+ (noise_halfwidth + truncation_bound)`, the "
-    "interval the service returns (`Answer.as_dict()['interval']`); `noise-only` = "
+    "Coverage: 95 % intervals. `full` = `value -+ halfwidth`, the interval the service "
+    "returns (`Answer.as_dict()['interval']`: noise quantile and estimated truncation, "
+    "`smooth_synopsis` docstring, Intervals); `worst case` = `value -+ (noise_halfwidth + "
+    "truncation_bound)` (`worst_case_interval`, valid for every dataset); `noise-only` = "
     "`value -+ noise_halfwidth` against the truth; `calibration` = `noise-only` against the "
     "noise-free answer (checks the noise quantile alone). Across the queries of one release "
     "the shares are not independent (one noise vector per release); the per-query table over "
@@ -514,24 +527,30 @@ def _coverage_tables(result: dict[str, Any]) -> list[str]:
     lines = [
         "## Interval coverage across the queries of a release (95 % intervals)",
         "",
-        "Cells: `full / noise-only / calibration` (definitions in the notes), mean over rounds.",
+        "Cells: `full / worst case / noise-only / calibration` (definitions in the notes), "
+        "mean over rounds. Last column: `full` pooled over every sigma, round and query of the "
+        "row.",
         "",
     ]
     head = ["dataset", "release", *[f"sigma={sg}" for sg in sigmas]]
-    lines += [_row(head), _row(["---"] * len(head))]
+    lines += [_row([*head, "pooled"]), _row(["---"] * (len(head) + 1))]
     for name, entry in result["datasets"].items():
         for label, _, _ in SYNOPSES:
             per_sigma = entry["releases"][label]
+            stats = [per_sigma[str(sg)] for sg in sigmas]
             cells = [
-                f"{st['coverage']:.3f} / {st['coverage_noise_only']:.3f} / "
-                f"{st['coverage_noise_calibration']:.3f}"
-                for st in (per_sigma[str(sg)] for sg in sigmas)
+                f"{st['coverage']:.3f} / {st.get('coverage_worst_case', float('nan')):.3f} / "
+                f"{st['coverage_noise_only']:.3f} / {st['coverage_noise_calibration']:.3f}"
+                for st in stats
             ]
-            lines.append(_row([name, label, *cells]))
+            pooled = float(np.mean([st["coverage"] for st in stats]))
+            lines.append(_row([name, label, *cells, f"{pooled:.3f}"]))
     lines += [
         "",
-        "Mean half-widths behind these intervals, `noise_halfwidth + truncation_bound` "
-        "(the median over queries of truncation_bound / actual truncation error in brackets):",
+        "Mean half-widths behind these intervals: `halfwidth` of the full interval; then "
+        "`noise_halfwidth + truncation_bound` of the worst case (in brackets the medians over "
+        "queries of the estimated truncation width and of the bound over the actual truncation "
+        "error):",
         "",
         _row(head),
         _row(["---"] * len(head)),
@@ -541,9 +560,11 @@ def _coverage_tables(result: dict[str, Any]) -> list[str]:
             per_sigma = entry["releases"][label]
             nf = entry["noise_free"][label]
             cells = [
+                f"{per_sigma[str(sg)].get('halfwidth_mean', float('nan')):.3g}; "
                 f"{per_sigma[str(sg)]['noise_halfwidth_mean']:.3g} + "
                 f"{per_sigma[str(sg)]['truncation_bound_mean']:.3g} "
-                f"(x{nf[str(sg)]['bound_over_actual_median']:.0f})"
+                f"(est x{nf[str(sg)].get('estimate_over_actual_median', float('nan')):.2g}, "
+                f"bound x{nf[str(sg)]['bound_over_actual_median']:.0f})"
                 for sg in sigmas
             ]
             lines.append(_row([name, label, *cells]))
@@ -553,7 +574,8 @@ def _coverage_tables(result: dict[str, Any]) -> list[str]:
             "## Per-query coverage over independent measurements "
             f"({name}, sigma = {pq['sigma']}, the first {pq['queries']} queries)",
             "",
-            "Cells: `full / noise-only / calibration`; then the reported stderr against the "
+            "Cells: `full / worst case / noise-only / calibration`; then the reported stderr "
+            "against the "
             "empirical standard deviation of the answer over the draws, and the truncation "
             "bound against the actual truncation error |noise-free answer - truth|.",
             "",
@@ -563,9 +585,10 @@ def _coverage_tables(result: dict[str, Any]) -> list[str]:
         for label, _, _ in SYNOPSES:
             e = pq[label]
             cells = [
-                f"{c:.3f} / {c2:.3f} / {c3:.3f}"
-                for c, c2, c3 in zip(
+                f"{c:.3f} / {c1:.3f} / {c2:.3f} / {c3:.3f}"
+                for c, c1, c2, c3 in zip(
                     e["coverage"],
+                    e.get("coverage_worst_case", [float("nan")] * len(e["coverage"])),
                     e["coverage_noise_only"],
                     e["coverage_noise_calibration"],
                     strict=True,

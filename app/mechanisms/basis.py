@@ -233,6 +233,38 @@ def total_degree(d: int, R: int) -> IndexSet:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def axis_total_degree(d: int, max_degree: int, axis_degree: int) -> IndexSet:
+    """``{r : |r| <= D} u {k e_i : k <= K}`` minus the constant (``D = max_degree``,
+    ``K = axis_degree >= D``): every interaction up to total degree ``D`` plus each
+    column's own Chebyshev polynomials up to degree ``K``.
+
+    Order: the total-degree set in :func:`total_degree`'s order, then ``k e_i`` by degree
+    ``k = D+1..K`` and column. ``count_total_degree(d, D) + d (K - D)`` functions. Closed
+    under dropping a column, like the total-degree set. The one-column terms are where a
+    smooth query's truncation error on real data concentrates (their moments, e.g. ``E
+    T_2(x_i) = 2 E x_i^2 - 1``, share one sign across columns); see
+    :mod:`app.mechanisms.smooth_synopsis`.
+    """
+    _check_positive_int("d", d)
+    _check_positive_int("max_degree", max_degree)
+    _check_positive_int("axis_degree", axis_degree)
+    if axis_degree < max_degree:
+        raise MechanismError(
+            f"axis_degree ({axis_degree}) must be at least max_degree ({max_degree})"
+        )
+    size = count_total_degree(d, max_degree) + d * (axis_degree - max_degree)
+    if size > MAX_INDEX_SET_SIZE:
+        raise MechanismError(f"the index set has {size} functions, more than {MAX_INDEX_SET_SIZE}")
+    base = total_degree(d, count_total_degree(d, max_degree)).degrees
+    extra = [
+        k * np.eye(d, dtype=np.int64)[i]
+        for k in range(max_degree + 1, axis_degree + 1)
+        for i in range(d)
+    ]
+    degrees = np.vstack([base, *([np.array(extra, dtype=np.int64)] if extra else [])])
+    return IndexSet(degrees)
+
+
 def count_total_degree(d: int, max_degree: int) -> int:
     """Number of non-constant multi-indices in ``d`` variables with ``|r| <= max_degree``."""
     return math.comb(max_degree + d, d) - 1

@@ -38,17 +38,43 @@ dataset. The noise term has mean 0 and standard error
 
     stderr = s ||c_S||_2,   s = sqrt(2) b (Laplace) or sigma (Gaussian).
 
-The ``level`` interval is ``answer +- (q_level * stderr + tau)``, where ``q_level`` is the
+The noise half-width is ``q_level * stderr``, where ``q_level`` is the
 two-sided ``level`` quantile of ``<c_S, eta> / stderr``: the normal quantile for Gaussian
 noise (exact), and for Laplace noise the Lugannani-Rice saddlepoint quantile of the
 weighted Laplace sum (its cumulant generating function is
 ``K(u) = -sum_r log(1 - b^2 c_r^2 u^2)``). A normal approximation would under-cover when
 ``c_S`` sits on a few coordinates (one coordinate: the exact factor is
 ``log(1/(1 - level)) / sqrt 2 = 2.118`` at 95 %, not 1.96); the saddlepoint factor moves
-from 2.12 to 1.96 as ``c_S`` spreads and over-covers by less than 0.1 % (tests). Hence
-the interval covers ``q_f(D)`` with probability at least ``level`` (to that accuracy).
-The bound ``tau`` is a worst case over all datasets, so when it is not small against the
-noise the interval over-covers; :class:`Answer` reports both parts.
+from 2.12 to 1.96 as ``c_S`` spreads and over-covers by less than 0.1 % (tests).
+
+Intervals
+---------
+``worst_case_interval = answer +- (q_level * stderr + tau)`` covers ``q_f(D)`` with
+probability at least ``level`` for every dataset. But ``tau`` is attained only by point
+masses at the corners of the cube; on the benchmark data it is 6 to 10^6 times the actual
+truncation error, and those intervals covered ~100 % of queries at a nominal 95 %. The
+returned ``interval`` is ``answer +- halfwidth`` with
+
+    halfwidth = sqrt((q_level stderr)^2 + (z_level cross_scale)^2) + axis_tail
+
+(capped at the worst case), from :func:`app.mechanisms.chebyshev.truncation_estimate`:
+
+* ``axis_tail = sum |c_{k e_i}|`` over the one-column terms ``T_k(x_i)`` outside ``S``: a
+  bound on that part (``|b| <= 1``), added in full because on real data these moments
+  share a sign across columns (``E T_2(x_i) = 2 E x_i^2 - 1 < 0`` for every column
+  concentrated inside its bounds) and add up without cancelling;
+* ``cross_scale^2 = sum c_r^2 mu_r`` over the interaction terms (two or more columns)
+  outside ``S``, with ``mu_r = prod_i mu_i(r_i)`` and ``mu_i(k)`` an estimate of
+  ``E T_k(x_i)^2 = (1 + E T_2k(x_i)) / 2`` read off the released ``b_hat_{2k e_i}`` when
+  ``S`` holds it (:attr:`Synopsis.mu`) and :data:`TYPICAL_MU` otherwise: the standard
+  deviation of that part if its moments had random signs and the Cauchy-Schwarz size
+  ``b_r^2 <= E T_{r_i}(x_i)^2 E T_{r_j}(x_j)^2``. This is an *estimate*, combined with
+  the noise in quadrature.
+
+Everything here is post-processing of the released moments. What it cannot see is
+dependence between columns: when the columns are strongly correlated the interaction
+moments add up coherently and the estimate is too small (measured in ``bench/results``:
+CRM, d = 100, at small ``sigma``), where ``worst_case_interval`` remains valid.
 
 Choice of the index set (public parameters only)
 -------------------------------------------------
@@ -56,8 +82,11 @@ Choice of the index set (public parameters only)
 ``t = ceil(n^(1/(2d+K)))``. For real ``n`` and ``d`` this is either far too large
 (``t^d`` functions) or uninformative, so the default ``basis="auto"`` chooses from the
 noise level: for each candidate -- complete total-degree sets ``|r| <= D`` (``D = 1, 2,
-...``) and full tensors ``t = 2, 3, ...`` up to ``max_basis_size`` functions -- it
-predicts the interval half-width ``W(S) = z * s(R) * sqrt(E ||c_S||^2) + E tau(S)`` of a
+...``), the same extended by each column's own ``T_k``, ``k <= K`` (``K = D+1 .. D+12``,
+:func:`app.mechanisms.basis.axis_total_degree`; ``D <= 4``, ``d >= 2``) and full tensors
+``t = 2, 3, ...`` up to ``max_basis_size`` functions -- it predicts the interval
+half-width ``W(S) = z sqrt(s(R)^2 E ||c_S||^2 + cross(S)^2) + axis(S)`` (the terms of
+"Intervals" with ``mu = TYPICAL_MU``) of a
 *representative K-smooth query*, one Gaussian kernel ``exp(-||x - c||^2 / (2K))`` (width
 ``sigma = sqrt(K)``: ``K``-smooth with norm <= 1 for ``K <= sigma^2``, paper 000
 Prop. 2.1) with centre ``c ~ U[-1, 1]^d``, and keeps the smallest ``W``. ``s(R)`` is the
@@ -69,13 +98,13 @@ total-degree sets by truncated polynomial powers (no enumeration). This trades n
 queries of the declared smoothness; ``basis_size=R`` forces the ``R`` lowest-total-degree
 functions instead (paper 000 §3.4).
 
-``tau`` is a bound over *all* datasets (a point mass at a corner of the cube attains
-``|T_r| = 1``); on real data the truncation error is typically 10-1000 times smaller, so
-``"auto"`` intervals over-cover (measured: ~100 % for a nominal 95 %) while staying the
-narrowest honest ones. ``basis="nominal"`` instead takes the narrowest candidate whose
-predicted ``tau`` is at most 10 % of the predicted noise half-width: coverage close to 95 %
-(at most ``P(|Z| <= 1.1 z) = 96.9 %`` when the actual truncation error is negligible),
-bought with a larger basis and more noise (measured in ``bench/results``).
+The one-column extension matters on real data: with ``D = 1`` alone the missing
+``E T_2(x_i)`` terms dominated the error (WDBC, sigma = 4: truncation 10x the noise),
+and measuring them (``R = 2d``) cut the worst-case error from 0.69x to ~0.4x the 0-DP
+baseline (``bench/results/smooth_synopsis.md``). ``basis="nominal"`` instead takes the
+narrowest candidate whose predicted worst-case ``tau`` is at most 10 % of the predicted
+noise half-width, so that even ``worst_case_interval`` covers close to 95 % (at most
+``P(|Z| <= 1.1 z) = 96.9 %``), bought with a much larger basis and more noise.
 
 Service notes
 -------------
@@ -92,6 +121,7 @@ Service notes
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -106,6 +136,7 @@ from app.mechanisms import noise
 from app.mechanisms.basis import (
     MAX_INDEX_SET_SIZE,
     IndexSet,
+    axis_total_degree,
     count_total_degree,
     full_tensor,
     moments,
@@ -114,12 +145,14 @@ from app.mechanisms.basis import (
 from app.mechanisms.chebyshev import (
     QueryCoefficients,
     TensorExpansion,
+    TruncationEstimate,
     expand,
     gaussian_expansion,
     gaussian_factors,
     query_coefficients,
     restrict,
     stack_expansions,
+    truncation_estimate,
 )
 from app.mechanisms.data import RowSource, as_source
 from app.mechanisms.errors import MechanismError
@@ -144,6 +177,17 @@ BASIS_RULES = ("auto", "nominal", "paper", "total_degree", "full_tensor")
 #: 95 % noise half-width, for the interval to stay close to its nominal coverage.
 NOMINAL_TRUNCATION_SHARE = 0.1
 
+#: ``mu_i(k)``, the size of ``E T_k(x_i)^2`` assumed where the synopsis does not measure it
+#: (``E T_k^2 = (1 + E T_2k) / 2``; exactly 1/2 under the arcsine law, ~1/2 under the
+#: uniform one; 1 only for point masses at the bounds).
+TYPICAL_MU = 0.5
+
+#: Largest one-column degree beyond the total degree that the rule tries (``K <= D + 12``),
+#: and the largest total degree it extends so (higher ones already hold high one-column
+#: degrees).
+MAX_AXIS_EXTRA = 12
+MAX_AXIS_TOTAL_DEGREE = 4
+
 #: Queries per block in :meth:`Synopsis.answer_many`.
 ANSWER_BLOCK = 256
 
@@ -166,20 +210,29 @@ class BasisCandidate:
     coordinate_stddev: float
     predicted_stderr: float
     predicted_truncation: float
+    predicted_axis_tail: float = 0.0
+    predicted_cross_scale: float = 0.0
+    axis_degree: int = 0
 
     @property
     def predicted_halfwidth(self) -> float:
-        """``W = z_0.95 * predicted_stderr + predicted_truncation``."""
-        return float(ndtri(0.975)) * self.predicted_stderr + self.predicted_truncation
+        """``W = z sqrt(stderr^2 + cross_scale^2) + axis_tail`` at 95 % (module docstring)."""
+        z = float(ndtri(0.975))
+        return z * math.hypot(self.predicted_stderr, self.predicted_cross_scale) + (
+            self.predicted_axis_tail
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "parameter": self.parameter,
+            "axis_degree": self.axis_degree,
             "size": self.size,
             "coordinate_stddev": self.coordinate_stddev,
             "predicted_stderr": self.predicted_stderr,
             "predicted_truncation": self.predicted_truncation,
+            "predicted_axis_tail": self.predicted_axis_tail,
+            "predicted_cross_scale": self.predicted_cross_scale,
         }
 
     @classmethod
@@ -191,6 +244,9 @@ class BasisCandidate:
             coordinate_stddev=float(data["coordinate_stddev"]),
             predicted_stderr=float(data["predicted_stderr"]),
             predicted_truncation=float(data["predicted_truncation"]),
+            predicted_axis_tail=float(data.get("predicted_axis_tail", 0.0)),
+            predicted_cross_scale=float(data.get("predicted_cross_scale", 0.0)),
+            axis_degree=int(data.get("axis_degree", 0)),
         )
 
 
@@ -272,26 +328,34 @@ def choose_basis(
     mech = _mechanism(delta, mechanism)
     stats = _RepresentativeQuery(d, smoothness)
 
-    def candidate(kind: str, parameter: int, index_set: IndexSet | None = None) -> BasisCandidate:
+    def candidate(
+        kind: str, parameter: int, index_set: IndexSet | None = None, axis: int = 0
+    ) -> BasisCandidate:
         if kind == "total_degree_complete":
             size = count_total_degree(d, parameter)
-            v, kept = stats.total_degree_sums(parameter)
+            sums = stats.total_degree_sums(parameter)
             kind = "total_degree"
+        elif kind == "axis_total_degree":
+            size = count_total_degree(d, parameter) + d * (axis - parameter)
+            sums = stats.total_degree_sums(parameter, axis)
         elif kind == "full_tensor":
             size = parameter**d - 1
-            v, kept = stats.full_tensor_sums(parameter)
+            sums = stats.full_tensor_sums(parameter)
         else:
             assert index_set is not None
             size = index_set.size
-            v, kept = stats.index_set_sums(index_set)
+            sums = stats.index_set_sums(index_set)
         s = _coordinate_stddev(mech, n, size, epsilon, delta)
         return BasisCandidate(
             kind=kind,
-            parameter=parameter if kind == "full_tensor" else size,
+            parameter=parameter if kind in ("full_tensor", "axis_total_degree") else size,
             size=size,
             coordinate_stddev=s,
-            predicted_stderr=s * math.sqrt(max(v, 0.0)),
-            predicted_truncation=max(stats.total_l1 - kept, 0.0),
+            predicted_stderr=s * math.sqrt(max(sums.variance, 0.0)),
+            predicted_truncation=max(stats.total_l1 - sums.kept_l1, 0.0),
+            predicted_axis_tail=sums.axis_tail,
+            predicted_cross_scale=sums.cross_scale,
+            axis_degree=axis,
         )
 
     t_paper = paper_t(n, d, smoothness)
@@ -322,20 +386,19 @@ def choose_basis(
         else:
             index_set = total_degree(d, basis_size)
             chosen = candidate("custom", basis_size, index_set)
-            chosen = BasisCandidate(
-                "total_degree",
-                basis_size,
-                basis_size,
-                chosen.coordinate_stddev,
-                chosen.predicted_stderr,
-                chosen.predicted_truncation,
-            )
+            chosen = dataclasses.replace(chosen, kind="total_degree", parameter=basis_size)
         return index_set, BasisChoice(basis, smoothness, chosen, (chosen,), t_paper)
     limit = min(max_basis_size, MAX_INDEX_SET_SIZE)
     candidates: list[BasisCandidate] = []
     if basis in ("auto", "nominal", "total_degree"):
         degrees = _thinned(lambda D: count_total_degree(d, D), 1, limit)
         candidates += [candidate("total_degree_complete", D) for D in degrees]
+    if basis in ("auto", "nominal") and d >= 2:  # in d = 1 the total-degree sets are these
+        for D in (D for D in degrees if D <= MAX_AXIS_TOTAL_DEGREE):
+            for K in range(D + 1, D + MAX_AXIS_EXTRA + 1):
+                if count_total_degree(d, D) + d * (K - D) > limit:
+                    break
+                candidates.append(candidate("axis_total_degree", D, axis=K))
     if basis in ("auto", "nominal", "full_tensor"):
         ts = _thinned(lambda t: t**d - 1, 2, limit)
         candidates += [candidate("full_tensor", t) for t in ts]
@@ -356,6 +419,8 @@ def choose_basis(
             best = min(small_bias, key=lambda c: (c.predicted_halfwidth, c.size))
     if best.kind == "full_tensor":
         index_set = full_tensor(d, best.parameter)
+    elif best.kind == "axis_total_degree":
+        index_set = axis_total_degree(d, best.parameter, best.axis_degree)
     else:
         index_set = total_degree(d, best.size)
     return index_set, BasisChoice(basis, smoothness, best, tuple(candidates), t_paper)
@@ -378,12 +443,25 @@ def _thinned(size: Callable[[int], int], first: int, limit: int) -> list[int]:
     return kept
 
 
+@dataclass(frozen=True)
+class _SetSums:
+    """Representative-query sums for one index set (see :class:`_RepresentativeQuery`)."""
+
+    variance: float  # E ||c_S||_2^2
+    kept_l1: float  # E sum_{r in S u 0} |c_r| (for the worst-case bound)
+    axis_tail: float  # E sum_{k e_i not in S} |c_{k e_i}|
+    cross_scale: float  # sqrt(E sum_{r not in S, >= 2 columns} c_r^2 mu_r), mu = TYPICAL_MU
+
+
 class _RepresentativeQuery:
     """Per-column statistics of ``exp(-(x - c)^2 / (2K))`` with ``c ~ U[-1, 1]``.
 
     ``a1[k] = E|a_k(c)|`` and ``a2[k] = E a_k(c)^2`` by 64-point Gauss-Legendre quadrature
     over ``c``; ``n1 = E ||a(c)||_1`` plus the proven 1-D tail. Column statistics multiply
-    because the centre's coordinates are independent.
+    because the centre's coordinates are independent. The interaction energy with
+    weights ``mu_r = TYPICAL_MU^{#columns of r}`` is accumulated by the recursion of
+    :func:`app.mechanisms.chebyshev.truncation_estimate` (no subtraction of near-equal
+    numbers), graded by total degree where the set is a total-degree set.
     """
 
     def __init__(self, d: int, smoothness: int, length: int = 64) -> None:
@@ -394,6 +472,15 @@ class _RepresentativeQuery:
         self.a1 = (weights / 2.0) @ np.abs(a)
         self.a2 = (weights / 2.0) @ (a * a)
         self.total_l1 = float((self.a1.sum() + tails[0]) ** d)
+        self.cross_all = self._cross(TYPICAL_MU * float(self.a2[1:].sum()))
+
+    def _cross(self, h: float) -> float:
+        """Sum over ``>= 2``-column indices of ``prod_i`` (``a2[0]`` or ``h``)."""
+        g = float(self.a2[0])
+        p0, p1, p2 = 1.0, 0.0, 0.0
+        for _ in range(self.d):
+            p0, p1, p2 = p0 * g, p1 * g + p0 * h, p2 * (g + h) + p1 * h
+        return p2
 
     def _graded(self, a: NDArray[np.float64], degree: int) -> float:
         """``sum_{|r| <= degree} prod_i a[r_i]`` by a truncated polynomial power."""
@@ -404,16 +491,52 @@ class _RepresentativeQuery:
             power = np.convolve(power, base)[: degree + 1]
         return float(power.sum())
 
-    def total_degree_sums(self, degree: int) -> tuple[float, float]:
-        """``(sum_{r in S} prod a2, sum_{r in S u 0} prod a1)`` for ``S = {0 < |r| <= degree}``."""
-        v = self._graded(self.a2, degree) - float(self.a2[0]) ** self.d
-        return v, self._graded(self.a1, degree)
+    def _graded_cross(self, degree: int) -> float:
+        """The in-set part of :meth:`_cross` for ``{|r| <= degree}``, graded by degree."""
+        g = float(self.a2[0])
+        h = np.zeros(degree + 1)
+        top = min(degree + 1, self.a2.size)
+        h[1:top] = TYPICAL_MU * self.a2[1:top]
+        p0 = np.zeros(degree + 1)
+        p0[0] = 1.0
+        p1 = np.zeros(degree + 1)
+        p2 = np.zeros(degree + 1)
+        for _ in range(self.d):
+            p2 = np.convolve(p2, h)[: degree + 1] + p2 * g + np.convolve(p1, h)[: degree + 1]
+            p1 = p1 * g + np.convolve(p0, h)[: degree + 1]
+            p0 = p0 * g
+        return float(p2.sum())
 
-    def full_tensor_sums(self, t: int) -> tuple[float, float]:
+    def _axis(self, kept: NDArray[np.bool_]) -> float:
+        """``d E|a_0|^(d-1) sum_{k >= 1 not kept} E|a_k|`` (one column's terms)."""
+        out = ~kept
+        out[0] = False
+        return float(self.d * float(self.a1[0]) ** (self.d - 1) * self.a1[out].sum())
+
+    def _kept(self, up_to: int) -> NDArray[np.bool_]:
+        kept = np.zeros(self.a1.size, dtype=bool)
+        kept[: up_to + 1] = True
+        return kept
+
+    def total_degree_sums(self, degree: int, axis_degree: int | None = None) -> _SetSums:
+        """``{0 < |r| <= degree}`` plus ``k e_i`` for ``k <= axis_degree`` (default: degree)."""
+        axis = degree if axis_degree is None else axis_degree
+        g2, g1 = float(self.a2[0]), float(self.a1[0])
+        extra = slice(degree + 1, axis + 1)
+        v = self._graded(self.a2, degree) - g2**self.d
+        v += self.d * g2 ** (self.d - 1) * float(self.a2[extra].sum())
+        kept = self._graded(self.a1, degree)
+        kept += self.d * g1 ** (self.d - 1) * float(self.a1[extra].sum())
+        cross = math.sqrt(max(self.cross_all - self._graded_cross(degree), 0.0))
+        return _SetSums(v, kept, self._axis(self._kept(axis)), cross)
+
+    def full_tensor_sums(self, t: int) -> _SetSums:
         v = float(self.a2[:t].sum()) ** self.d - float(self.a2[0]) ** self.d
-        return v, float(self.a1[:t].sum()) ** self.d
+        inside = self._cross(TYPICAL_MU * float(self.a2[1:t].sum()))
+        cross = math.sqrt(max(self.cross_all - inside, 0.0))
+        return _SetSums(v, float(self.a1[:t].sum()) ** self.d, self._axis(self._kept(t - 1)), cross)
 
-    def index_set_sums(self, index_set: IndexSet) -> tuple[float, float]:
+    def index_set_sums(self, index_set: IndexSet) -> _SetSums:
         # degrees past the computed length have coefficients below the proven 1-D tail
         a1 = np.zeros(max(self.a1.size, index_set.max_degree + 1))
         a2 = np.zeros_like(a1)
@@ -422,7 +545,20 @@ class _RepresentativeQuery:
         deg = index_set.degrees
         v = float(np.prod(a2[deg], axis=1).sum())
         kept = float(np.prod(a1[deg], axis=1).sum()) + float(a1[0]) ** self.d
-        return v, kept
+        support = np.count_nonzero(deg, axis=1)
+        cross_rows = deg[support >= 2]
+        weighted = np.where(cross_rows > 0, TYPICAL_MU * a2[cross_rows], a2[0])
+        inside = float(np.prod(weighted, axis=1).sum()) if cross_rows.size else 0.0
+        cross = math.sqrt(max(self.cross_all - inside, 0.0))
+        one = deg[support == 1]
+        # per column, which degrees its one-column terms cover
+        kept_axis = np.zeros((self.d, a1.size), dtype=bool)
+        cols = np.argmax(one > 0, axis=1)
+        kept_axis[cols, one[np.arange(one.shape[0]), cols]] = True
+        kept_axis[:, 0] = True
+        missing = np.where(kept_axis, 0.0, a1[None, :]).sum()
+        axis_tail = float(a1[0]) ** (self.d - 1) * float(missing)
+        return _SetSums(v, kept, axis_tail, cross)
 
 
 # --- the synopsis ------------------------------------------------------------------------
@@ -432,8 +568,10 @@ class _RepresentativeQuery:
 class Answer:
     """One answer: ``value``, its ``stderr`` and the ``level`` interval.
 
-    ``low, high = value -+ (noise_halfwidth + truncation_bound)`` with
-    ``noise_halfwidth = q_level * stderr`` (module docstring).
+    ``low, high = value -+ halfwidth`` with ``halfwidth = sqrt(noise_halfwidth^2 +
+    (z cross_scale)^2) + axis_tail`` (module docstring, "Intervals");
+    ``noise_halfwidth = q_level * stderr``. ``truncation_bound`` is the worst case over
+    all datasets; ``worst_case_interval`` uses it in place of the estimate.
     """
 
     value: float
@@ -443,18 +581,30 @@ class Answer:
     level: float
     method: str
     rigorous: bool
+    halfwidth: float
 
     @property
     def low(self) -> float:
-        return self.value - self.noise_halfwidth - self.truncation_bound
+        return self.value - self.halfwidth
 
     @property
     def high(self) -> float:
-        return self.value + self.noise_halfwidth + self.truncation_bound
+        return self.value + self.halfwidth
 
     @property
     def interval(self) -> tuple[float, float]:
         return self.low, self.high
+
+    @property
+    def truncation_estimate(self) -> float:
+        """The width the estimated truncation error adds: ``halfwidth - noise_halfwidth``."""
+        return self.halfwidth - self.noise_halfwidth
+
+    @property
+    def worst_case_interval(self) -> tuple[float, float]:
+        """``value -+ (noise_halfwidth + truncation_bound)``: valid for every dataset."""
+        w = self.noise_halfwidth + self.truncation_bound
+        return self.value - w, self.value + w
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe form: value, stderr, interval and how it is made up."""
@@ -464,7 +614,9 @@ class Answer:
             "interval": [self.low, self.high],
             "level": self.level,
             "noise_halfwidth": self.noise_halfwidth,
+            "truncation_estimate": self.truncation_estimate,
             "truncation_bound": self.truncation_bound,
+            "worst_case_interval": list(self.worst_case_interval),
             "method": self.method,
             "rigorous": self.rigorous,
         }
@@ -481,15 +633,16 @@ class Answers:
     level: float
     rigorous: NDArray[np.bool_]
     methods: tuple[str, ...]
+    halfwidth: NDArray[np.float64]
 
     @property
     def low(self) -> NDArray[np.float64]:
-        out: NDArray[np.float64] = self.values - self.noise_halfwidth - self.truncation_bound
+        out: NDArray[np.float64] = self.values - self.halfwidth
         return out
 
     @property
     def high(self) -> NDArray[np.float64]:
-        out: NDArray[np.float64] = self.values + self.noise_halfwidth + self.truncation_bound
+        out: NDArray[np.float64] = self.values + self.halfwidth
         return out
 
     def __len__(self) -> int:
@@ -504,6 +657,7 @@ class Answers:
             level=self.level,
             method=self.methods[i],
             rigorous=bool(self.rigorous[i]),
+            halfwidth=float(self.halfwidth[i]),
         )
 
 
@@ -578,19 +732,16 @@ class Synopsis:
         self, query: object, *, level: float = 0.95, rng: np.random.Generator | None = None
     ) -> Answer:
         """Answer, standard error and ``level`` interval of one query (Algorithm 2)."""
-        coef = self.coefficients(query, rng=rng)
-        if coef.n_queries != 1:
+        _check_level(level)
+        expansion = expand(query, self.d, min_length=self.index_set.max_degree + 1)
+        if expansion is not None:
+            out = self._answers_separable(expansion, level)
+        else:
+            coef = self.coefficients(query, rng=rng)
+            out = self._answers(coef, level, None)
+        if len(out) != 1:
             raise MechanismError("evaluate() takes one query; use answer_many() for a batch")
-        out = self._answers(coef, level)
-        return Answer(
-            value=float(out.values[0]),
-            stderr=float(out.stderr[0]),
-            truncation_bound=float(out.truncation_bound[0]),
-            noise_halfwidth=float(out.noise_halfwidth[0]),
-            level=level,
-            method=coef.method,
-            rigorous=coef.rigorous,
-        )
+        return out[0]
 
     def answer(self, query: object) -> float:
         """``c_0 + <c_S, b_hat>``: the public evaluation of paper 001, Algorithm 2."""
@@ -601,7 +752,7 @@ class Synopsis:
         return self.evaluate(query).stderr
 
     def interval(self, query: object, level: float = 0.95) -> tuple[float, float]:
-        """``answer -+ (q_level * stderr + truncation_bound)`` (module docstring)."""
+        """``answer -+ halfwidth`` (module docstring, "Intervals")."""
         return self.evaluate(query, level=level).interval
 
     def answer_many(
@@ -665,11 +816,11 @@ class Synopsis:
             parts.append(
                 (
                     np.asarray(separable[start : start + block]),
-                    self._answers(restrict(stacked, self.index_set), level),
+                    self._answers_separable(stacked, level),
                 )
             )
         for i in general:
-            parts.append((np.asarray([i]), self._answers(self.coefficients(items[i]), level)))
+            parts.append((np.asarray([i]), self._answers(self.coefficients(items[i]), level, None)))
         return _merge(parts, len(items), level)
 
     # -- internals
@@ -699,24 +850,60 @@ class Synopsis:
                 sigma,
                 min_length=min_length,
             )
-            pieces.append(self._answers(restrict(expansion, self.index_set), level))
+            pieces.append(self._answers_separable(expansion, level))
         return _concatenate(pieces, level)
 
-    def _answers(self, coef: QueryCoefficients, level: float) -> Answers:
+    @functools.cached_property
+    def mu(self) -> NDArray[np.float64]:
+        """``mu[i, k]``, the estimate of ``E T_k(x_i)^2`` behind the interaction scale.
+
+        ``T_k^2 = (1 + T_2k) / 2``, so where the synopsis holds the one-column moment
+        ``b_{2k e_i}`` the estimate is ``clip((1 + b_hat) / 2, 0, 1)`` (post-processing of
+        the noisy moments); elsewhere :data:`TYPICAL_MU`. ``mu[:, 0] = 1``; the last column
+        (degree ``max_degree // 2 + 1``) is never measured and stands for all higher degrees.
+        """
+        size = self.index_set.max_degree // 2 + 2
+        out = np.full((self.d, size), TYPICAL_MU)
+        out[:, 0] = 1.0
+        deg = self.index_set.degrees
+        one = np.flatnonzero(np.count_nonzero(deg, axis=1) == 1)
+        cols = np.argmax(deg[one] > 0, axis=1)
+        k = deg[one, cols]
+        even = (k % 2 == 0) & (k // 2 < size)
+        out[cols[even], k[even] // 2] = np.clip((1.0 + self.moments[one[even]]) / 2.0, 0.0, 1.0)
+        out.setflags(write=False)
+        return out
+
+    def _answers_separable(self, expansion: TensorExpansion, level: float) -> Answers:
+        coef = restrict(expansion, self.index_set)
+        estimate = truncation_estimate(expansion, self.index_set, coef.coefficients, self.mu)
+        return self._answers(coef, level, estimate)
+
+    def _answers(
+        self, coef: QueryCoefficients, level: float, estimate: TruncationEstimate | None
+    ) -> Answers:
         _check_level(level)
         c = coef.coefficients
         values = coef.constant + c @ self.moments
         norm2 = np.sqrt(np.einsum("qr,qr->q", c, c))
         stderr = self.calibration.stddev * norm2
         factor = noise_quantile_factor(self.noise_distribution, c, level)
+        noise_half = factor * stderr
+        if estimate is None:  # no separable form: only the worst case is available
+            halfwidth = noise_half + coef.truncation_bound
+        else:
+            z = float(ndtri(0.5 + level / 2.0))
+            halfwidth = np.hypot(noise_half, z * estimate.cross_scale) + estimate.axis_tail
+            halfwidth = np.minimum(halfwidth, noise_half + coef.truncation_bound)
         return Answers(
             values=values,
             stderr=stderr,
             truncation_bound=coef.truncation_bound.copy(),
-            noise_halfwidth=factor * stderr,
+            noise_halfwidth=noise_half,
             level=level,
             rigorous=np.full(c.shape[0], coef.rigorous),
             methods=(coef.method,) * c.shape[0],
+            halfwidth=halfwidth,
         )
 
     # -- JSON
@@ -987,6 +1174,7 @@ def _concatenate(pieces: Sequence[Answers], level: float) -> Answers:
         level=level,
         rigorous=np.concatenate([p.rigorous for p in pieces]),
         methods=tuple(m for p in pieces for m in p.methods),
+        halfwidth=np.concatenate([p.halfwidth for p in pieces]),
     )
 
 
@@ -995,6 +1183,7 @@ def _merge(parts: Sequence[tuple[NDArray[np.int64], Answers]], size: int, level:
     stderr = np.empty(size)
     bound = np.empty(size)
     half = np.empty(size)
+    width = np.empty(size)
     rigorous = np.empty(size, dtype=bool)
     methods = [""] * size
     for indices, answers in parts:
@@ -1002,7 +1191,8 @@ def _merge(parts: Sequence[tuple[NDArray[np.int64], Answers]], size: int, level:
         stderr[indices] = answers.stderr
         bound[indices] = answers.truncation_bound
         half[indices] = answers.noise_halfwidth
+        width[indices] = answers.halfwidth
         rigorous[indices] = answers.rigorous
         for i, method in zip(indices, answers.methods, strict=True):
             methods[int(i)] = method
-    return Answers(values, stderr, bound, half, level, rigorous, tuple(methods))
+    return Answers(values, stderr, bound, half, level, rigorous, tuple(methods), width)

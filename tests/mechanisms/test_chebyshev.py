@@ -339,3 +339,39 @@ def test_clear_errors_for_queries_the_evaluator_cannot_handle() -> None:
         ProductQuery((np.array([1.0, np.inf]),))
     with pytest.raises(MechanismError, match="damping"):
         ch.interpolate(smooth_3d, full_tensor(3, 3), smoothness=2, damping="fejer")
+
+
+def test_truncation_estimate_against_brute_force_enumeration() -> None:
+    """Axis tail and weighted interaction energy against all multi-indices of a 3-D mixture.
+
+    The expansion is exact at length 12 (degree < 12 per column), so enumerating
+    ``{0..11}^3`` gives every coefficient ``c_r``; the estimate must match to rounding.
+    """
+    from app.mechanisms.basis import axis_total_degree
+
+    rng = np.random.default_rng(7)
+    d, L, J = 3, 12, 4
+    factors = rng.normal(size=(2, J, d, L)) / (1.0 + np.arange(L)) ** 2
+    weights = rng.uniform(0.2, 1.0, size=(2, J))
+    expansion = ch.TensorExpansion(weights, factors, np.zeros((2, J, d)), method="test")
+    mu = np.column_stack([np.ones(d), rng.uniform(0.1, 1.0, size=(d, L - 1))])
+    index_set = axis_total_degree(d, 2, 4)
+    coef = ch.restrict(expansion, index_set)
+    est = ch.truncation_estimate(expansion, index_set, coef.coefficients, mu)
+    members = {tuple(r) for r in index_set.degrees}
+    for q in range(2):
+        axis, cross = 0.0, 0.0
+        for r in itertools.product(range(L), repeat=d):
+            if sum(r) == 0 or r in members:
+                continue
+            c = sum(
+                weights[q, j] * math.prod(factors[q, j, i, r[i]] for i in range(d))
+                for j in range(J)
+            )
+            nonzero = [i for i in range(d) if r[i] > 0]
+            if len(nonzero) == 1:
+                axis += abs(c)
+            else:
+                cross += c * c * math.prod(mu[i, r[i]] for i in nonzero)
+        assert est.axis_tail[q] == pytest.approx(axis, rel=1e-10)
+        assert est.cross_scale[q] == pytest.approx(math.sqrt(cross), rel=1e-8)

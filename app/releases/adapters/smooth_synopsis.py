@@ -161,8 +161,10 @@ class SmoothSynopsis(registry.Mechanism):
         for i in range(len(answers)):
             item = answers[i].as_dict()
             item["note"] = (
-                "stderr from the known noise; interval: noise quantile plus the truncation "
-                "bound (a worst case over all datasets)"
+                "stderr from the known noise; interval: noise quantile combined with the "
+                "estimated truncation error (estimated from the released moments, not a "
+                "bound); worst_case_interval adds the truncation bound instead and holds for "
+                "every dataset"
             )
             out.append(item)
         return out
