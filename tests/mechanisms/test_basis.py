@@ -200,3 +200,23 @@ def test_moments_memory_stays_bounded_while_streaming() -> None:
     assert result.shape == (200,)
     assert np.all(np.abs(result) <= 1)
     assert peak < 16 * 2**20
+
+
+def test_axis_total_degree_is_the_total_degree_set_plus_one_column_terms() -> None:
+    from app.mechanisms.basis import axis_total_degree
+
+    d, D, K = 4, 2, 5
+    S = axis_total_degree(d, D, K)
+    expected = {
+        r
+        for r in itertools.product(range(K + 1), repeat=d)
+        if sum(r) > 0 and (sum(r) <= D or sum(1 for v in r if v) == 1)
+    }
+    assert {tuple(int(v) for v in r) for r in S.degrees} == expected
+    assert S.size == count_total_degree(d, D) + d * (K - D) == len(expected)
+    assert S.same_as(total_degree(d, count_total_degree(d, D))) is False
+    assert axis_total_degree(d, D, D).same_as(total_degree(d, count_total_degree(d, D)))
+    restored = IndexSet.from_dict(json.loads(json.dumps(S.to_dict())))
+    assert restored.same_as(S)
+    with pytest.raises(MechanismError, match="at least max_degree"):
+        axis_total_degree(d, 3, 2)

@@ -473,7 +473,8 @@ def test_truncation_estimate_on_independent_columns() -> None:
     X = np.column_stack([rng.beta(2, 5, n) * 2 - 1 for _ in range(d)])
     syn = exact_synopsis(X, axis_total_degree(d, 1, 2))
     np.testing.assert_allclose(syn.mu[:, 1], (X**2).mean(axis=0), rtol=1e-12)
-    assert np.all(syn.mu[:, 0] == 1.0) and np.all(syn.mu[:, 2] == ss.TYPICAL_MU)
+    assert np.all(syn.mu[:, 0] == 1.0)
+    assert np.all(syn.mu[:, 2] == ss.TYPICAL_MU)
     batch = GaussianMixtureBatch.random(200, 3, d, 1.0, rng=rng)
     truth = batch.answers(X)
     out = syn.answer_many(batch)
@@ -499,5 +500,6 @@ def test_auto_rule_measures_each_column_second_moment_on_wide_queries() -> None:
     measuring them."""
     _, choice = ss.choose_basis(569, 30, epsilon=1.0, smoothness=16)
     plain = [c for c in choice.candidates if c.kind == "total_degree" and c.parameter == 30]
-    assert plain and plain[0].predicted_axis_tail > 5 * choice.chosen.predicted_axis_tail
+    assert plain
+    assert plain[0].predicted_axis_tail > 5 * choice.chosen.predicted_axis_tail
     assert choice.chosen.predicted_halfwidth < 0.5 * plain[0].predicted_halfwidth
