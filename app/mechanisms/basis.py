@@ -127,6 +127,13 @@ class IndexSet:
         positions[np.argmax(self.degrees[rows], axis=1)] = rows
         return positions
 
+    def one_column_terms(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """``(rows, columns, degrees)`` of the indices ``k e_i`` (one nonzero column):
+        ``degrees[rows[j], columns[j]] = degrees_out[j] = k``."""
+        rows = np.flatnonzero(np.count_nonzero(self.degrees, axis=1) == 1)
+        columns = np.argmax(self.degrees[rows] > 0, axis=1)
+        return rows, columns, self.degrees[rows, columns]
+
     def evaluate(
         self, X: ArrayLike, *, block_elements: int = DEFAULT_BLOCK_ELEMENTS
     ) -> NDArray[np.float64]:

@@ -633,9 +633,8 @@ def truncation_estimate(
     deg = index_set.degrees
     support = np.count_nonzero(deg, axis=1)
     axis_in = np.zeros((d, length), dtype=bool)
-    one = np.flatnonzero(support == 1)
-    cols = np.argmax(deg[one] > 0, axis=1)
-    axis_in[cols, deg[one, cols]] = True
+    _, cols, ks = index_set.one_column_terms()
+    axis_in[cols, ks] = True
     axis_in[:, 0] = True
     cross = np.flatnonzero(support >= 2)
     mu_cross = np.ones(cross.size)

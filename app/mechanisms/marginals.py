@@ -76,6 +76,8 @@ from app.mechanisms.privacy import PrivacyCost, check_budget
 from app.mechanisms.queries import Query
 
 FORMAT = "smooth_synthetic.marginals/1"
+#: The ledger step name of the one measurement.
+MEASURE_STEP = "marginals"
 MIN_BINS, MAX_BINS = 2, 64
 #: Cells below this many noise standard deviations are treated as empty.
 THRESHOLD = 1.0
@@ -140,7 +142,11 @@ class MarginalMeasurements:
     atoms: bool
     frequencies: NDArray[np.float64]
     calibration: noise.NoiseCalibration
-    privacy_cost: PrivacyCost
+
+    @property
+    def privacy_cost(self) -> PrivacyCost:
+        """The one noisy measurement's cost, from its calibration."""
+        return PrivacyCost.compose([self.calibration.cost_part(MEASURE_STEP)])
 
     @property
     def cells(self) -> int:
@@ -202,7 +208,7 @@ class MarginalMeasurements:
     def from_dict(cls, data: Mapping[str, Any]) -> MarginalMeasurements:
         if data.get("format") != FORMAT:
             raise MechanismError(f"not a marginal measurement record (format {FORMAT!r})")
-        return cls(
+        measurements = cls(
             n=int(data["n"]),
             d=int(data["d"]),
             epsilon=float(data["epsilon"]),
@@ -211,8 +217,10 @@ class MarginalMeasurements:
             atoms=bool(data["atoms"]),
             frequencies=np.asarray(data["frequencies"], dtype=np.float64),
             calibration=noise.NoiseCalibration.from_dict(dict(data["calibration"])),
-            privacy_cost=PrivacyCost.from_dict(dict(data["privacy_cost"])),
         )
+        if measurements.privacy_cost.as_dict() != data["privacy_cost"]:
+            raise MechanismError("the recorded privacy cost does not match the noise calibration")
+        return measurements
 
 
 def exact_histograms(source: RowSource, bins: int, atoms: bool = True) -> NDArray[np.float64]:
@@ -260,13 +268,12 @@ def measure(
     sens = histogram_sensitivity(n, d)["l2" if mechanism == "gaussian" else "l1"]
     released = noise.release(
         exact_histograms(source, int(B), bool(bound_atoms)).ravel(),
-        step="marginals",
+        step=MEASURE_STEP,
         mechanism=mechanism,
         sensitivity=sens,
         epsilon=epsilon,
         delta=delta,
     )
-    cost = PrivacyCost.compose([released.calibration.cost_part("marginals")])
     return MarginalMeasurements(
         n=n,
         d=d,
@@ -276,7 +283,6 @@ def measure(
         atoms=bool(bound_atoms),
         frequencies=released.values.reshape(d, int(B) + 2 * bool(bound_atoms)),
         calibration=released.calibration,
-        privacy_cost=cost,
     )
 
 

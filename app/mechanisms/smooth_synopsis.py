@@ -550,11 +550,10 @@ class _RepresentativeQuery:
         weighted = np.where(cross_rows > 0, TYPICAL_MU * a2[cross_rows], a2[0])
         inside = float(np.prod(weighted, axis=1).sum()) if cross_rows.size else 0.0
         cross = math.sqrt(max(self.cross_all - inside, 0.0))
-        one = deg[support == 1]
         # per column, which degrees its one-column terms cover
         kept_axis = np.zeros((self.d, a1.size), dtype=bool)
-        cols = np.argmax(one > 0, axis=1)
-        kept_axis[cols, one[np.arange(one.shape[0]), cols]] = True
+        _, cols, ks = index_set.one_column_terms()
+        kept_axis[cols, ks] = True
         kept_axis[:, 0] = True
         missing = np.where(kept_axis, 0.0, a1[None, :]).sum()
         axis_tail = float(a1[0]) ** (self.d - 1) * float(missing)
@@ -865,10 +864,7 @@ class Synopsis:
         size = self.index_set.max_degree // 2 + 2
         out = np.full((self.d, size), TYPICAL_MU)
         out[:, 0] = 1.0
-        deg = self.index_set.degrees
-        one = np.flatnonzero(np.count_nonzero(deg, axis=1) == 1)
-        cols = np.argmax(deg[one] > 0, axis=1)
-        k = deg[one, cols]
+        one, cols, k = self.index_set.one_column_terms()
         even = (k % 2 == 0) & (k // 2 < size)
         out[cols[even], k[even] // 2] = np.clip((1.0 + self.moments[one[even]]) / 2.0, 0.0, 1.0)
         out.setflags(write=False)
