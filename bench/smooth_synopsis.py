@@ -46,9 +46,12 @@ Protocol (the one of ``bench.smooth_synthetic``, paper 000 §4, whose helpers it
 * The answers of the rounds of one configuration share the Chebyshev coefficients (the
   index set depends on public parameters only): ``answer_many`` runs once per
   configuration (timed), and the answers of every round (and of the exact moments) come
-  from one pass of the same coefficient code (:func:`answer_columns`), checked equal to
-  ``answer_many`` to 1e-9. Standard errors, half-widths and truncation bounds do not
-  depend on the noise draw, so they are the same in every round.
+  from one pass of the same code (:func:`answer_rounds`), checked equal to
+  ``answer_many`` to 1e-9 for the first round. The answers include the independence
+  extrapolation (``smooth_synopsis`` docstring), so the value, the stderr and the
+  interval depend on the round's moments and are computed per round; the worst-case
+  interval is centred on the plain Algorithm-2 answer. The truncation estimate uses the
+  first round's ``mu``.
 
 The privacy noise of ``smooth_synopsis`` comes from OpenDP and cannot be seeded (its
 ``rng`` is accepted for the common signature), so synopsis rounds are not reproducible
@@ -70,7 +73,12 @@ import numpy as np
 
 from app.mechanisms import smooth_synopsis, smooth_synthetic
 from app.mechanisms.basis import moments
-from app.mechanisms.chebyshev import gaussian_expansion, restrict
+from app.mechanisms.chebyshev import (
+    gaussian_expansion,
+    independence_extrapolation,
+    restrict,
+    truncation_estimate,
+)
 from app.mechanisms.queries import GaussianMixtureBatch
 from bench._common import Run
 from bench.smooth_synthetic import DATA_DIR, QUERY_SEED, SIGMAS, load_datasets
@@ -108,27 +116,50 @@ def _errors(answers: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     }
 
 
-def answer_columns(
-    synopsis: smooth_synopsis.Synopsis, batch: GaussianMixtureBatch, columns: np.ndarray
-) -> np.ndarray:
-    """``c_0 + <c_S, m>`` for every query and every moment vector ``m`` (columns, ``(R, k)``).
+def answer_rounds(
+    releases: list[smooth_synopsis.Synopsis], batch: GaussianMixtureBatch, exact: np.ndarray
+) -> dict[str, np.ndarray]:
+    """What :meth:`Synopsis.answer_many` returns, for every release of one configuration.
 
-    The coefficient path of :meth:`Synopsis.answer_many` for a Gaussian-mixture batch
-    (``gaussian_expansion`` then ``restrict``, in blocks of ``ANSWER_BLOCK`` queries), with
-    the coefficients shared by ``k`` moment vectors of the same index set: the rounds of
-    one configuration cost one coefficient pass instead of one ``answer_many`` each.
+    The releases share the index set and the noise law (checked by the caller), so the
+    Chebyshev coefficients (``gaussian_expansion`` then ``restrict``, in blocks of
+    ``ANSWER_BLOCK`` queries) and the truncation estimate are computed once per block;
+    the independence extrapolation, its delta-method stderr and the interval depend on
+    the release's moments and are computed per release, by the same code as
+    ``answer_many``. The truncation estimate uses the first release's ``mu`` (a clipped
+    function of its noisy ``b_{2k e_i}``; the other releases' differ by the noise only).
+    ``exact`` are the noise-free moments (diagnostic): ``exact`` answers with and without
+    the extrapolation. Arrays are ``(Q, rounds)``; ``worst_half`` is ``(Q,)``.
     """
-    sigma = np.full(synopsis.d, batch.sigma)
-    min_length = synopsis.index_set.max_degree + 1
-    out = np.empty((len(batch), columns.shape[1]))
+    first = releases[0]
+    index_set = first.index_set
+    sigma = np.full(first.d, batch.sigma)
+    min_length = index_set.max_degree + 1
+    Q, k = len(batch), len(releases)
+    out = {key: np.empty((Q, k)) for key in ("values", "plain", "halfwidth", "noise_halfwidth")}
+    out |= {key: np.empty(Q) for key in ("worst_half", "exact", "exact_plain")}
     block = smooth_synopsis.ANSWER_BLOCK
-    for start in range(0, len(batch), block):
-        stop = min(start + block, len(batch))
+    for start in range(0, Q, block):
+        stop = min(start + block, Q)
         expansion = gaussian_expansion(
             batch.centers[start:stop], batch.weights[start:stop], sigma, min_length=min_length
         )
-        coef = restrict(expansion, synopsis.index_set)
-        out[start:stop] = coef.constant[:, None] + coef.coefficients @ columns
+        coef = restrict(expansion, index_set)
+        estimate = truncation_estimate(expansion, index_set, coef.coefficients, first.mu)
+        for r, syn in enumerate(releases):
+            extrapolation = independence_extrapolation(expansion, index_set, syn.moments)
+            answers = syn._answers(coef, LEVEL, estimate, extrapolation)
+            out["values"][start:stop, r] = answers.values
+            out["plain"][start:stop, r] = answers.values - answers.extrapolation
+            out["halfwidth"][start:stop, r] = answers.halfwidth
+            out["noise_halfwidth"][start:stop, r] = answers.noise_halfwidth
+            if r == 0:
+                out["worst_half"][start:stop] = answers.worst_case_halfwidth
+        plain = coef.constant + coef.coefficients @ exact
+        extrapolation = independence_extrapolation(expansion, index_set, exact)
+        extra = 0.0 if extrapolation is None else extrapolation.value
+        out["exact_plain"][start:stop] = plain
+        out["exact"][start:stop] = plain + extra
     return out
 
 
@@ -136,19 +167,24 @@ def answer_columns(
 class SynopsisRuns:
     """``rounds`` fresh measurements of one configuration and their answers to a batch.
 
-    ``answers`` is ``answer_many`` of the first release; its stderr, noise half-widths and
-    truncation bounds depend on the index set and the public noise law only, which every
-    round shares (checked), so they hold for every round. ``values[:, r]`` are the answers
-    of round ``r`` (``values[:, 0]`` checked against ``answers.values``); ``exact`` the
-    answers of the same index set with the exact moments (not private).
+    ``answers`` is ``answer_many`` of the first release (timed); ``rounds`` holds every
+    release's answers from :func:`answer_rounds` (its first column checked against
+    ``answers``).
     """
 
     synopsis: smooth_synopsis.Synopsis
     measure_s: list[float]
     answers: smooth_synopsis.Answers
     answer_s: float
-    exact: np.ndarray
-    values: np.ndarray
+    rounds: dict[str, np.ndarray]
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.rounds["values"]
+
+    @property
+    def exact(self) -> np.ndarray:
+        return self.rounds["exact"]
 
 
 def measure_rounds(
@@ -181,11 +217,11 @@ def measure_rounds(
     t0 = time.perf_counter()
     answers = first.answer_many(batch, level=LEVEL)
     answer_s = time.perf_counter() - t0
-    columns = np.column_stack([moments(X, first.index_set), *[syn.moments for syn in releases]])
-    values = answer_columns(first, batch, columns)
-    if not np.allclose(values[:, 1], answers.values, rtol=1e-9, atol=1e-12):
-        raise RuntimeError("shared-coefficient answers differ from Synopsis.answer_many")
-    return SynopsisRuns(first, measure_s, answers, answer_s, values[:, 0], values[:, 1:])
+    per_round = answer_rounds(releases, batch, moments(X, first.index_set))
+    for key, got in (("values", answers.values), ("halfwidth", answers.halfwidth)):
+        if not np.allclose(per_round[key][:, 0], got, rtol=1e-9, atol=1e-12):
+            raise RuntimeError(f"per-round {key} differ from Synopsis.answer_many")
+    return SynopsisRuns(first, measure_s, answers, answer_s, per_round)
 
 
 def synopsis_stats(
@@ -193,21 +229,22 @@ def synopsis_stats(
 ) -> tuple[list[dict[str, float]], dict[str, float]]:
     """Per-round statistics and the noise-free (truncation only) diagnostic."""
     ans = runs.answers
+    rounds = runs.rounds
     per_round = []
     for r in range(runs.values.shape[1]):
         v = runs.values[:, r]
         err = np.abs(v - truth)
+        half, noise_half = rounds["halfwidth"][:, r], rounds["noise_halfwidth"][:, r]
         per_round.append(
             _errors(v, truth)
             | {
-                "coverage": float(np.mean(err <= ans.halfwidth)),
+                "coverage": float(np.mean(err <= half)),
                 "coverage_worst_case": float(
-                    np.mean(err <= ans.noise_halfwidth + ans.truncation_bound)
+                    np.mean(np.abs(rounds["plain"][:, r] - truth) <= rounds["worst_half"])
                 ),
-                "coverage_noise_only": float(np.mean(err <= ans.noise_halfwidth)),
-                "coverage_noise_calibration": float(
-                    np.mean(np.abs(v - runs.exact) <= ans.noise_halfwidth)
-                ),
+                "coverage_noise_only": float(np.mean(err <= noise_half)),
+                "coverage_noise_calibration": float(np.mean(np.abs(v - runs.exact) <= noise_half)),
+                "halfwidth_mean": float(half.mean()),
                 "measure_s": runs.measure_s[r],
             }
         )
@@ -218,7 +255,6 @@ def synopsis_stats(
         "noise_scale": syn.noise_scale,
         "stderr_mean": float(ans.stderr.mean()),
         "noise_halfwidth_mean": float(ans.noise_halfwidth.mean()),
-        "halfwidth_mean": float(ans.halfwidth.mean()),
         "truncation_bound_mean": float(ans.truncation_bound.mean()),
         "epsilon": syn.privacy_cost.epsilon,
         "delta": syn.privacy_cost.delta,
@@ -226,17 +262,20 @@ def synopsis_stats(
     for stats in per_round:
         stats |= common
     actual = np.abs(runs.exact - truth)
+    plain_actual = np.abs(rounds["exact_plain"] - truth)
     noise_free = _errors(runs.exact, truth) | {
+        "plain_rel": _errors(rounds["exact_plain"], truth)["rel"],
+        "plain_actual_truncation_error_mean": float(plain_actual.mean()),
         "R": float(syn.size),
         "truncation_bound_mean": float(ans.truncation_bound.mean()),
         "actual_truncation_error_mean": float(actual.mean()),
         "bound_over_actual_median": float(
-            np.median(ans.truncation_bound / np.maximum(actual, 1e-300))
+            np.median(ans.truncation_bound / np.maximum(plain_actual, 1e-300))
         ),
         "estimate_over_actual_median": float(
             np.median((ans.halfwidth - ans.noise_halfwidth) / np.maximum(actual, 1e-300))
         ),
-        "bound_holds": float(np.mean(actual <= ans.truncation_bound * (1 + 1e-9) + 1e-15)),
+        "bound_holds": float(np.mean(plain_actual <= ans.truncation_bound * (1 + 1e-9) + 1e-15)),
     }
     return per_round, noise_free
 
@@ -296,8 +335,11 @@ def per_query_coverage(
         n_draws = draws if label == DEFAULT else draws_side
         runs = measure_rounds(X, sigma, delta, kwargs, batch, n_draws)
         ans = runs.answers
+        rounds = runs.rounds
         v = runs.values.T  # (draws, queries)
         err = np.abs(v - truth)
+        half, noise_half = rounds["halfwidth"].T, rounds["noise_halfwidth"].T
+        plain_err = np.abs(rounds["plain"].T - truth)
         entry = {
             "R": runs.synopsis.size,
             "noise": runs.synopsis.noise_distribution,
@@ -308,15 +350,15 @@ def per_query_coverage(
             "actual_truncation_error": np.abs(runs.exact - truth).tolist(),
             "stderr": ans.stderr.tolist(),
             "empirical_sd": v.std(axis=0, ddof=1).tolist(),
-            "noise_halfwidth": ans.noise_halfwidth.tolist(),
-            "halfwidth": ans.halfwidth.tolist(),
-            "coverage": np.mean(err <= ans.halfwidth, axis=0).tolist(),
+            "noise_halfwidth": noise_half.mean(axis=0).tolist(),
+            "halfwidth": half.mean(axis=0).tolist(),
+            "coverage": np.mean(err <= half, axis=0).tolist(),
             "coverage_worst_case": np.mean(
-                err <= ans.noise_halfwidth + ans.truncation_bound, axis=0
+                plain_err <= rounds["worst_half"][None, :], axis=0
             ).tolist(),
-            "coverage_noise_only": np.mean(err <= ans.noise_halfwidth, axis=0).tolist(),
+            "coverage_noise_only": np.mean(err <= noise_half, axis=0).tolist(),
             "coverage_noise_calibration": np.mean(
-                np.abs(v - runs.exact) <= ans.noise_halfwidth, axis=0
+                np.abs(v - runs.exact) <= noise_half, axis=0
             ).tolist(),
             "seconds": time.perf_counter() - t0,
         }

@@ -667,6 +667,150 @@ def truncation_estimate(
     return TruncationEstimate(axis_tail=axis_tail, cross_scale=cross_scale)
 
 
+@dataclass(frozen=True, eq=False)
+class IndependenceExtrapolation:
+    """The out-of-set terms a product of the released one-column moments predicts.
+
+    ``value[q] = sum_j w_j sum_{r not in S, r_i <= K_i} prod_i a_{ji r_i} b_{r_i e_i}``
+    and ``gradient[q]`` its derivative with respect to the ``R`` released moments (zero
+    off the one-column terms ``k e_i``); see :func:`independence_extrapolation`.
+    """
+
+    value: NDArray[np.float64]
+    gradient: NDArray[np.float64]
+
+
+def independence_extrapolation(
+    expansion: TensorExpansion, index_set: IndexSet, moments: ArrayLike
+) -> IndependenceExtrapolation | None:
+    """Extrapolate the truncated interaction terms as if the columns were independent.
+
+    For independent columns ``b_r = E prod_i T_{r_i}(x_i) = prod_i b_{r_i e_i}``, and the
+    one-column moments ``b_{k e_i}`` (``k <= K_i``, the largest ``k`` with ``k e_i`` in
+    ``S``) are released. A kernel ``prod_i g_i`` with ``g_i = sum_k a_ik T_k`` then has
+
+        E prod_i g_i(x_i) ~ prod_i F_i,   F_i = sum_{k <= K_i} a_ik b_{k e_i}  (b_0 = 1),
+
+    of which the terms with ``r`` in ``S`` are already in ``<c, b>``; the rest,
+
+        X = prod_i F_i - sum_{r in S} prod_i a_{i r_i} b_{r_i e_i},
+
+    is added to the answer (post-processing of the released moments). It is exact for
+    independent columns up to the degrees past ``K_i``, and on dependent data it replaces
+    ``b_r`` by the product of its marginal moments, which keeps the part of ``b_r`` that
+    comes from each column's own law (for kernels, ``E T_2(x_i) E T_2(x_j)`` and the like:
+    one sign across columns, so these terms add up; measured in
+    ``bench/results/smooth_synopsis.md``).
+
+    Implemented for ``S = {|r| <= D} u {k e_i : k <= K_i}`` with every ``K_i >= D``
+    (total-degree and :func:`~app.mechanisms.basis.axis_total_degree` sets) by truncated
+    polynomial products over the columns: with ``u_i(t) = sum_{k <= D} a_ik b_{k e_i} t^k``,
+    ``sum_{|r| <= D} prod = sum_{m <= D} [t^m] prod_i u_i(t)``. The derivative with respect
+    to ``b_{k e_i}`` is ``a_ik (prod_{l != i} F_l - I_ik)`` with ``I_ik`` the in-set part
+    of the other columns' product (``sum_{m <= D - k} [t^m] prod_{l != i} u_l`` for
+    ``k <= D``, ``prod_{l != i} a_l0`` above), from prefix and suffix products. Full
+    tensors hold every such term already (``value = 0``). Other sets: ``None``.
+    Cost ``O(Q J d (D^2 + K))``.
+    """
+    Q, J, d, L = expansion.factors.shape
+    b = np.asarray(moments, dtype=np.float64)
+    if b.shape != (index_set.size,):
+        raise MechanismError(f"moments must have shape ({index_set.size},); got {b.shape}")
+    if expansion.dim != index_set.dim:
+        raise MechanismError(
+            f"the query has d = {expansion.dim} columns but the index set has d = {index_set.dim}"
+        )
+    if index_set.kind == "full_tensor":
+        return IndependenceExtrapolation(np.zeros(Q), np.zeros((Q, index_set.size)))
+    structure = _axis_structure(index_set)
+    if structure is None:
+        return None
+    D, K, position = structure
+    length = max(L, int(K.max()) + 1)
+    a = expansion.factors
+    if length > L:
+        a = np.concatenate([a, np.zeros((Q, J, d, length - L))], axis=3)
+    table = np.zeros((d, length))  # b_{k e_i}, 0 past K_i
+    table[:, 0] = 1.0
+    known = position >= 0
+    table[:, : position.shape[1]][known] = b[position[known]]
+    scaled = a * table  # a_ik b_{k e_i}
+    F = scaled.sum(axis=3)  # (Q, J, d)
+    a0 = a[..., 0]
+    u = scaled[..., : D + 1]  # (Q, J, d, D + 1)
+    ones_poly = np.zeros((Q, J, D + 1))
+    ones_poly[..., 0] = 1.0
+    # prefix[i] = prod_{l < i}, suffix[i] = prod_{l > i}, as truncated polynomials
+    prefix = np.empty((d, Q, J, D + 1))
+    suffix = np.empty((d, Q, J, D + 1))
+    prefix[0] = ones_poly
+    suffix[d - 1] = ones_poly
+    for i in range(1, d):
+        prefix[i] = _poly_mul(prefix[i - 1], u[:, :, i - 1], D)
+        suffix[d - 1 - i] = _poly_mul(suffix[d - i], u[:, :, d - i], D)
+    full_poly = _poly_mul(prefix[d - 1], u[:, :, d - 1], D)
+    F_prefix = np.cumprod(np.concatenate([np.ones((Q, J, 1)), F[:, :, :-1]], axis=2), axis=2)
+    F_suffix = np.cumprod(np.concatenate([np.ones((Q, J, 1)), F[:, :, :0:-1]], axis=2), axis=2)
+    F_others = F_prefix * F_suffix[:, :, ::-1]  # prod_{l != i} F_l
+    A_prefix = np.cumprod(np.concatenate([np.ones((Q, J, 1)), a0[:, :, :-1]], axis=2), axis=2)
+    A_suffix = np.cumprod(np.concatenate([np.ones((Q, J, 1)), a0[:, :, :0:-1]], axis=2), axis=2)
+    A_others = A_prefix * A_suffix[:, :, ::-1]  # prod_{l != i} a_l0
+    high = np.arange(length) > D
+    inside = full_poly.sum(axis=2) + np.einsum(
+        "qjik,qji->qj", np.where(high, scaled, 0.0), A_others
+    )
+    kernel = F_prefix[:, :, -1] * F[:, :, -1] - inside
+    w = expansion.weights
+    value = np.einsum("qj,qj->q", w, kernel)
+    gradient = np.zeros((Q, index_set.size))
+    for i in range(d):
+        others_poly = _poly_mul(prefix[i], suffix[i], D)  # prod_{l != i} u_l
+        cumulative = np.cumsum(others_poly, axis=2)  # [t^{<= m}]
+        for k in range(1, int(K[i]) + 1):
+            in_set = cumulative[..., D - k] if k <= D else A_others[:, :, i]
+            gradient[:, position[i, k]] = np.einsum(
+                "qj,qj->q", w, a[:, :, i, k] * (F_others[:, :, i] - in_set)
+            )
+    return IndependenceExtrapolation(value=value, gradient=gradient)
+
+
+def _poly_mul(p: NDArray[np.float64], q: NDArray[np.float64], degree: int) -> NDArray[np.float64]:
+    """Coefficients up to ``t^degree`` of ``p(t) q(t)`` (last axis: the coefficients)."""
+    out = np.zeros(np.broadcast_shapes(p.shape, q.shape))
+    for m in range(degree + 1):
+        for k in range(m + 1):
+            out[..., m] += p[..., k] * q[..., m - k]
+    return out
+
+
+def _axis_structure(
+    index_set: IndexSet,
+) -> tuple[int, NDArray[np.int64], NDArray[np.int64]] | None:
+    """``(D, K, position)`` when ``S = {|r| <= D} u {k e_i : k <= K_i}`` with ``K_i >= D``.
+
+    ``position[i, k]`` is the row of ``k e_i`` in ``S`` (``-1`` if absent). ``None`` when
+    ``S`` has another shape (a partial total-degree level, gaps in a column's degrees).
+    """
+    rows, cols, ks = index_set.one_column_terms()
+    d = index_set.dim
+    K = np.zeros(d, dtype=np.int64)
+    np.maximum.at(K, cols, ks)
+    counts = np.bincount(cols, minlength=d)
+    if np.any(counts != K) or np.any(K == 0):
+        return None
+    multi = np.count_nonzero(index_set.degrees, axis=1) >= 2
+    totals = index_set.total_degrees[multi]
+    D = int(totals.max()) if totals.size else 1
+    if int(K.min()) < D:
+        return None
+    expected = math.comb(D + d, d) - 1 - d * D  # multi-column indices with |r| <= D
+    if int(multi.sum()) != expected or (totals.size and int(totals.max()) > D):
+        return None
+    position = np.full((d, int(K.max()) + 1), -1, dtype=np.int64)
+    position[cols, ks] = rows
+    return D, K, position
+
+
 def _restrict_block(
     weights: NDArray[np.float64],
     factors: NDArray[np.float64],

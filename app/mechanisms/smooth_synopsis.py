@@ -38,6 +38,27 @@ dataset. The noise term has mean 0 and standard error
 
     stderr = s ||c_S||_2,   s = sqrt(2) b (Laplace) or sigma (Gaussian).
 
+Independence extrapolation (the default for separable queries)
+---------------------------------------------------------------
+For Gaussian mixtures, products of 1-D functions and polynomials, the answer also adds
+
+    X = sum_j w_j [prod_i F_ji - sum_{r in S} prod_i a_{ji r_i} b_hat_{r_i e_i}],
+    F_ji = sum_{k <= K_i} a_{jik} b_hat_{k e_i},
+
+the out-of-set terms that the released one-column moments predict if the columns were
+independent (``b_r ~ prod_i b_{r_i e_i}``;
+:func:`app.mechanisms.chebyshev.independence_extrapolation`, for total-degree sets with
+each column's own degrees up to ``K_i``). It is post-processing of the released moments.
+On real data most of the truncation error is of this form (each column's own law seen
+by every kernel: measured on the paper-000 protocol with exact moments, CRM sigma = 4,
+the worst-case truncation error fell from 0.47x to 0.12x the 0-DP baseline, and on
+independent or one-factor test data the median error fell ~3x); what is left is the
+dependence ``b_r - prod_i b_{r_i e_i}`` and the degrees past ``K_i``. The answer is then
+not linear in ``b_hat``: its stderr is the delta-method ``s ||c_S + grad X||_2`` and the
+noise quantile is taken for that linear statistic. ``extrapolate=False`` gives the plain
+Algorithm-2 answer; ``Answer.extrapolation`` is the added term and
+``worst_case_interval`` stays centred on the plain answer.
+
 The noise half-width is ``q_level * stderr``, where ``q_level`` is the
 two-sided ``level`` quantile of ``<c_S, eta> / stderr``: the normal quantile for Gaussian
 noise (exact), and for Laplace noise the Lugannani-Rice saddlepoint quantile of the
@@ -143,12 +164,14 @@ from app.mechanisms.basis import (
     total_degree,
 )
 from app.mechanisms.chebyshev import (
+    IndependenceExtrapolation,
     QueryCoefficients,
     TensorExpansion,
     TruncationEstimate,
     expand,
     gaussian_expansion,
     gaussian_factors,
+    independence_extrapolation,
     query_coefficients,
     restrict,
     stack_expansions,
@@ -581,6 +604,8 @@ class Answer:
     method: str
     rigorous: bool
     halfwidth: float
+    extrapolation: float = 0.0
+    worst_case_halfwidth: float = math.inf
 
     @property
     def low(self) -> float:
@@ -601,9 +626,10 @@ class Answer:
 
     @property
     def worst_case_interval(self) -> tuple[float, float]:
-        """``value -+ (noise_halfwidth + truncation_bound)``: valid for every dataset."""
-        w = self.noise_halfwidth + self.truncation_bound
-        return self.value - w, self.value + w
+        """``plain -+ (q_level ||c_S|| s + truncation_bound)`` around the plain answer
+        ``plain = value - extrapolation`` (Algorithm 2): valid for every dataset."""
+        centre = self.value - self.extrapolation
+        return centre - self.worst_case_halfwidth, centre + self.worst_case_halfwidth
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe form: value, stderr, interval and how it is made up."""
@@ -614,6 +640,7 @@ class Answer:
             "level": self.level,
             "noise_halfwidth": self.noise_halfwidth,
             "truncation_estimate": self.truncation_estimate,
+            "independence_extrapolation": self.extrapolation,
             "truncation_bound": self.truncation_bound,
             "worst_case_interval": list(self.worst_case_interval),
             "method": self.method,
@@ -633,6 +660,8 @@ class Answers:
     rigorous: NDArray[np.bool_]
     methods: tuple[str, ...]
     halfwidth: NDArray[np.float64]
+    extrapolation: NDArray[np.float64]
+    worst_case_halfwidth: NDArray[np.float64]
 
     @property
     def low(self) -> NDArray[np.float64]:
@@ -657,6 +686,8 @@ class Answers:
             method=self.methods[i],
             rigorous=bool(self.rigorous[i]),
             halfwidth=float(self.halfwidth[i]),
+            extrapolation=float(self.extrapolation[i]),
+            worst_case_halfwidth=float(self.worst_case_halfwidth[i]),
         )
 
 
@@ -728,13 +759,20 @@ class Synopsis:
         return query_coefficients(query, self.index_set, smoothness=self.smoothness, rng=rng)
 
     def evaluate(
-        self, query: object, *, level: float = 0.95, rng: np.random.Generator | None = None
+        self,
+        query: object,
+        *,
+        level: float = 0.95,
+        rng: np.random.Generator | None = None,
+        extrapolate: bool = True,
     ) -> Answer:
-        """Answer, standard error and ``level`` interval of one query (Algorithm 2)."""
+        """Answer, standard error and ``level`` interval of one query (Algorithm 2, plus
+        the independence extrapolation of separable queries unless ``extrapolate`` is
+        False; module docstring, "Answers")."""
         _check_level(level)
         expansion = expand(query, self.d, min_length=self.index_set.max_degree + 1)
         if expansion is not None:
-            out = self._answers_separable(expansion, level)
+            out = self._answers_separable(expansion, level, extrapolate)
         else:
             coef = self.coefficients(query, rng=rng)
             out = self._answers(coef, level, None)
@@ -742,13 +780,15 @@ class Synopsis:
             raise MechanismError("evaluate() takes one query; use answer_many() for a batch")
         return out[0]
 
-    def answer(self, query: object) -> float:
-        """``c_0 + <c_S, b_hat>``: the public evaluation of paper 001, Algorithm 2."""
-        return self.evaluate(query).value
+    def answer(self, query: object, *, extrapolate: bool = True) -> float:
+        """``c_0 + <c_S, b_hat>`` (the public evaluation of paper 001, Algorithm 2) plus,
+        for separable queries, the independence extrapolation (module docstring)."""
+        return self.evaluate(query, extrapolate=extrapolate).value
 
-    def stderr(self, query: object) -> float:
-        """Standard error of :meth:`answer` from the known noise: ``s ||c_S||_2``."""
-        return self.evaluate(query).stderr
+    def stderr(self, query: object, *, extrapolate: bool = True) -> float:
+        """Standard error of :meth:`answer` from the known noise: ``s ||c_S||_2``, or
+        ``s ||c_S + grad X||_2`` with the extrapolation (delta method)."""
+        return self.evaluate(query, extrapolate=extrapolate).stderr
 
     def interval(self, query: object, level: float = 0.95) -> tuple[float, float]:
         """``answer -+ halfwidth`` (module docstring, "Intervals")."""
@@ -760,6 +800,7 @@ class Synopsis:
         *,
         level: float = 0.95,
         block: int = ANSWER_BLOCK,
+        extrapolate: bool = True,
     ) -> Answers:
         """Answers of many queries, vectorised.
 
@@ -771,7 +812,7 @@ class Synopsis:
         """
         _check_level(level)
         if isinstance(queries, GaussianMixtureBatch):
-            return self._answer_batch(queries, level, block)
+            return self._answer_batch(queries, level, block, extrapolate)
         items = list(queries)
         if not items:
             raise MechanismError("answer_many() needs at least one query")
@@ -798,7 +839,7 @@ class Synopsis:
                     f"the query has d = {centers.shape[2]} columns but the synopsis has "
                     f"d = {self.d}"
                 )
-            answers = self._answer_gaussian(centers, weights, sigma, level, block)
+            answers = self._answer_gaussian(centers, weights, sigma, level, block, extrapolate)
             parts.append((np.asarray(indices), answers))
         expansions: list[TensorExpansion] = []
         separable: list[int] = []
@@ -815,7 +856,7 @@ class Synopsis:
             parts.append(
                 (
                     np.asarray(separable[start : start + block]),
-                    self._answers_separable(stacked, level),
+                    self._answers_separable(stacked, level, extrapolate),
                 )
             )
         for i in general:
@@ -824,13 +865,15 @@ class Synopsis:
 
     # -- internals
 
-    def _answer_batch(self, batch: GaussianMixtureBatch, level: float, block: int) -> Answers:
+    def _answer_batch(
+        self, batch: GaussianMixtureBatch, level: float, block: int, extrapolate: bool
+    ) -> Answers:
         if batch.dim != self.d:
             raise MechanismError(
                 f"the queries have d = {batch.dim} columns but the synopsis has d = {self.d}"
             )
         sigma = np.full(self.d, batch.sigma)
-        return self._answer_gaussian(batch.centers, batch.weights, sigma, level, block)
+        return self._answer_gaussian(batch.centers, batch.weights, sigma, level, block, extrapolate)
 
     def _answer_gaussian(
         self,
@@ -839,6 +882,7 @@ class Synopsis:
         sigma: NDArray[np.float64],
         level: float,
         block: int,
+        extrapolate: bool,
     ) -> Answers:
         pieces = []
         min_length = self.index_set.max_degree + 1
@@ -849,7 +893,7 @@ class Synopsis:
                 sigma,
                 min_length=min_length,
             )
-            pieces.append(self._answers_separable(expansion, level))
+            pieces.append(self._answers_separable(expansion, level, extrapolate))
         return _concatenate(pieces, level)
 
     @functools.cached_property
@@ -870,29 +914,47 @@ class Synopsis:
         out.setflags(write=False)
         return out
 
-    def _answers_separable(self, expansion: TensorExpansion, level: float) -> Answers:
+    def _answers_separable(
+        self, expansion: TensorExpansion, level: float, extrapolate: bool
+    ) -> Answers:
         coef = restrict(expansion, self.index_set)
         estimate = truncation_estimate(expansion, self.index_set, coef.coefficients, self.mu)
-        return self._answers(coef, level, estimate)
+        extrapolation = (
+            independence_extrapolation(expansion, self.index_set, self.moments)
+            if extrapolate
+            else None
+        )
+        return self._answers(coef, level, estimate, extrapolation)
 
     def _answers(
-        self, coef: QueryCoefficients, level: float, estimate: TruncationEstimate | None
+        self,
+        coef: QueryCoefficients,
+        level: float,
+        estimate: TruncationEstimate | None,
+        extrapolation: IndependenceExtrapolation | None = None,
     ) -> Answers:
         _check_level(level)
         c = coef.coefficients
-        values = coef.constant + c @ self.moments
-        norm2 = np.sqrt(np.einsum("qr,qr->q", c, c))
-        stderr = self.calibration.stddev * norm2
-        factor = noise_quantile_factor(self.noise_distribution, c, level)
-        noise_half = factor * stderr
+        plain = coef.constant + c @ self.moments
+        plain_half = self._noise_halfwidth(c, level)
+        worst = plain_half + coef.truncation_bound
+        if extrapolation is None:
+            extra = np.zeros(c.shape[0])
+            effective = c
+            noise_half = plain_half
+        else:  # the answer is no longer linear in the moments: delta method
+            extra = extrapolation.value
+            effective = c + extrapolation.gradient
+            noise_half = self._noise_halfwidth(effective, level)
+        stderr = self.calibration.stddev * np.sqrt(np.einsum("qr,qr->q", effective, effective))
         if estimate is None:  # no separable form: only the worst case is available
-            halfwidth = noise_half + coef.truncation_bound
+            halfwidth = worst + np.abs(extra)
         else:
             z = float(ndtri(0.5 + level / 2.0))
             halfwidth = np.hypot(noise_half, z * estimate.cross_scale) + estimate.axis_tail
-            halfwidth = np.minimum(halfwidth, noise_half + coef.truncation_bound)
+            halfwidth = np.minimum(halfwidth, worst + np.abs(extra))
         return Answers(
-            values=values,
+            values=plain + extra,
             stderr=stderr,
             truncation_bound=coef.truncation_bound.copy(),
             noise_halfwidth=noise_half,
@@ -900,7 +962,15 @@ class Synopsis:
             rigorous=np.full(c.shape[0], coef.rigorous),
             methods=(coef.method,) * c.shape[0],
             halfwidth=halfwidth,
+            extrapolation=extra,
+            worst_case_halfwidth=worst,
         )
+
+    def _noise_halfwidth(self, c: NDArray[np.float64], level: float) -> NDArray[np.float64]:
+        """``q_level s ||c||_2`` for the linear statistic ``<c, eta>`` of the noise."""
+        stderr = self.calibration.stddev * np.sqrt(np.einsum("qr,qr->q", c, c))
+        out: NDArray[np.float64] = noise_quantile_factor(self.noise_distribution, c, level) * stderr
+        return out
 
     # -- JSON
 
@@ -1171,6 +1241,8 @@ def _concatenate(pieces: Sequence[Answers], level: float) -> Answers:
         rigorous=np.concatenate([p.rigorous for p in pieces]),
         methods=tuple(m for p in pieces for m in p.methods),
         halfwidth=np.concatenate([p.halfwidth for p in pieces]),
+        extrapolation=np.concatenate([p.extrapolation for p in pieces]),
+        worst_case_halfwidth=np.concatenate([p.worst_case_halfwidth for p in pieces]),
     )
 
 
@@ -1180,6 +1252,8 @@ def _merge(parts: Sequence[tuple[NDArray[np.int64], Answers]], size: int, level:
     bound = np.empty(size)
     half = np.empty(size)
     width = np.empty(size)
+    extra = np.empty(size)
+    worst = np.empty(size)
     rigorous = np.empty(size, dtype=bool)
     methods = [""] * size
     for indices, answers in parts:
@@ -1188,7 +1262,11 @@ def _merge(parts: Sequence[tuple[NDArray[np.int64], Answers]], size: int, level:
         bound[indices] = answers.truncation_bound
         half[indices] = answers.noise_halfwidth
         width[indices] = answers.halfwidth
+        extra[indices] = answers.extrapolation
+        worst[indices] = answers.worst_case_halfwidth
         rigorous[indices] = answers.rigorous
         for i, method in zip(indices, answers.methods, strict=True):
             methods[int(i)] = method
-    return Answers(values, stderr, bound, half, level, rigorous, tuple(methods), width)
+    return Answers(
+        values, stderr, bound, half, level, rigorous, tuple(methods), width, extra, worst
+    )

@@ -14,7 +14,15 @@ from numpy.polynomial import chebyshev as npcheb
 from scipy import integrate
 
 from app.mechanisms import chebyshev as ch
-from app.mechanisms.basis import IndexSet, full_tensor, moments, total_degree
+from app.mechanisms.basis import (
+    IndexSet,
+    axis_total_degree,
+    count_total_degree,
+    full_tensor,
+    moments,
+    total_degree,
+)
+from app.mechanisms.chebyshev import TensorExpansion, independence_extrapolation
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import (
     AnisotropicGaussianMixture,
@@ -375,3 +383,71 @@ def test_truncation_estimate_against_brute_force_enumeration() -> None:
                 cross += c * c * math.prod(mu[i, r[i]] for i in nonzero)
         assert est.axis_tail[q] == pytest.approx(axis, rel=1e-10)
         assert est.cross_scale[q] == pytest.approx(math.sqrt(cross), rel=1e-8)
+
+
+@pytest.mark.parametrize(("d", "D", "K"), [(3, 1, 1), (3, 1, 3), (3, 2, 2), (4, 2, 4), (3, 3, 5)])
+def test_independence_extrapolation_against_enumeration(d: int, D: int, K: int) -> None:
+    """value = sum over r not in S with r_i <= K of prod_i a_{r_i} b_{r_i e_i}, by brute
+    force over {0..K}^d; gradient against central differences of that sum (random
+    coefficients and moments: no structure to hide a wrong term)."""
+    rng = np.random.default_rng(d * 100 + D * 10 + K)
+    S = axis_total_degree(d, D, K) if K > D else total_degree(d, count_total_degree(d, D))
+    Q, J, L = 2, 3, 7
+    expansion = TensorExpansion(
+        weights=rng.normal(size=(Q, J)),
+        factors=rng.normal(size=(Q, J, d, L)),
+        tails=np.zeros((Q, J, d)),
+        method="test",
+    )
+    b = rng.normal(size=S.size)
+    out = independence_extrapolation(expansion, S, b)
+    assert out is not None
+    inside = {tuple(int(v) for v in r) for r in S.degrees}
+    rows, cols, ks = S.one_column_terms()
+
+    def brute(table: np.ndarray) -> np.ndarray:
+        total = np.zeros(Q)
+        for r in itertools.product(range(K + 1), repeat=d):
+            if sum(r) == 0 or r in inside:
+                continue
+            term = np.ones((Q, J))
+            for i in range(d):
+                term = term * expansion.factors[:, :, i, r[i]] * table[i, r[i]]
+            total += (expansion.weights * term).sum(axis=1)
+        return total
+
+    table = np.zeros((d, K + 1))
+    table[:, 0] = 1.0
+    table[cols, ks] = b[rows]
+    np.testing.assert_allclose(out.value, brute(table), rtol=1e-10, atol=1e-10)
+    h = 1e-5
+    numeric = np.zeros((Q, S.size))
+    for row, i, k in zip(rows, cols, ks, strict=True):
+        up, down = table.copy(), table.copy()
+        up[i, k] += h
+        down[i, k] -= h
+        numeric[:, row] = (brute(up) - brute(down)) / (2 * h)
+    np.testing.assert_allclose(out.gradient, numeric, rtol=1e-6, atol=1e-6)
+
+
+def test_independence_extrapolation_other_sets() -> None:
+    """Full tensors already hold every term (zero); a partial total-degree level or a gap
+    in a column's degrees has no closed form here (None); bad moments are refused."""
+    rng = np.random.default_rng(3)
+    expansion = TensorExpansion(
+        weights=np.ones((1, 2)),
+        factors=rng.normal(size=(1, 2, 3, 5)),
+        tails=np.zeros((1, 2, 3)),
+        method="test",
+    )
+    full = full_tensor(3, 3)
+    out = independence_extrapolation(expansion, full, np.zeros(full.size))
+    assert out is not None
+    assert np.all(out.value == 0.0)
+    assert np.all(out.gradient == 0.0)
+    partial = total_degree(3, 5)  # the 3 first-degree terms and 2 of the 6 second-degree
+    assert independence_extrapolation(expansion, partial, np.zeros(5)) is None
+    gap = IndexSet(np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [3, 0, 0]]))
+    assert independence_extrapolation(expansion, gap, np.zeros(4)) is None
+    with pytest.raises(MechanismError, match="moments must have shape"):
+        independence_extrapolation(expansion, full, np.zeros(2))

@@ -463,10 +463,11 @@ def test_clear_errors(data: np.ndarray) -> None:
 
 def test_truncation_estimate_on_independent_columns() -> None:
     """Independent Beta(2, 5) columns, exact moments of axis_total_degree(6, 1, 2), 200 wide
-    Gaussian mixtures (sigma = 1). Measured with seed 5: the estimated truncation width
-    ``z cross_scale + axis_tail`` is ~3x the actual truncation error (median) and covers it
-    for ~94 % of queries, while the worst-case bound is ~100x. Bands: median ratio in
-    [1, 10], coverage >= 85 %, bound >= 10x the estimate. ``mu`` is E x_i^2 exactly.
+    Gaussian mixtures (sigma = 1), the plain answer of Algorithm 2 (``extrapolate=False``).
+    Measured with seed 5: the estimated truncation width ``z cross_scale + axis_tail`` is
+    ~3x the actual truncation error (median) and covers it for ~94 % of queries, while the
+    worst-case bound is ~100x. Bands: median ratio in [1, 10], coverage >= 85 %, bound >=
+    10x the estimate. ``mu`` is E x_i^2 exactly.
     """
     rng = np.random.default_rng(5)
     n, d = 4000, 6
@@ -477,7 +478,8 @@ def test_truncation_estimate_on_independent_columns() -> None:
     assert np.all(syn.mu[:, 2] == ss.TYPICAL_MU)
     batch = GaussianMixtureBatch.random(200, 3, d, 1.0, rng=rng)
     truth = batch.answers(X)
-    out = syn.answer_many(batch)
+    out = syn.answer_many(batch, extrapolate=False)
+    assert np.all(out.extrapolation == 0.0)
     actual = np.abs(out.values - truth)
     estimate = out.halfwidth - out.noise_halfwidth
     assert 1.0 <= np.median(estimate / actual) <= 10.0
@@ -492,6 +494,40 @@ def test_truncation_estimate_on_independent_columns() -> None:
     assert one["worst_case_interval"][1] - one["value"] == pytest.approx(
         out.noise_halfwidth[0] + out.truncation_bound[0]
     )
+
+
+@pytest.mark.parametrize("law", ["independent", "one_factor"])
+def test_independence_extrapolation_cuts_the_truncation_error(law: str) -> None:
+    """Exact moments of axis_total_degree(6, 1, 2), 200 wide Gaussian mixtures (sigma = 1).
+    Adding the out-of-set terms predicted by the product of the one-column moments
+    (``chebyshev.independence_extrapolation``) cut the median truncation error 2.6-3.1x on
+    independent Beta(2, 5) columns and ~3.5x on columns sharing one Gaussian factor
+    (``tanh((Z + eps_i) / 2)``), seeds 5-7: band >= 2x. The interval still covers >= 85 %
+    (measured 100 %) and its worst case stays centred on the plain answer."""
+    rng = np.random.default_rng(5)
+    n, d = 4000, 6
+    if law == "independent":
+        X = np.column_stack([rng.beta(2, 5, n) * 2 - 1 for _ in range(d)])
+    else:
+        X = np.tanh(0.5 * (rng.normal(size=(n, 1)) + 0.5 * rng.normal(size=(n, d))))
+    syn = exact_synopsis(X, axis_total_degree(d, 1, 2))
+    batch = GaussianMixtureBatch.random(200, 3, d, 1.0, rng=rng)
+    truth = batch.answers(X)
+    plain = syn.answer_many(batch, extrapolate=False)
+    out = syn.answer_many(batch)
+    np.testing.assert_allclose(out.values, plain.values + out.extrapolation, rtol=1e-12)
+    err_plain = np.median(np.abs(plain.values - truth))
+    err = np.median(np.abs(out.values - truth))
+    assert err <= err_plain / 2.0
+    assert np.mean(np.abs(out.values - truth) <= out.halfwidth) >= 0.85
+    low, high = out[0].worst_case_interval
+    assert (low + high) / 2 == pytest.approx(plain.values[0], rel=1e-12, abs=1e-15)
+    assert high - low == pytest.approx(2 * (plain.noise_halfwidth[0] + plain.truncation_bound[0]))
+    assert out[0].as_dict()["independence_extrapolation"] == pytest.approx(out.extrapolation[0])
+    # one query through evaluate() agrees with the batch
+    single = syn.evaluate(batch.query(0))
+    assert single.value == pytest.approx(out.values[0], rel=1e-10)
+    assert single.stderr == pytest.approx(out.stderr[0], rel=1e-10)
 
 
 def test_auto_rule_measures_each_column_second_moment_on_wide_queries() -> None:

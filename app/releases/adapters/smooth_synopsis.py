@@ -161,10 +161,13 @@ class SmoothSynopsis(registry.Mechanism):
         for i in range(len(answers)):
             item = answers[i].as_dict()
             item["note"] = (
-                "stderr from the known noise; interval: noise quantile combined with the "
-                "estimated truncation error (estimated from the released moments, not a "
-                "bound); worst_case_interval adds the truncation bound instead and holds for "
-                "every dataset"
+                "value: the synopsis answer plus independence_extrapolation (the truncated "
+                "interaction terms predicted from the released one-column moments); stderr "
+                "from the known noise (delta method); interval: noise quantile combined with "
+                "the estimated truncation error (estimated from the released moments, not a "
+                "bound); worst_case_interval is centred on the plain answer (value minus "
+                "independence_extrapolation), adds the truncation bound and holds for every "
+                "dataset"
             )
             out.append(item)
         return out
