@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -31,6 +33,30 @@ def _tables(url: str) -> set[str]:
         return set(inspect(engine).get_table_names()) - {"alembic_version"}
     finally:
         engine.dispose()
+
+
+def _owner_and_dataset(
+    connection: Any, users: Any, datasets: Any, user: uuid.UUID, dataset: uuid.UUID, now: Any
+) -> None:
+    """A curator and an (empty) table dataset of theirs, written with core inserts (the
+    models may be ahead of the revision under test)."""
+    connection.execute(users.insert().values(id=user.hex, name="u", role="curator", created_at=now))
+    connection.execute(
+        datasets.insert().values(
+            id=dataset.hex,
+            owner_id=user.hex,
+            name="d",
+            kind="table",
+            columns=[],
+            n_rows=3,
+            out_of_bounds="clip",
+            epsilon_total=10,
+            delta_total=0,
+            storage_name="s",
+            validation={},
+            created_at=now,
+        )
+    )
 
 
 def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
@@ -75,25 +101,7 @@ def test_upgrade_and_downgrade_with_data_in_place(empty_database: str) -> None:
 
         now = datetime.now(UTC)
         with engine.begin() as connection:
-            connection.execute(
-                users.insert().values(id=ids["user"].hex, name="u", role="curator", created_at=now)
-            )
-            connection.execute(
-                datasets.insert().values(
-                    id=ids["dataset"].hex,
-                    owner_id=ids["user"].hex,
-                    name="d",
-                    kind="table",
-                    columns=[],
-                    n_rows=3,
-                    out_of_bounds="clip",
-                    epsilon_total=10,
-                    delta_total=0,
-                    storage_name="s",
-                    validation={},
-                    created_at=now,
-                )
-            )
+            _owner_and_dataset(connection, users, datasets, ids["user"], ids["dataset"], now)
             connection.execute(
                 releases.insert().values(
                     id=ids["release"].hex,
@@ -139,3 +147,72 @@ def test_upgrade_and_downgrade_with_data_in_place(empty_database: str) -> None:
             )
     finally:
         engine.dispose()
+
+
+def test_0004_records_the_method_of_earlier_smooth_synthetic_releases(
+    empty_database: str,
+) -> None:
+    """Releases requested before ``params.method`` existed were moment releases; 0004 says
+    so in their params (other mechanisms untouched) and its downgrade takes it back."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from sqlalchemy import MetaData, select
+
+    url = empty_database
+    migrations.upgrade(url, "0003")
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    user, dataset = uuid.uuid4(), uuid.uuid4()
+    releases_in = {
+        uuid.uuid4(): ("smooth_synthetic", {"grid_size": 500}),
+        uuid.uuid4(): ("smooth_synthetic", {"method": "marginals"}),
+        uuid.uuid4(): ("smooth_synopsis", {"basis": "auto"}),
+    }
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        users, datasets, releases = (meta.tables[n] for n in ("users", "datasets", "releases"))
+        with engine.begin() as connection:
+            _owner_and_dataset(connection, users, datasets, user, dataset, now)
+            for release_id, (mechanism, params) in releases_in.items():
+                connection.execute(
+                    releases.insert().values(
+                        id=release_id.hex,
+                        dataset_id=dataset.hex,
+                        mechanism=mechanism,
+                        status="queued",
+                        epsilon=1,
+                        delta=0,
+                        params=params,
+                        created_by=user.hex,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+    finally:
+        engine.dispose()
+
+    def params_by_id() -> dict[str, dict[str, object]]:
+        engine = make_engine(url)
+        try:
+            meta = MetaData()
+            meta.reflect(engine)
+            table = meta.tables["releases"]
+            with engine.connect() as connection:
+                rows = connection.execute(select(table.c.id, table.c.params)).all()
+        finally:
+            engine.dispose()
+        return {uuid.UUID(str(r[0])).hex: r[1] for r in rows}
+
+    old, marg, other = (r.hex for r in releases_in)
+    migrations.upgrade(url, "0004")
+    after = params_by_id()
+    assert after[old] == {"grid_size": 500, "method": "moments"}
+    assert after[marg] == {"method": "marginals"}
+    assert after[other] == {"basis": "auto"}
+    migrations.downgrade(url, "0003")
+    back = params_by_id()
+    assert back[old] == {"grid_size": 500}
+    assert back[marg] == {"method": "marginals"}
+    assert back[other] == {"basis": "auto"}

@@ -214,7 +214,7 @@ def _flow(settings: Settings, base: str, out: TextIO) -> dict[str, Any]:
         "smooth_synthetic": {
             "mechanism": "smooth_synthetic",
             "epsilon": 1.0,
-            "params": {"smoothness": 16, "sample_size": 1000},
+            "params": {"sample_size": 1000},
         },
     }
     releases: dict[str, dict[str, Any]] = {}

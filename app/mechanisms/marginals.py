@@ -111,6 +111,25 @@ def default_bins(n: int, d: int, epsilon: float, delta: float) -> int:
     return int(min(MAX_BINS, max(MIN_BINS, round(tau ** (-2.0 / 3.0)))))
 
 
+def resolve(
+    n: int,
+    d: int,
+    epsilon: float,
+    delta: float,
+    bins: int | None = None,
+    bound_atoms: bool | None = None,
+) -> tuple[int, bool]:
+    """``(B, atoms)`` that :func:`measure` uses, from public values only (``bins=None``:
+    :func:`default_bins`; ``bound_atoms=None``: atoms when the per-frequency noise is below
+    ``ATOM_NOISE_LIMIT``)."""
+    B = default_bins(n, d, epsilon, delta) if bins is None else bins
+    if isinstance(B, bool) or not isinstance(B, int | np.integer) or not (2 <= B <= 4096):
+        raise MechanismError(f"bins ({bins!r}) must be an integer in [2, 4096]")
+    if bound_atoms is None:
+        bound_atoms = noise_stddev(n, d, epsilon, delta) < ATOM_NOISE_LIMIT
+    return int(B), bool(bound_atoms)
+
+
 def project_to_simplex(v: ArrayLike) -> NDArray[np.float64]:
     """Euclidean projection of ``v`` onto ``{p >= 0, sum p = 1}`` (sort-based, exact).
 
@@ -259,15 +278,11 @@ def measure(
     check_budget(epsilon, delta)
     source = as_source(X)
     n, d = source.n_rows, source.n_cols
-    B = default_bins(n, d, epsilon, delta) if bins is None else bins
-    if isinstance(B, bool) or not isinstance(B, int | np.integer) or not (2 <= B <= 4096):
-        raise MechanismError(f"bins ({bins!r}) must be an integer in [2, 4096]")
-    if bound_atoms is None:
-        bound_atoms = noise_stddev(n, d, epsilon, delta) < ATOM_NOISE_LIMIT
+    B, bound_atoms = resolve(n, d, epsilon, delta, bins, bound_atoms)
     mechanism = "gaussian" if delta > 0 else "laplace"
     sens = histogram_sensitivity(n, d)["l2" if mechanism == "gaussian" else "l1"]
     released = noise.release(
-        exact_histograms(source, int(B), bool(bound_atoms)).ravel(),
+        exact_histograms(source, B, bound_atoms).ravel(),
         step=MEASURE_STEP,
         mechanism=mechanism,
         sensitivity=sens,
@@ -279,9 +294,9 @@ def measure(
         d=d,
         epsilon=float(epsilon),
         delta=float(delta),
-        bins=int(B),
-        atoms=bool(bound_atoms),
-        frequencies=released.values.reshape(d, int(B) + 2 * bool(bound_atoms)),
+        bins=B,
+        atoms=bound_atoms,
+        frequencies=released.values.reshape(d, B + 2 * bound_atoms),
         calibration=released.calibration,
     )
 
@@ -376,6 +391,7 @@ __all__ = [
     "measure",
     "noise_stddev",
     "project_to_simplex",
+    "resolve",
     "synthesize",
     "synthesize_from",
 ]

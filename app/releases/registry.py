@@ -152,6 +152,12 @@ class Mechanism(ABC):
         if self.requires_delta and delta <= 0:
             raise InvalidRequest(f"{self.name} with these parameters needs delta > 0")
 
+    def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+        """Refuse (InvalidRequest) re-synthesis ``changes`` that the stored release cannot
+        use (``stored``: its params as requested); the keys are already within
+        :attr:`post_processing`. By default every post-processing parameter applies."""
+        return None
+
     @abstractmethod
     def preview(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel

@@ -349,6 +349,7 @@ def resynthesize(
             f"only post-processing parameters can change without spending budget "
             f"({sorted(mechanism.post_processing)}); not: {not_allowed}"
         )
+    mechanism.check_post_processing(release.params, raw_params)
     if session.get(ReleaseMeasurement, release.id) is None:
         raise Conflict("the release has no measurements yet; nothing to re-synthesise")
     if release.status not in ("succeeded", "failed"):
