@@ -932,11 +932,15 @@ class Synopsis:
         level: float,
         estimate: TruncationEstimate | None,
         extrapolation: IndependenceExtrapolation | None = None,
+        plain_half: NDArray[np.float64] | None = None,
     ) -> Answers:
+        """``plain_half`` (optional): ``q_level s ||c_S||``, which depends on ``coef`` and
+        the public noise law only, when the caller already has it."""
         _check_level(level)
         c = coef.coefficients
         plain = coef.constant + c @ self.moments
-        plain_half = self._noise_halfwidth(c, level)
+        if plain_half is None:
+            plain_half = self._noise_halfwidth(c, level)
         worst = plain_half + coef.truncation_bound
         if extrapolation is None:
             extra = np.zeros(c.shape[0])
@@ -952,7 +956,9 @@ class Synopsis:
         else:
             z = float(ndtri(0.5 + level / 2.0))
             halfwidth = np.hypot(noise_half, z * estimate.cross_scale) + estimate.axis_tail
-            halfwidth = np.minimum(halfwidth, worst + np.abs(extra))
+            # capped by the worst case (|value - truth| <= worst + |X| whenever the plain
+            # answer is within its worst-case interval), never below the noise half-width
+            halfwidth = np.minimum(halfwidth, np.maximum(worst + np.abs(extra), noise_half))
         return Answers(
             values=plain + extra,
             stderr=stderr,
