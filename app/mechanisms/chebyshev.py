@@ -96,8 +96,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -1139,6 +1140,49 @@ def stack_expansions(expansions: Sequence[TensorExpansion]) -> TensorExpansion:
         method="+".join(methods),
         rigorous=all(e.rigorous for e in expansions),
     )
+
+
+def separable_blocks(
+    queries: Sequence[object], dim: int, *, min_length: int = 1, block: int = 500
+) -> Iterator[tuple[NDArray[np.int64], TensorExpansion]]:
+    """``(positions, expansion)`` covering every query of ``queries``, in blocks.
+
+    Gaussian mixtures with the same number of centres and the same widths share one
+    :func:`gaussian_expansion` per block of ``block`` queries (one DCT table); the other
+    separable queries are expanded one by one and stacked (:func:`stack_expansions`).
+    A query with no separable form is a :class:`MechanismError` naming its position.
+    """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    others: list[int] = []
+    for position, query in enumerate(queries):
+        if isinstance(query, GaussianMixture | AnisotropicGaussianMixture):
+            _check_dim(query.dim, dim)
+            sigma = np.broadcast_to(np.asarray(query.sigma, dtype=np.float64), (dim,))
+            groups.setdefault((query.centers.shape, sigma.tobytes()), []).append(position)
+        else:
+            others.append(position)
+    for members in groups.values():
+        first = queries[members[0]]
+        assert isinstance(first, GaussianMixture | AnisotropicGaussianMixture)
+        for start in range(0, len(members), block):
+            chunk = members[start : start + block]
+            mixtures = [queries[i] for i in chunk]
+            centers = np.stack([m.centers for m in mixtures])  # type: ignore[attr-defined]
+            weights = np.stack([m.weights for m in mixtures])  # type: ignore[attr-defined]
+            expansion = gaussian_expansion(centers, weights, first.sigma, min_length=min_length)
+            yield np.asarray(chunk, dtype=np.int64), expansion
+    for start in range(0, len(others), block):
+        chunk = others[start : start + block]
+        expansions = []
+        for position in chunk:
+            one = expand(queries[position], dim, min_length=min_length)
+            if one is None:
+                raise MechanismError(
+                    f"query {position} ({type(queries[position]).__name__}) has no separable "
+                    "form (Gaussian mixture, product of 1-D functions or polynomial)"
+                )
+            expansions.append(one)
+        yield np.asarray(chunk, dtype=np.int64), stack_expansions(expansions)
 
 
 def _check_dim(query_dim: int, dim: int) -> None:

@@ -70,6 +70,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from app.mechanisms import noise
+from app.mechanisms.chebyshev import TensorExpansion
 from app.mechanisms.data import RowSource, as_source, iter_checked
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import PrivacyCost, check_budget
@@ -197,6 +198,58 @@ class MarginalMeasurements:
             p[keep] = project_to_simplex(row[keep])
             out.append(p)
         return np.stack(out)
+
+    def chebyshev_moments(self, length: int) -> NDArray[np.float64]:
+        """``m[i, k] = E T_k(X_i)``, ``k < length``, under column ``i``'s estimated marginal.
+
+        That law (:meth:`marginals`) is what :func:`synthesize_from` draws the support
+        from: the atoms at the bounds and, in each bin ``[a, b]``, the uniform density, so
+        ``E T_k = sum_atoms p T_k(+-1) + sum_bins p_b (F_k(b) - F_k(a)) / (b - a)`` with the
+        antiderivative ``F_0 = x``, ``F_1 = x^2 / 2`` and, for ``k >= 2``,
+        ``F_k = (T_{k+1} / (k + 1) - T_{k-1} / (k - 1)) / 2``. Post-processing only.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise MechanismError(f"length ({length!r}) must be a positive integer")
+        probabilities = self.marginals()
+        B = self.bins
+        edges = np.linspace(-1.0, 1.0, B + 1)
+        k = np.arange(length)
+        theta = np.arccos(edges)[:, None]
+
+        def t_at_edges(order: NDArray[np.int64]) -> NDArray[np.float64]:  # T_order(edges)
+            out: NDArray[np.float64] = np.cos(order * theta)
+            return out
+
+        F = np.empty((B + 1, length))
+        F[:, 0] = edges
+        if length > 1:
+            F[:, 1] = edges**2 / 2.0
+        high = k[k >= 2]
+        if high.size:
+            upper, lower = t_at_edges(high + 1), t_at_edges(high - 1)
+            F[:, high] = (upper / (high + 1) - lower / (high - 1)) / 2.0
+        bin_means = np.diff(F, axis=0) / (2.0 / B)  # (B, length)
+        first = 1 if self.atoms else 0
+        moments: NDArray[np.float64] = probabilities[:, first : first + B] @ bin_means
+        if self.atoms:
+            moments += probabilities[:, :1] * np.where(k % 2 == 0, 1.0, -1.0)[None, :]
+            moments += probabilities[:, -1:]
+        return moments
+
+    def expectations(self, expansion: TensorExpansion) -> NDArray[np.float64]:
+        """``(Q,)`` exact answers of separable queries under the product of the estimated
+        marginals: ``sum_j w_j prod_i sum_k a_{jik} m[i, k]`` (:meth:`chebyshev_moments`);
+        the same law the support is a sample of, without its sampling error."""
+        if expansion.dim != self.d:
+            raise MechanismError(
+                f"the query has d = {expansion.dim} columns; the data has d = {self.d}"
+            )
+        m = self.chebyshev_moments(int(expansion.factors.shape[3]))
+        per_column = np.einsum("qjik,ik->qji", expansion.factors, m)
+        out: NDArray[np.float64] = np.einsum(
+            "qj,qj->q", expansion.weights, np.prod(per_column, axis=2)
+        )
+        return out
 
     @property
     def parameters(self) -> dict[str, Any]:

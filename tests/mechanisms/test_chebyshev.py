@@ -451,3 +451,35 @@ def test_independence_extrapolation_other_sets() -> None:
     assert independence_extrapolation(expansion, gap, np.zeros(4)) is None
     with pytest.raises(MechanismError, match="moments must have shape"):
         independence_extrapolation(expansion, full, np.zeros(2))
+
+
+def test_separable_blocks_cover_every_query_once_in_order() -> None:
+    """Mixed Gaussian mixtures (two shapes, isotropic and anisotropic), a polynomial and a
+    product query: every position appears once and each block's expansion evaluates, on
+    random points, to the query it stands for."""
+    rng = np.random.default_rng(8)
+    d = 3
+    queries: list[object] = []
+    for q in range(7):
+        J = 2 if q % 2 else 3
+        centers, weights = rng.uniform(-1, 1, (J, d)), rng.uniform(0, 1, J)
+        if q % 3 == 0:
+            queries.append(AnisotropicGaussianMixture(centers, weights, np.array([0.5, 1.0, 2.0])))
+        else:
+            queries.append(GaussianMixture(centers, weights, 0.7))
+    queries.insert(3, Polynomial(np.array([[1, 0, 2], [0, 1, 0]]), np.array([0.5, -1.0])))
+    queries.append(ProductQuery((np.cos, None, np.array([0.5, 0.0, 0.5])), weight=2.0))
+    X = rng.uniform(-1, 1, (20, d))
+    seen: list[int] = []
+    for positions, expansion in ch.separable_blocks(queries, d, block=2):
+        assert expansion.n_queries == positions.size
+        for row, position in enumerate(positions):
+            kernels = np.ones((expansion.factors.shape[1], X.shape[0]))
+            for i in range(d):
+                kernels *= npcheb.chebval(X[:, i], expansion.factors[row, :, i, :].T)
+            value = expansion.weights[row] @ kernels
+            np.testing.assert_allclose(value, queries[position].evaluate(X), atol=1e-6)  # type: ignore[attr-defined]
+        seen += positions.tolist()
+    assert sorted(seen) == list(range(len(queries)))
+    with pytest.raises(MechanismError, match=r"query 1 .* no separable form"):
+        list(ch.separable_blocks([queries[0], lambda X: X[:, 0]], d))

@@ -5,8 +5,9 @@ import math
 
 import numpy as np
 import pytest
+from scipy import integrate
 
-from app.mechanisms import marginals
+from app.mechanisms import chebyshev, marginals, noise
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import GaussianMixtureBatch
@@ -157,3 +158,86 @@ def test_bad_support_size_is_refused() -> None:
     m = marginals.measure(np.zeros((10, 2)), 1.0, 0.0, bins=4)
     with pytest.raises(MechanismError, match="grid_size"):
         marginals.synthesize_from(m, np.random.default_rng(0), grid_size=0)
+
+
+def _noise_free_measurements(
+    frequencies: np.ndarray, atoms: bool
+) -> marginals.MarginalMeasurements:
+    """Test-only: given cell frequencies (rows summing to 1) with a negligible noise law, so
+    ``marginals()`` returns them unchanged."""
+    d, cells = frequencies.shape
+    calibration = noise.calibrate(
+        "gaussian", sensitivity=1e-12, epsilon=1.0, delta=1e-9, dimension=d * cells
+    )
+    return marginals.MarginalMeasurements(
+        n=1000,
+        d=d,
+        epsilon=1.0,
+        delta=1e-9,
+        bins=cells - 2 * atoms,
+        atoms=atoms,
+        frequencies=frequencies,
+        calibration=calibration,
+    )
+
+
+@pytest.mark.parametrize("atoms", [True, False])
+def test_chebyshev_moments_integrate_the_piecewise_uniform_law(atoms: bool) -> None:
+    """E T_k under atoms at the bounds plus a uniform density in each bin, against
+    quadrature of T_k over each bin (scipy.integrate.quad), k < 12."""
+    rng = np.random.default_rng(4)
+    B = 5
+    p = rng.dirichlet(np.ones(B + 2 * atoms), size=3)
+    meas = _noise_free_measurements(p, atoms)
+    np.testing.assert_allclose(meas.marginals(), p, atol=1e-12)
+    moments = meas.chebyshev_moments(12)
+    edges = np.linspace(-1, 1, B + 1)
+    for i in range(3):
+        bins = p[i, 1 : B + 1] if atoms else p[i]
+        for k in range(12):
+            expected = sum(
+                bins[b]
+                / (edges[b + 1] - edges[b])
+                * integrate.quad(lambda x, k=k: math.cos(k * math.acos(x)), edges[b], edges[b + 1])[
+                    0
+                ]
+                for b in range(B)
+            )
+            if atoms:
+                expected += p[i, 0] * (-1) ** k + p[i, -1]
+            assert moments[i, k] == pytest.approx(expected, abs=1e-12)
+
+
+def test_expectations_are_the_product_law_of_the_support() -> None:
+    """Exact answers under the product of the estimated marginals agree with the answers
+    of a 4 10^5-point support drawn from it (Monte Carlo, measured max gap 3.5e-4 with
+    seed 0: band 2e-3) and with a closed form for one Gaussian factor per column
+    (erf over each bin), to 1e-12."""
+    rng = np.random.default_rng(0)
+    X = np.clip(rng.normal(0.2, 0.4, size=(20000, 4)), -1, 1)
+    meas = marginals.measure(X, 50.0, 1e-6, bins=12, bound_atoms=True)
+    batch = GaussianMixtureBatch.random(50, 3, 4, 0.5, rng)
+    expansion = chebyshev.gaussian_expansion(batch.centers, batch.weights, 0.5)
+    exact = meas.expectations(expansion)
+    support = marginals.synthesize_from(meas, rng, grid_size=400_000)
+    assert np.max(np.abs(exact - batch.answers(support.points, support.weights))) < 2e-3
+    # one kernel: prod_i [atoms + sum_b p_b mean_{bin b} exp(-(x - c_i)^2 / (2 s^2))]
+    c, s = batch.centers[0, 0], 0.5
+    probabilities = meas.marginals()
+    edges = np.linspace(-1, 1, 13)
+    closed = 1.0
+    for i in range(4):
+        g = lambda x, i=i: math.exp(-((x - c[i]) ** 2) / (2 * s * s))  # noqa: E731
+        value = probabilities[i, 0] * g(-1.0) + probabilities[i, -1] * g(1.0)
+        for b in range(12):
+            lo, hi = (
+                (edges[b] - c[i]) / (s * math.sqrt(2)),
+                (edges[b + 1] - c[i]) / (s * math.sqrt(2)),
+            )
+            mean = s * math.sqrt(math.pi / 2) * (math.erf(hi) - math.erf(lo)) / (2 / 12)
+            value += probabilities[i, b + 1] * mean
+        closed *= value
+    one = chebyshev.gaussian_expansion(batch.centers[:1, :1], np.ones((1, 1)), 0.5)
+    assert meas.expectations(one)[0] == pytest.approx(closed, rel=1e-12)
+    with pytest.raises(MechanismError, match="d = 3 columns"):
+        meas.expectations(chebyshev.gaussian_expansion(np.zeros((1, 1, 3)), np.ones((1, 1)), 0.5))

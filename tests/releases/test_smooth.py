@@ -372,10 +372,17 @@ def test_smooth_synthetic_synthesis_follows_the_payload(tmp_path: Path) -> None:
         )
         assert out.summary["parameters"]["method"] == method
         assert out.summary["rows"] == 20
-        points, weights, note = adapter.load(payload, info, workdir)
-        assert points.shape == (weights.size, 2)
-        assert weights.sum() == pytest.approx(1.0)
-        assert ("one-column marginals" in note) == (method == "marginals")
+        loaded = adapter.load(payload, info, workdir)
+        if method == "marginals":  # answers come from the measured product law itself
+            assert isinstance(loaded, marginals.MarginalMeasurements)
+        else:
+            points, weights = loaded
+            assert points.shape == (weights.size, 2)
+            assert weights.sum() == pytest.approx(1.0)
+        query = {"type": "gaussian_mixture", "centers": [[0.0, 0.0]], "weights": [1.0], "sigma": 1}
+        (answer,) = adapter.answer(loaded, info, [query])
+        assert 0.0 < answer["value"] <= 1.0
+        assert ("one-column marginals" in answer["note"]) == (method == "marginals")
     with pytest.raises(MechanismError, match="unknown smooth_synthetic measurement format"):
         adapter.synthesize(
             {"format": "other"}, info, SyntheticParams(), np.random.default_rng(), tmp_path, print

@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.core.errors import InvalidRequest
 from app.mechanisms import marginals, noise
 from app.mechanisms import smooth_synthetic as ss
+from app.mechanisms.chebyshev import separable_blocks
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import answer as weighted_answer
 from app.releases import registry
@@ -67,10 +68,11 @@ NOTE = (
     "smooth_synopsis release for answers with standard errors"
 )
 MARGINALS_NOTE = (
-    "exact for the released synthetic distribution (weighted support: the product of the "
-    "noisy one-column marginals); the error against the data comes from the DP noise and "
-    "from the dependence between columns, which this release does not keep, and has no "
-    "per-query bound; use a smooth_synopsis release for answers with standard errors"
+    "exact for the released synthetic distribution (the product of the noisy one-column "
+    "marginals, uniform within each bin; the downloadable support is a sample of it); the "
+    "error against the data comes from the DP noise and from the dependence between "
+    "columns, which this release does not keep, and has no per-query bound; use a "
+    "smooth_synopsis release for answers with standard errors"
 )
 
 
@@ -323,20 +325,33 @@ class SmoothSynthetic(registry.Mechanism):
             weights = np.load(artifacts / "weights.npy")
         except FileNotFoundError:
             raise InvalidRequest("this release's support is missing; re-synthesise it") from None
-        note = MARGINALS_NOTE if payload_method(payload) == "marginals" else NOTE
-        return points, weights, note
+        if payload_method(payload) == "marginals":
+            return marginals.MarginalMeasurements.from_dict(unpack(payload))
+        return points, weights
 
     def answer(
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
-        points, weights, note = loaded
+        parsed = smooth_queries.parse(queries, info)
+        if isinstance(loaded, marginals.MarginalMeasurements):
+            values = np.empty(len(parsed))
+            try:
+                for positions, expansion in separable_blocks(parsed, loaded.d):
+                    values[positions] = loaded.expectations(expansion)
+            except MechanismError as exc:
+                raise InvalidRequest(f"queries: {exc}") from None
+            return [
+                {"value": float(v), "stderr": None, "interval": None, "note": MARGINALS_NOTE}
+                for v in values
+            ]
+        points, weights = loaded
         out = []
-        for position, query in enumerate(smooth_queries.parse(queries, info)):
+        for position, query in enumerate(parsed):
             try:
                 value = weighted_answer(query, points, weights)
             except MechanismError as exc:
                 raise InvalidRequest(f"queries.{position}: {exc}") from None
-            out.append({"value": value, "stderr": None, "interval": None, "note": note})
+            out.append({"value": value, "stderr": None, "interval": None, "note": NOTE})
         return out
 
 
