@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,28 +86,23 @@ def _ratios(
 
 
 def run_peer(
-    python: str, method: str, X: np.ndarray, seed: int, workdir: Path
-) -> tuple[np.ndarray, float]:
+    python: str, method: str, X: np.ndarray, seed: int, workdir: Path, timeout: float | None = None
+) -> tuple[np.ndarray, float] | None:
+    """The peer's synthetic rows and fit-and-sample seconds; ``None`` past ``timeout``."""
     src, dst = workdir / "in.npy", workdir / f"{method}.npy"
     np.save(src, X)
     script = Path(__file__).parent / "peers" / "run_peer.py"
-    done = subprocess.run(
-        [
-            python,
-            str(script),
-            method,
-            str(src),
-            str(dst),
-            "1.0",
-            str(DELTA),
-            "8",
-            str(seed),
-            str(X.shape[0]),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    args = [python, str(script), method, str(src), str(dst), "1.0", str(DELTA), "8"]
+    try:
+        done = subprocess.run(
+            [*args, str(seed), str(X.shape[0])],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return None
     seconds = float(done.stdout.strip().split()[-1])
     return np.load(dst), seconds
 
@@ -120,6 +116,7 @@ def run(
     peers_python: str | None,
     peers: list[str],
     log: Any = print,
+    peer_timeout: float | None = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"datasets": {}}
     for name, X in data.items():
@@ -192,10 +189,17 @@ def run(
                 for method in peers:
                     runs, seconds = [], []
                     for r in range(peer_rounds):
-                        Y, secs = run_peer(peers_python, method, X, r, Path(tmp))
-                        runs.append(_ratios(batches, truth, base, Y, None))
-                        seconds.append(secs)
-                    record(f"{method.upper()} (eps, delta; smartnoise)", runs, seconds)
+                        out = run_peer(peers_python, method, X, r, Path(tmp), peer_timeout)
+                        if out is None:
+                            break
+                        runs.append(_ratios(batches, truth, base, out[0], None))
+                        seconds.append(out[1])
+                    label = f"{method.upper()} (eps, delta; smartnoise)"
+                    if len(runs) < peer_rounds:
+                        entry["unfinished"] = [*entry.get("unfinished", []), label]
+                        log(f"{name} {label}: no result within {peer_timeout:.0f} s")
+                        continue
+                    record(label, runs, seconds)
         result["datasets"][name] = entry
     return result
 
@@ -237,6 +241,12 @@ def render_markdown(result: dict[str, Any]) -> str:
             )
             cells = [f"x{row['ratio'][k]:.2f}" for k in keys]
             lines.append(f"| {label}{extra} | " + " | ".join(cells) + f" | {row['seconds']:.2f} |")
+        for label in entry.get("unfinished", []):
+            lines.append(
+                f"| {label} | "
+                + " | ".join("-" for _ in keys)
+                + f" | not finished in {s['peer_timeout']:.0f} s |"
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -250,9 +260,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=10_000)
     parser.add_argument("--peers-python", default=None, help="python of the peers venv")
     parser.add_argument("--peers", default="mst,aim")
+    parser.add_argument(
+        "--peer-timeout", type=float, default=None, help="seconds before a peer fit is dropped"
+    )
+    parser.add_argument(
+        "--tag", default="", help="results name suffix (smooth_marginals_TAG), for split runs"
+    )
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     args = parser.parse_args(argv)
-    bench = Run("smooth_marginals", "python -m bench.smooth_marginals " + " ".join(argv or []))
+    name = "smooth_marginals" + (f"_{args.tag}" if args.tag else "")
+    command = "python -m bench.smooth_marginals " + " ".join(sys.argv[1:] if argv is None else argv)
+    bench = Run(name, command)
     data = load_datasets(args.datasets.split(","), args.data_dir)
     result = run(
         data,
@@ -262,12 +280,14 @@ def main(argv: list[str] | None = None) -> None:
         args.queries,
         args.peers_python,
         [p for p in args.peers.split(",") if p],
+        peer_timeout=args.peer_timeout,
     )
     result["settings"] = {
         "queries": args.queries,
         "rounds": args.rounds,
         "lp_rounds": args.lp_rounds,
         "peer_rounds": args.peer_rounds,
+        "peer_timeout": args.peer_timeout,
     }
     bench.write(render_markdown(result), result)
 
