@@ -768,7 +768,7 @@ class Synopsis:
     ) -> Answer:
         """Answer, standard error and ``level`` interval of one query (Algorithm 2, plus
         the independence extrapolation of separable queries unless ``extrapolate`` is
-        False; module docstring, "Answers")."""
+        False; module docstring, "Independence extrapolation")."""
         _check_level(level)
         expansion = expand(query, self.d, min_length=self.index_set.max_degree + 1)
         if expansion is not None:
