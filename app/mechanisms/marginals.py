@@ -74,7 +74,7 @@ from app.mechanisms.chebyshev import TensorExpansion
 from app.mechanisms.data import RowSource, as_source, iter_checked
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import PrivacyCost, check_budget
-from app.mechanisms.queries import Query
+from app.mechanisms.queries import Query, answer, sample_support
 
 FORMAT = "smooth_synthetic.marginals/1"
 #: The ledger step name of the one measurement.
@@ -95,15 +95,23 @@ def histogram_sensitivity(n: int, d: int) -> dict[str, float]:
     return {"l1": 2.0 * d / n, "l2": math.sqrt(2.0 * d) / n}
 
 
-def noise_stddev(n: int, d: int, epsilon: float, delta: float) -> float:
-    """Standard deviation of the noise on one frequency (public: no data is read)."""
+def noise_calibration(
+    n: int, d: int, epsilon: float, delta: float, cells: int = 1
+) -> noise.NoiseCalibration:
+    """The noise law of :func:`measure` for ``d`` histograms of ``cells`` cells: vector
+    Gaussian (``delta > 0``, L2 sensitivity) or Laplace (L1). Public: no data is read."""
     check_budget(epsilon, delta)
     mechanism = "gaussian" if delta > 0 else "laplace"
     sens = histogram_sensitivity(n, d)["l2" if mechanism == "gaussian" else "l1"]
-    calibration = noise.calibrate(
-        mechanism, sensitivity=sens, epsilon=epsilon, delta=delta, dimension=d
+    return noise.calibrate(
+        mechanism, sensitivity=sens, epsilon=epsilon, delta=delta, dimension=d * cells
     )
-    return calibration.stddev
+
+
+def noise_stddev(n: int, d: int, epsilon: float, delta: float) -> float:
+    """Standard deviation of the noise on one frequency (the scale does not depend on the
+    number of cells)."""
+    return noise_calibration(n, d, epsilon, delta).stddev
 
 
 def default_bins(n: int, d: int, epsilon: float, delta: float) -> int:
@@ -332,13 +340,12 @@ def measure(
     source = as_source(X)
     n, d = source.n_rows, source.n_cols
     B, bound_atoms = resolve(n, d, epsilon, delta, bins, bound_atoms)
-    mechanism = "gaussian" if delta > 0 else "laplace"
-    sens = histogram_sensitivity(n, d)["l2" if mechanism == "gaussian" else "l1"]
+    law = noise_calibration(n, d, epsilon, delta, B + 2 * bound_atoms)
     released = noise.release(
         exact_histograms(source, B, bound_atoms).ravel(),
         step=MEASURE_STEP,
-        mechanism=mechanism,
-        sensitivity=sens,
+        mechanism=law.mechanism,
+        sensitivity=law.sensitivity,
         epsilon=epsilon,
         delta=delta,
     )
@@ -369,16 +376,11 @@ class MarginalRelease:
 
     def sample(self, m: int, rng: np.random.Generator) -> NDArray[np.float64]:
         """``m`` rows drawn i.i.d. from the weighted support."""
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise MechanismError(f"m ({m!r}) must be a positive integer")
-        out: NDArray[np.float64] = self.points[
-            rng.choice(self.points.shape[0], size=m, p=self.weights)
-        ]
-        return out
+        return sample_support(self.points, self.weights, m, rng)
 
     def answer(self, query: Query) -> float:
         """``sum_k w_k f(s_k)``."""
-        return float(self.weights @ query.evaluate(self.points))
+        return answer(query, self.points, self.weights)
 
 
 def synthesize_from(

@@ -52,6 +52,16 @@ def answer(query: Query, points: ArrayLike, weights: ArrayLike | None = None) ->
     return float(np.dot(w[keep], query.evaluate(pts[keep])))
 
 
+def sample_support(
+    points: NDArray[np.float64], weights: NDArray[np.float64], m: int, rng: np.random.Generator
+) -> NDArray[np.float64]:
+    """``m`` rows drawn i.i.d. from the weighted support (``P(s_k) = w_k``)."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise MechanismError(f"m ({m!r}) must be a positive integer")
+    out: NDArray[np.float64] = points[rng.choice(points.shape[0], size=m, p=weights)]
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class GaussianMixture:
     """``f(x) = sum_j a_j exp(-||x - c_j||^2 / (2 sigma^2))``; ``centers`` is ``(J, d)``."""

@@ -93,7 +93,7 @@ from app.mechanisms import basis, grids, lp, noise, pca
 from app.mechanisms.data import RowSource, as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import PrivacyCost, check_budget
-from app.mechanisms.queries import Query
+from app.mechanisms.queries import Query, sample_support
 
 GRIDS = ("full", "hypercube", "pca_ellipsoid")
 BASIS_RULES = ("paper_min_d", "paper")
@@ -423,11 +423,7 @@ class SyntheticRelease:
 
     def sample(self, m: int, rng: np.random.Generator) -> NDArray[np.float64]:
         """``m`` rows drawn i.i.d. from the weighted support (steps 21-24)."""
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise MechanismError(f"m ({m!r}) must be a positive integer")
-        idx = rng.choice(self.points.shape[0], size=m, p=self.weights)
-        out: NDArray[np.float64] = self.points[idx]
-        return out
+        return sample_support(self.points, self.weights, m, rng)
 
     def answer(self, query: Query) -> float:
         """``q_f = sum_k w_k f(s_k)`` over the weighted support (the sampled rows' expectation)."""

@@ -320,13 +320,15 @@ class SmoothSynthetic(registry.Mechanism):
         )
 
     def load(self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path) -> Any:
+        """Marginals: the measurements (answers use the product law, not the support);
+        moments: the weighted support."""
+        if payload_method(payload) == "marginals":
+            return marginals.MarginalMeasurements.from_dict(unpack(payload))
         try:
             points = np.load(artifacts / "support_normalized.npy")
             weights = np.load(artifacts / "weights.npy")
         except FileNotFoundError:
             raise InvalidRequest("this release's support is missing; re-synthesise it") from None
-        if payload_method(payload) == "marginals":
-            return marginals.MarginalMeasurements.from_dict(unpack(payload))
         return points, weights
 
     def answer(
@@ -383,17 +385,8 @@ def _preview_marginals(
 ) -> dict[str, Any]:
     """The resolution of :func:`marginals.measure` (bins, atoms, noise), from public values."""
     n, d = info.n_rows, info.d
-    tau = marginals.noise_stddev(n, d, epsilon, delta)
     bins, atoms = marginals.resolve(n, d, epsilon, delta, params.bins, params.bound_atoms)
-    mechanism = "gaussian" if delta > 0 else "laplace"
-    sensitivity = marginals.histogram_sensitivity(n, d)["l2" if mechanism == "gaussian" else "l1"]
-    calibration = noise.calibrate(
-        mechanism,
-        sensitivity=sensitivity,
-        epsilon=epsilon,
-        delta=delta,
-        dimension=d * (bins + 2 * int(atoms)),
-    )
+    calibration = marginals.noise_calibration(n, d, epsilon, delta, bins + 2 * atoms)
     return {
         "resolved": {
             "method": "marginals",
@@ -402,12 +395,12 @@ def _preview_marginals(
             "bins": bins,
             "bound_atoms": atoms,
             "grid_size": _marginal_sizes(d, n, params)[0],
-            "noise_mechanism": mechanism,
+            "noise_mechanism": calibration.mechanism,
         },
         "accuracy": {
             "noise": calibration.distribution,
             "noise_scale": calibration.scale,
-            "frequency_stddev": tau,
+            "frequency_stddev": calibration.stddev,
             "note": "standard deviation of the noise on each cell frequency of a column's "
             "histogram, before the projection onto the simplex (which removes much of it); "
             "answers are exact for the product of the estimated marginals, which keeps no "
