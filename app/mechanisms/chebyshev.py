@@ -1142,6 +1142,19 @@ def stack_expansions(expansions: Sequence[TensorExpansion]) -> TensorExpansion:
     )
 
 
+def is_separable(query: object) -> bool:
+    """Whether :func:`expand` gives ``query`` an exact separable expansion (Gaussian
+    mixtures, polynomials, products of 1-D functions)."""
+    return isinstance(
+        query,
+        GaussianMixtureBatch
+        | GaussianMixture
+        | AnisotropicGaussianMixture
+        | Polynomial
+        | ProductQuery,
+    )
+
+
 def separable_blocks(
     queries: Sequence[object], dim: int, *, min_length: int = 1, block: int = 500
 ) -> Iterator[tuple[NDArray[np.int64], TensorExpansion]]:

@@ -172,17 +172,16 @@ from app.mechanisms.chebyshev import (
     gaussian_expansion,
     gaussian_factors,
     independence_extrapolation,
+    is_separable,
     query_coefficients,
     restrict,
-    stack_expansions,
+    separable_blocks,
     truncation_estimate,
 )
 from app.mechanisms.data import RowSource, as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import PrivacyCost, check_budget
 from app.mechanisms.queries import (
-    AnisotropicGaussianMixture,
-    GaussianMixture,
     GaussianMixtureBatch,
 )
 
@@ -804,9 +803,10 @@ class Synopsis:
     ) -> Answers:
         """Answers of many queries, vectorised.
 
-        A :class:`GaussianMixtureBatch` (and runs of Gaussian mixtures with the same
-        number of centres and widths in a sequence) is expanded ``block`` queries at a
-        time: 1-D coefficient tables from one DCT per block, the ``(block, R)``
+        A :class:`GaussianMixtureBatch` (and, in a sequence, Gaussian mixtures with the
+        same number of centres and widths:
+        :func:`~app.mechanisms.chebyshev.separable_blocks`) is expanded ``block`` queries
+        at a time: 1-D coefficient tables from one DCT per block, the ``(block, R)``
         coefficient matrix by products over each index's nonzero entries, then one
         matrix-vector product with the moments.
         """
@@ -816,49 +816,23 @@ class Synopsis:
         items = list(queries)
         if not items:
             raise MechanismError("answer_many() needs at least one query")
-        parts: list[tuple[NDArray[np.int64], Answers]] = []
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        others: list[int] = []
         for i, q in enumerate(items):
             if isinstance(q, GaussianMixtureBatch):
                 raise MechanismError(
                     f"item {i} is a GaussianMixtureBatch; pass a batch on its own, not in a list"
                 )
-            key = _gaussian_key(q)
-            if key is None:
-                others.append(i)
-            else:
-                groups.setdefault(key, []).append(i)
-        for indices in groups.values():
-            members = [items[i] for i in indices]
-            centers = np.stack([_mixture_arrays(m)[0] for m in members])
-            weights = np.stack([_mixture_arrays(m)[1] for m in members])
-            sigma = np.broadcast_to(_mixture_arrays(members[0])[2], (centers.shape[2],))
-            if centers.shape[2] != self.d:
-                raise MechanismError(
-                    f"the query has d = {centers.shape[2]} columns but the synopsis has "
-                    f"d = {self.d}"
-                )
-            answers = self._answer_gaussian(centers, weights, sigma, level, block, extrapolate)
-            parts.append((np.asarray(indices), answers))
-        expansions: list[TensorExpansion] = []
-        separable: list[int] = []
-        general: list[int] = []
-        for i in others:
-            expansion = expand(items[i], self.d, min_length=self.index_set.max_degree + 1)
-            if expansion is None:
-                general.append(i)
-            else:
-                expansions.append(expansion)
-                separable.append(i)
-        for start in range(0, len(expansions), block):
-            stacked = stack_expansions(expansions[start : start + block])
-            parts.append(
-                (
-                    np.asarray(separable[start : start + block]),
-                    self._answers_separable(stacked, level, extrapolate),
-                )
-            )
+        separable = np.array([i for i, q in enumerate(items) if is_separable(q)], dtype=np.int64)
+        general = [i for i, q in enumerate(items) if not is_separable(q)]
+        parts: list[tuple[NDArray[np.int64], Answers]] = []
+        blocks = separable_blocks(
+            [items[i] for i in separable],
+            self.d,
+            min_length=self.index_set.max_degree + 1,
+            block=block,
+        )
+        for positions, expansion in blocks:
+            answers = self._answers_separable(expansion, level, extrapolate)
+            parts.append((separable[positions], answers))
         for i in general:
             parts.append((np.asarray([i]), self._answers(self.coefficients(items[i]), level, None)))
         return _merge(parts, len(items), level)
@@ -1219,22 +1193,6 @@ def _check_positive(name: str, value: int) -> None:
 def _check_level(level: float) -> None:
     if not (isinstance(level, float | int) and 0.0 < level < 1.0):
         raise MechanismError(f"level ({level!r}) must lie in (0, 1)")
-
-
-def _gaussian_key(query: object) -> tuple[Any, ...] | None:
-    if isinstance(query, GaussianMixture):
-        return ("iso", query.centers.shape, float(query.sigma))
-    if isinstance(query, AnisotropicGaussianMixture):
-        return ("aniso", query.centers.shape, query.sigma.tobytes())
-    return None
-
-
-def _mixture_arrays(
-    query: object,
-) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    if not isinstance(query, GaussianMixture | AnisotropicGaussianMixture):
-        raise MechanismError("expected a Gaussian mixture query")
-    return query.centers, query.weights, np.asarray(query.sigma, dtype=np.float64)
 
 
 def _concatenate(pieces: Sequence[Answers], level: float) -> Answers:
