@@ -15,8 +15,10 @@ def test_bench_runs_and_renders_without_peers() -> None:
     rows = result["datasets"]["TINY"]["rows"]
     assert set(rows) == {
         "independent columns (not private)",
-        "marginals (eps)",
-        "marginals (eps, delta)",
+        "marginals (eps), answers",
+        "marginals (eps), support",
+        "marginals (eps, delta), answers",
+        "marginals (eps, delta), support",
         "moment LP (eps)",
         "moment LP (eps, delta)",
     }
@@ -35,3 +37,22 @@ def test_joint_queries_are_centred_near_real_rows() -> None:
     nearest = np.min(np.linalg.norm(batch.centers[:, :, None, :] - X[None, None], axis=-1), axis=-1)
     assert batch.centers.shape == (20, 10, 4)
     assert np.median(nearest) < 0.5  # jitter N(0, 0.1^2) per coordinate
+
+
+def test_product_law_answers_match_the_support_sample() -> None:
+    """The service's exact answers and the C = 10^5-point support estimate one law: on the
+    same release they differ by the support's sampling error only (relative 1e-2 here)."""
+    from app.mechanisms import marginals
+    from app.mechanisms.queries import GaussianMixtureBatch
+
+    rng = np.random.default_rng(72)
+    X = np.clip(rng.normal(0.2, 0.3, size=(400, 3)), -1, 1)
+    batches = {"q": GaussianMixtureBatch.random(40, 4, 3, 2.0, np.random.default_rng(73))}
+    release = marginals.synthesize(X, 1.0, 1e-9, grid_size=100_000, rng=np.random.default_rng(74))
+    exact = batches["q"].answers(release.points, release.weights)
+    ones = {"q": 1.0}
+    ratio = bench._product_law_ratios(batches, {"q": exact}, ones, release.measurements)
+    assert ratio["q"] < 1e-2
+    truth = {"q": batches["q"].answers(X)}
+    far = bench._product_law_ratios(batches, {"q": truth["q"] * 1.5}, ones, release.measurements)
+    assert far["q"] > 0.2  # the comparison can fail
