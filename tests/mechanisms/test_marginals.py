@@ -127,6 +127,20 @@ def test_default_bins_follow_the_noise_level() -> None:
     assert marginals.MIN_BINS <= small < large <= marginals.MAX_BINS
 
 
+def test_default_bins_grow_with_the_width_at_equal_noise() -> None:
+    """``B ~ d^{1/3} tau^{-2/3}``: ``(n, d)`` and ``(2n, 4d)`` have the same per-frequency
+    noise (``tau ~ sqrt(d) / n``), and the wider table gets ``4^{1/3}`` times the bins."""
+    tau = marginals.noise_stddev(1000, 10, 1.0, 1e-9)
+    assert marginals.noise_stddev(2000, 40, 1.0, 1e-9) == pytest.approx(tau)
+    narrow = marginals.default_bins(1000, 10, 1.0, 1e-9)
+    wide = marginals.default_bins(2000, 40, 1.0, 1e-9)
+    assert wide / narrow == pytest.approx(4 ** (1 / 3), rel=0.1)
+    # the benchmark tables (bench/results/smooth_marginals*.md), eps = 1, delta = 1e-9
+    sizes = {"WDBC": (569, 30), "CTG": (2126, 21), "PKS": (5875, 21), "CRM": (1994, 100)}
+    bins = {k: marginals.default_bins(n, d, 1.0, 1e-9) for k, (n, d) in sizes.items()}
+    assert bins == {"WDBC": 6, "CTG": 15, "PKS": 29, "CRM": 14}
+
+
 def test_json_round_trip_is_exact() -> None:
     X = np.random.default_rng(10).uniform(-1, 1, size=(100, 2))
     m = marginals.measure(X, 1.0, 0.0, bins=3)
