@@ -283,6 +283,7 @@ def _gaussian_class_points(width: float, min_length: int) -> tuple[int, float]:
     return n_points, 2.0 * gaussian_tail_bound(width, n_points) + 4.0 * n_points * EPS
 
 
+@functools.lru_cache(maxsize=4096)
 def gaussian_factor_points(sigma: float, min_length: int = 1) -> tuple[int, float]:
     """``(N, e)`` for a Gaussian product factor of width ``sigma``.
 
@@ -563,18 +564,23 @@ def product_expansions(queries: Sequence[ProductQuery], *, min_length: int = 1) 
     )
 
 
-def product_length(query: ProductQuery, min_length: int = 1) -> int:
-    """The length ``L`` of :func:`product_expansion` for a query without callable factors
-    (``None``: 1, vectors: their size, Gaussians: their ``N``), without computing it."""
+def product_length(query: ProductQuery, min_length: int = 1) -> int | None:
+    """The length ``L`` of :func:`product_expansion` without computing it (``None``: 1,
+    vectors: their size, Gaussians: their ``N``), or ``None`` if a factor is a callable
+    (its length is only known once it is resolved)."""
     length = max(int(min_length), 1)
     for i, g in enumerate(query.factors):
+        if g is None:
+            continue
         if isinstance(g, Gaussian1D):
             try:
                 length = max(length, gaussian_factor_points(g.sigma, min_length)[0])
             except MechanismError as exc:
                 raise MechanismError(f"factor {i}: {exc}") from None
-        elif g is not None and not callable(g):
-            length = max(length, int(np.asarray(g).size))
+        elif callable(g):
+            return None
+        else:
+            length = max(length, int(g.size))
     return length
 
 
@@ -1303,13 +1309,17 @@ def separable_blocks(
             _check_dim(query.dim, dim)
             sigma = np.broadcast_to(np.asarray(query.sigma, dtype=np.float64), (dim,))
             groups.setdefault((query.centers.shape, sigma.tobytes()), []).append(position)
-        elif isinstance(query, ProductQuery) and not any(callable(g) for g in query.factors):
+        elif isinstance(query, ProductQuery):
             _check_dim(query.dim, dim)
             try:
                 length = product_length(query, min_length)
             except MechanismError as exc:
                 raise MechanismError(f"query {position}: {exc}") from None
-            products.setdefault(1 << (length - 1).bit_length(), []).append((position, query))
+            if length is None:
+                others.append(position)
+            else:
+                key = 1 << (length - 1).bit_length()
+                products.setdefault(key, []).append((position, query))
         else:
             others.append(position)
     for members in groups.values():
