@@ -43,6 +43,13 @@ vector differs from the true expansion by at most ``2 sum_{m >= N} |a_m|`` in l1
   (1 - 1/rho)``, minimised over a grid of ``rho``. ``N`` is the smallest number of points
   that makes this bound negligible (< 1e-16): the coefficients are exact to rounding, with
   a proven tail.
+* Gaussian product factors (:class:`~app.mechanisms.queries.Gaussian1D`, one width per
+  factor): the bound above is decreasing in ``s`` (``M(rho)`` is, for every ``rho``), so
+  ``N`` and the tail are computed for the *width class* ``s_k = 2^(k/8) <= s``,
+  ``k = floor(8 log2 s)``, and hold for every width of the class. Factors with the same
+  ``N`` are sampled and transformed together (one DCT for all of them); ``N`` is about
+  ``10 / s`` for narrow widths (``s = 0.01``: ``N = 1032``), and widths that need more
+  than :data:`MAX_POINTS_1D` points (``s`` below about ``1.6e-4``) are refused.
 * Monomials ``x^p``: exact, ``x^p = 2^(1-p) sum_k binom(p, k) T_{p-2k}(x)`` (the ``T_0``
   term halved).
 * 1-D Chebyshev coefficient vectors: taken as given (exact).
@@ -108,6 +115,7 @@ from app.mechanisms.basis import IndexSet, chebyshev_table
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import (
     AnisotropicGaussianMixture,
+    Gaussian1D,
     GaussianMixture,
     GaussianMixtureBatch,
     Polynomial,
@@ -129,6 +137,9 @@ MAX_POINTS_1D = 1 << 16
 #: A Gaussian factor's proven coefficient tail is pushed below this (absolute; the factor
 #: is at most 1 on the cube).
 GAUSSIAN_TAIL_TOLERANCE = 1e-16
+
+#: Width classes per octave for Gaussian product factors (module docstring).
+GAUSSIAN_WIDTH_CLASSES = 8
 
 #: Relative size below which a 1-D factor's constant coefficient is treated as exactly 0
 #: (its mass moves into the truncation bound); keeps the product ratios finite.
@@ -237,15 +248,79 @@ def gaussian_factors(
     inv = 1.0 / (2.0 * sigma * sigma)
     diff = x - centers[..., None]
     values = np.exp(-(diff * diff) * inv[:, None])
-    factors = (
-        values @ _dct_matrix(n_points) if n_points <= 128 else coefficients_from_values(values)
-    )
+    factors = _last_axis_coefficients(values)
     rounding = 4.0 * n_points * EPS  # |values| <= 1
     tails = np.array(
         [2.0 * gaussian_tail_bound(float(s), n_points) + rounding for s in sigma],
         dtype=np.float64,
     )
     return factors, tails
+
+
+def _last_axis_coefficients(values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """:func:`coefficients_from_values` along the last axis (a GEMM for short vectors)."""
+    n_points = values.shape[-1]
+    if n_points <= 128:
+        out: NDArray[np.float64] = values @ _dct_matrix(n_points)
+        return out
+    return coefficients_from_values(values)
+
+
+def gaussian_width_class(sigma: float) -> float:
+    """The largest class width ``s_k = 2^(k / 8) <= sigma`` (``k = floor(8 log2 sigma)``)."""
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise MechanismError(f"sigma ({sigma!r}) must be positive and finite")
+    k = math.floor(GAUSSIAN_WIDTH_CLASSES * math.log2(sigma))
+    width = math.pow(2.0, k / GAUSSIAN_WIDTH_CLASSES)
+    if width > sigma:  # log2 rounded up across a class boundary
+        width = math.pow(2.0, (k - 1) / GAUSSIAN_WIDTH_CLASSES)
+    return width
+
+
+@functools.lru_cache(maxsize=4096)
+def _gaussian_class_points(width: float, min_length: int) -> tuple[int, float]:
+    n_points = gaussian_points(width, max(min_length, 8))
+    return n_points, 2.0 * gaussian_tail_bound(width, n_points) + 4.0 * n_points * EPS
+
+
+@functools.lru_cache(maxsize=4096)
+def gaussian_factor_points(sigma: float, min_length: int = 1) -> tuple[int, float]:
+    """``(N, e)`` for a Gaussian product factor of width ``sigma``.
+
+    ``N = gaussian_points(s_k, max(min_length, 8))`` and
+    ``e = 2 gaussian_tail_bound(s_k, N) + 4 N eps`` for the width class ``s_k <= sigma``
+    (:func:`gaussian_width_class`): ``e`` bounds the l1 distance between the ``N``
+    coefficients from :func:`gaussian_factor_table` and the true coefficient sequence
+    (aliasing and omitted tail, which only shrink as the width grows, plus DCT rounding;
+    every value is at most 1).
+    """
+    width = gaussian_width_class(sigma)
+    try:
+        return _gaussian_class_points(width, int(min_length))
+    except MechanismError:
+        raise MechanismError(
+            f"a Gaussian factor with sigma {sigma:.3g} is too narrow to expand on [-1, 1]: "
+            f"it needs more than {MAX_POINTS_1D} Chebyshev points"
+        ) from None
+
+
+def gaussian_factor_table(
+    centers: ArrayLike, sigma: ArrayLike, n_points: int
+) -> NDArray[np.float64]:
+    """``(K, N)`` coefficients of ``exp(-(x - c_k)^2 / (2 sigma_k^2))`` from ``N`` points.
+
+    One row per factor (``centers`` and ``sigma`` of shape ``(K,)``), all sampled at the
+    same :func:`chebyshev_points` and transformed together. The error of each row is
+    bounded by :func:`gaussian_factor_points` when ``N`` is at least the ``N`` it gives
+    for that row's width.
+    """
+    c = np.asarray(centers, dtype=np.float64).reshape(-1)
+    s = np.asarray(sigma, dtype=np.float64).reshape(-1)
+    if c.shape != s.shape:
+        raise MechanismError(f"centers {c.shape} and sigma {s.shape} must have the same shape")
+    diff = chebyshev_points(n_points)[None, :] - c[:, None]
+    values = np.exp(-(diff * diff) / (2.0 * s * s)[:, None])
+    return _last_axis_coefficients(values)
 
 
 def callable_factor(
@@ -424,34 +499,89 @@ def polynomial_expansion(query: Polynomial, *, min_length: int = 1) -> TensorExp
 
 
 def product_expansion(query: ProductQuery, *, min_length: int = 1) -> TensorExpansion:
-    """Expansion of ``weight * prod_i g_i(x_i)``; callables are resolved adaptively."""
-    coefs: list[NDArray[np.float64]] = []
-    tails: list[float] = []
+    """Expansion of ``weight * prod_i g_i(x_i)`` (:func:`product_expansions` of one query)."""
+    return product_expansions([query], min_length=min_length)
+
+
+def product_expansions(queries: Sequence[ProductQuery], *, min_length: int = 1) -> TensorExpansion:
+    """One expansion (``J = 1``) of ``Q`` product queries ``w_q prod_i g_qi(x_i)``.
+
+    Factor by factor, coefficients ``a`` and l1 tail bound ``e``:
+
+    * ``None``: ``a = (1)``, ``e = 0``;
+    * a coefficient vector: ``a`` as given, ``e = 4 |a| eps ||a||_1`` (rounding);
+    * :class:`~app.mechanisms.queries.Gaussian1D`: ``N`` points and the proven ``e`` of
+      :func:`gaussian_factor_points`, ``a`` from :func:`gaussian_factor_table` (all factors
+      with the same ``N``, over all queries, in one transform);
+    * a callable: :func:`callable_factor` (estimated tail: ``rigorous = False``).
+
+    Vectors are padded with zeros to ``L = max(longest vector, min_length)``; ``weights``
+    is ``(Q, 1)`` and ``tails`` ``(Q, 1, d)``.
+    """
+    if not queries:
+        raise MechanismError("no queries to expand")
+    d = queries[0].dim
+    if any(q.dim != d for q in queries):
+        raise MechanismError("all queries must have the same number of columns")
+    Q = len(queries)
+    tails = np.zeros((Q, d), dtype=np.float64)
+    vectors: list[tuple[int, int, NDArray[np.float64]]] = []
+    gaussians: dict[int, list[tuple[int, int, float, float]]] = {}
     rigorous = True
-    for i, g in enumerate(query.factors):
-        if g is None:
-            coefs.append(np.ones(1))
-            tails.append(0.0)
-        elif callable(g):
-            coef, tail = callable_factor(g, min_length, name=f"factor {i}")
-            coefs.append(coef)
-            tails.append(tail)
-            rigorous = False
-        else:
-            arr = np.asarray(g, dtype=np.float64)
-            coefs.append(arr)
-            tails.append(4.0 * arr.size * EPS * float(np.abs(arr).sum()))
-    length = max(max(c.size for c in coefs), min_length)
-    factors = np.zeros((1, 1, len(coefs), length), dtype=np.float64)
-    for i, c in enumerate(coefs):
-        factors[0, 0, i, : c.size] = c
+    length = max(int(min_length), 1)
+    for q, query in enumerate(queries):
+        for i, g in enumerate(query.factors):
+            if g is None:
+                continue
+            if isinstance(g, Gaussian1D):
+                n_points, tail = gaussian_factor_points(g.sigma, min_length)
+                gaussians.setdefault(n_points, []).append((q, i, g.center, g.sigma))
+                length = max(length, n_points)
+            elif callable(g):
+                coef, tail = callable_factor(g, min_length, name=f"factor {i}")
+                vectors.append((q, i, coef))
+                rigorous = False
+                length = max(length, coef.size)
+            else:
+                coef = np.asarray(g, dtype=np.float64)
+                tail = 4.0 * coef.size * EPS * float(np.abs(coef).sum())
+                vectors.append((q, i, coef))
+                length = max(length, coef.size)
+            tails[q, i] = tail
+    factors = np.zeros((Q, 1, d, length), dtype=np.float64)
+    factors[:, 0, :, 0] = 1.0  # None: the constant 1 (every other vector overwrites a_0)
+    for n_points, members in gaussians.items():
+        rows, cols, centers, sigma = (np.asarray(v) for v in zip(*members, strict=True))
+        factors[rows, 0, cols, :n_points] = gaussian_factor_table(centers, sigma, n_points)
+    for q, i, coef in vectors:
+        factors[q, 0, i, : coef.size] = coef
     return TensorExpansion(
-        weights=np.array([[query.weight]]),
+        weights=np.array([[query.weight] for query in queries], dtype=np.float64),
         factors=factors,
-        tails=np.array([[tails]], dtype=np.float64),
+        tails=tails[:, None, :],
         method="product",
         rigorous=rigorous,
     )
+
+
+def product_length(query: ProductQuery, min_length: int = 1) -> int | None:
+    """The length ``L`` of :func:`product_expansion` without computing it (``None``: 1,
+    vectors: their size, Gaussians: their ``N``), or ``None`` if a factor is a callable
+    (its length is only known once it is resolved)."""
+    length = max(int(min_length), 1)
+    for i, g in enumerate(query.factors):
+        if g is None:
+            continue
+        if isinstance(g, Gaussian1D):
+            try:
+                length = max(length, gaussian_factor_points(g.sigma, min_length)[0])
+            except MechanismError as exc:
+                raise MechanismError(f"factor {i}: {exc}") from None
+        elif callable(g):
+            return None
+        else:
+            length = max(length, int(g.size))
+    return length
 
 
 def expand(query: object, dim: int, *, min_length: int = 1) -> TensorExpansion | None:
@@ -1161,17 +1291,35 @@ def separable_blocks(
     """``(positions, expansion)`` covering every query of ``queries``, in blocks.
 
     Gaussian mixtures with the same number of centres and the same widths share one
-    :func:`gaussian_expansion` per block of ``block`` queries (one DCT table); the other
-    separable queries are expanded one by one and stacked (:func:`stack_expansions`).
-    A query with no separable form is a :class:`MechanismError` naming its position.
+    :func:`gaussian_expansion` per block of ``block`` queries (one DCT table). Product
+    queries whose factors are all ``None``, coefficient vectors or
+    :class:`~app.mechanisms.queries.Gaussian1D` share one :func:`product_expansions` per
+    block, grouped by their length ``L`` rounded up to a power of two (so that padding at
+    most doubles a block) and with at most ``max(1, DEFAULT_BLOCK_ELEMENTS // (d L))``
+    queries per block (a narrow Gaussian does not inflate ``block`` others). The other
+    separable queries (polynomials, products with callable factors) are expanded one by
+    one and stacked (:func:`stack_expansions`). A query with no separable form is a
+    :class:`MechanismError` naming its position.
     """
     groups: dict[tuple[Any, ...], list[int]] = {}
+    products: dict[int, list[tuple[int, ProductQuery]]] = {}
     others: list[int] = []
     for position, query in enumerate(queries):
         if isinstance(query, GaussianMixture | AnisotropicGaussianMixture):
             _check_dim(query.dim, dim)
             sigma = np.broadcast_to(np.asarray(query.sigma, dtype=np.float64), (dim,))
             groups.setdefault((query.centers.shape, sigma.tobytes()), []).append(position)
+        elif isinstance(query, ProductQuery):
+            _check_dim(query.dim, dim)
+            try:
+                length = product_length(query, min_length)
+            except MechanismError as exc:
+                raise MechanismError(f"query {position}: {exc}") from None
+            if length is None:
+                others.append(position)
+            else:
+                key = 1 << (length - 1).bit_length()
+                products.setdefault(key, []).append((position, query))
         else:
             others.append(position)
     for members in groups.values():
@@ -1184,6 +1332,12 @@ def separable_blocks(
             weights = np.stack([m.weights for m in mixtures])  # type: ignore[attr-defined]
             expansion = gaussian_expansion(centers, weights, first.sigma, min_length=min_length)
             yield np.asarray(chunk, dtype=np.int64), expansion
+    for length, bucket in sorted(products.items()):
+        rows = max(1, min(block, DEFAULT_BLOCK_ELEMENTS // (dim * length)))
+        for start in range(0, len(bucket), rows):
+            part = bucket[start : start + rows]
+            expansion = product_expansions([q for _, q in part], min_length=min_length)
+            yield np.asarray([p for p, _ in part], dtype=np.int64), expansion
     for start in range(0, len(others), block):
         chunk = others[start : start + block]
         expansions = []

@@ -340,16 +340,49 @@ class AnisotropicGaussianMixture:
         return float(np.prod(per_dim, axis=1) @ self.weights)
 
 
-Factor = Callable[[NDArray[np.float64]], ArrayLike] | NDArray[np.float64] | None
+@dataclass(frozen=True)
+class Gaussian1D:
+    """The one-column Gaussian kernel ``g(x) = exp(-(x - center)^2 / (2 sigma^2))``.
+
+    A :class:`ProductQuery` factor given by its parameters rather than as a callable, so
+    that :mod:`app.mechanisms.chebyshev` expands it exactly (proven coefficient tail) and
+    many of them at once, instead of resolving an opaque function adaptively.
+    """
+
+    center: float
+    sigma: float
+
+    def __post_init__(self) -> None:
+        for name in ("center", "sigma"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+                raise MechanismError(f"Gaussian factor {name} ({value!r}) must be a number")
+            object.__setattr__(self, name, float(value))
+        if not math.isfinite(self.center):
+            raise MechanismError(f"Gaussian factor center ({self.center!r}) must be finite")
+        if not (math.isfinite(self.sigma) and self.sigma > 0):
+            raise MechanismError(
+                f"Gaussian factor sigma ({self.sigma!r}) must be positive and finite"
+            )
+
+    def evaluate(self, x: ArrayLike) -> NDArray[np.float64]:
+        """``exp(-(x - center)^2 / (2 sigma^2))`` elementwise."""
+        diff = np.asarray(x, dtype=np.float64) - self.center
+        out: NDArray[np.float64] = np.exp(-(diff * diff) / (2.0 * self.sigma * self.sigma))
+        return out
+
+
+Factor = Callable[[NDArray[np.float64]], ArrayLike] | Gaussian1D | NDArray[np.float64] | None
 
 
 @dataclass(frozen=True, eq=False)
 class ProductQuery:
     """``f(x) = weight * prod_i g_i(x_i)``: a product of one-dimensional functions.
 
-    Each factor is a vectorised callable ``g_i(x) -> values`` on ``[-1, 1]``, a vector of
-    1-D Chebyshev coefficients ``(a_0, a_1, ...)`` meaning ``g_i = sum_k a_k T_k``, or
-    ``None`` for the constant 1 (the query does not depend on column ``i``).
+    Each factor is a vectorised callable ``g_i(x) -> values`` on ``[-1, 1]``, a
+    :class:`Gaussian1D` kernel, a vector of 1-D Chebyshev coefficients ``(a_0, a_1, ...)``
+    meaning ``g_i = sum_k a_k T_k``, or ``None`` for the constant 1 (the query does not
+    depend on column ``i``).
     """
 
     factors: tuple[Factor, ...]
@@ -361,13 +394,13 @@ class ProductQuery:
             raise MechanismError("a product query needs one factor per column; got none")
         checked: list[Factor] = []
         for i, g in enumerate(factors):
-            if g is None or callable(g):
+            if g is None or callable(g) or isinstance(g, Gaussian1D):
                 checked.append(g)
                 continue
             coef = np.array(g, dtype=np.float64, copy=True)
             if coef.ndim != 1 or coef.size == 0:
                 raise MechanismError(
-                    f"factor {i} must be a callable, None or a non-empty vector of "
+                    f"factor {i} must be a callable, a Gaussian1D, None or a non-empty vector of "
                     f"Chebyshev coefficients; got an array of shape {coef.shape}"
                 )
             if not np.all(np.isfinite(coef)):
@@ -389,7 +422,9 @@ class ProductQuery:
         for i, g in enumerate(self.factors):
             if g is None:
                 continue
-            if callable(g):
+            if isinstance(g, Gaussian1D):
+                values = g.evaluate(pts[:, i])
+            elif callable(g):
                 values = np.asarray(g(pts[:, i].copy()), dtype=np.float64)
                 if values.shape != (pts.shape[0],):
                     raise MechanismError(

@@ -26,6 +26,7 @@ from app.mechanisms.chebyshev import TensorExpansion, independence_extrapolation
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import (
     AnisotropicGaussianMixture,
+    Gaussian1D,
     GaussianMixture,
     GaussianMixtureBatch,
     Polynomial,
@@ -205,9 +206,13 @@ def test_group_path_equals_parent_path_and_handles_structural_zeros() -> None:
             total_degree(5, 251),
         ),
         (ProductQuery((np.exp, None, np.cos)), full_tensor(3, 5)),
+        (
+            ProductQuery((Gaussian1D(0.2, 0.3), None, Gaussian1D(-0.7, 0.06)), weight=-2.0),
+            full_tensor(3, 12),
+        ),
         (Polynomial(np.array([[3, 2, 1]]), np.array([2.0])), total_degree(3, 19)),
     ],
-    ids=["gaussian", "anisotropic", "product", "polynomial_outside"],
+    ids=["gaussian", "anisotropic", "product", "product_gaussian", "polynomial_outside"],
 )
 def test_truncation_bound_dominates_the_sup_error(query: object, index_set: IndexSet) -> None:
     rng = np.random.default_rng(5)
@@ -483,3 +488,166 @@ def test_separable_blocks_cover_every_query_once_in_order() -> None:
     assert sorted(seen) == list(range(len(queries)))
     with pytest.raises(MechanismError, match=r"query 1 .* no separable form"):
         list(ch.separable_blocks([queries[0], lambda X: X[:, 0]], d))
+
+
+# --- product queries: Gaussian factors and batches ---------------------------------------
+
+
+def _closure(center: float, sigma: float):  # type: ignore[no-untyped-def]
+    """The service's former representation of a Gaussian factor (an opaque callable)."""
+    return lambda x: np.exp(-((x - center) ** 2) / (2.0 * sigma * sigma))
+
+
+@pytest.mark.parametrize("sigma", [2.0, 0.5, 0.13, 0.03, 0.01, 0.002])
+def test_gaussian_factor_is_exact_with_a_proven_tail_and_a_bounded_degree(sigma: float) -> None:
+    """Gaussian1D coefficients: their error on 4000 points and corners (and the l1 distance
+    to a 4x longer expansion) stays below the stated tail; the tail is negligible
+    (< 1e-11, rounding included); N is about 10 / sigma (at most 12 / sigma + 24); they equal the former
+    closure path's (callable_factor) to 1e-14."""
+    rng = np.random.default_rng(41)
+    n_points, tail = ch.gaussian_factor_points(sigma)
+    assert n_points <= 12.0 / sigma + 24
+    # aliasing + omitted tail below the tolerance; the rest is the DCT's rounding 4 N eps
+    assert tail - 4 * n_points * ch.EPS <= 2 * ch.GAUSSIAN_TAIL_TOLERANCE
+    assert tail < 1e-11
+    centers = np.array([0.0, 0.37, -0.999, 1.0, 1.4])
+    table = ch.gaussian_factor_table(centers, np.full(centers.size, sigma), n_points)
+    reference = ch.gaussian_factor_table(centers, np.full(centers.size, sigma), 4 * n_points)
+    X = np.concatenate([rng.uniform(-1, 1, 4000), [-1.0, 1.0]])
+    for k, c in enumerate(centers):
+        exact = Gaussian1D(float(c), sigma).evaluate(X)
+        assert np.max(np.abs(npcheb.chebval(X, table[k]) - exact)) <= tail
+        distance = np.abs(reference[k, :n_points] - table[k]).sum()
+        distance += np.abs(reference[k, n_points:]).sum()
+        assert distance <= tail
+        # a product query carries exactly these coefficients and this tail
+        one = ch.product_expansion(ProductQuery((None, Gaussian1D(float(c), sigma))))
+        np.testing.assert_allclose(one.factors[0, 0, 1], table[k], rtol=0, atol=1e-15)
+        assert one.tails[0, 0].tolist() == [0.0, tail]
+        assert one.rigorous
+        if sigma >= 0.01:  # the callable path needs 2^16 points below that
+            former, _ = ch.callable_factor(_closure(float(c), sigma))
+            length = max(former.size, n_points)
+            np.testing.assert_allclose(
+                np.pad(table[k], (0, length - n_points)),
+                np.pad(former, (0, length - former.size)),
+                rtol=0,
+                atol=1e-14,
+            )
+
+
+def test_gaussian_width_classes_and_too_narrow_factors() -> None:
+    """The class width is the largest 2^(k/8) <= sigma (so the bound made for it holds for
+    sigma); a width needing more than MAX_POINTS_1D points is refused, naming the query."""
+    for sigma in [*np.random.default_rng(42).uniform(1e-3, 3.0, 200), 0.5, 0.25, 2 ** (3 / 8)]:
+        width = ch.gaussian_width_class(float(sigma))
+        assert width <= sigma < width * 2 ** (1 / 8) * (1 + 1e-15)
+        assert math.log2(width) * 8 == pytest.approx(round(math.log2(width) * 8), abs=1e-9)
+    # N and the tail only grow as the width shrinks
+    counts = [ch.gaussian_factor_points(s)[0] for s in (1.0, 0.9, 0.5, 0.3, 0.1)]
+    assert counts == sorted(counts)
+    narrow = ProductQuery((None, Gaussian1D(0.0, 1e-4)))
+    with pytest.raises(MechanismError, match=r"query 1: factor 1: .*sigma 0.0001 is too narrow"):
+        list(ch.separable_blocks([ProductQuery((None, None)), narrow], 2))
+    with pytest.raises(MechanismError, match="positive and finite"):
+        Gaussian1D(0.0, 0.0)
+    with pytest.raises(MechanismError, match="finite"):
+        Gaussian1D(float("inf"), 1.0)
+
+
+def _mixed_products(d: int) -> list[object]:
+    """Product queries with None factors, coefficient vectors of lengths 1..40 and Gaussian
+    factors of several widths (one narrow), among other separable queries."""
+    rng = np.random.default_rng(43)
+    queries: list[object] = []
+    for q in range(23):
+        factors: list[object] = [None] * d
+        for i in rng.choice(d, size=1 + q % 3, replace=False):
+            if (q + i) % 3 == 0:
+                factors[i] = rng.normal(size=1 + (7 * q + i) % 40)
+            else:
+                sigma = 0.04 if q == 5 else float(rng.choice([0.3, 0.5, 1.7]))
+                factors[i] = Gaussian1D(float(rng.uniform(-1.2, 1.2)), sigma)
+        queries.append(ProductQuery(tuple(factors), weight=float(rng.normal())))  # type: ignore[arg-type]
+    queries.insert(4, ProductQuery((None,) * d, weight=0.5))  # only None factors
+    queries.insert(7, ProductQuery((np.cos,) + (None,) * (d - 1)))  # callable: per query
+    queries.insert(9, GaussianMixture(rng.uniform(-1, 1, (2, d)), rng.uniform(0, 1, 2), 0.7))
+    queries.insert(11, Polynomial(np.eye(d, dtype=np.int64)[:2] * 2, np.array([1.0, -1.0])))
+    return queries
+
+
+@pytest.mark.parametrize("min_length", [1, 9, 60])
+def test_batched_product_expansion_equals_the_one_by_one_expansion(min_length: int) -> None:
+    """separable_blocks puts the product queries without callables into shared blocks; each
+    row equals that query's own expansion: weights, tails (bit for bit) and factors (to
+    rounding, zero-padded to the block's length)."""
+    d = 4
+    queries = _mixed_products(d)
+    batchable = {
+        position
+        for position, q in enumerate(queries)
+        if isinstance(q, ProductQuery) and not any(callable(g) for g in q.factors)
+    }
+    seen: list[int] = []
+    largest_product_block = 0
+    for positions, expansion in ch.separable_blocks(queries, d, min_length=min_length, block=8):
+        assert expansion.n_queries == positions.size
+        assert expansion.factors.shape[3] >= min_length
+        in_batch = batchable.intersection(positions.tolist())
+        assert not in_batch or in_batch == set(positions.tolist())  # no mixed blocks
+        if in_batch:
+            assert expansion.method == "product"
+            assert expansion.rigorous
+            largest_product_block = max(largest_product_block, positions.size)
+        for row, position in enumerate(positions):
+            query = queries[position]
+            one = ch.expand(query, d, min_length=min_length)
+            assert one is not None
+            J, L = one.factors.shape[1], one.factors.shape[3]
+            if in_batch:  # padding at most doubles the length
+                assert L <= expansion.factors.shape[3] < 2 * L
+            np.testing.assert_array_equal(expansion.weights[row, :J], one.weights[0])
+            np.testing.assert_array_equal(expansion.tails[row, :J], one.tails[0])
+            np.testing.assert_allclose(
+                expansion.factors[row, :J, :, :L], one.factors[0], rtol=0, atol=1e-15
+            )
+            assert not np.any(expansion.factors[row, :J, :, L:])
+        seen += positions.tolist()
+    assert sorted(seen) == list(range(len(queries)))
+    assert largest_product_block == 8
+    products = [q for q in queries if isinstance(q, ProductQuery)]
+    # and the one-by-one expansions are right: on random points they are the queries
+    X = np.random.default_rng(44).uniform(-1, 1, (50, d))
+    for query in products:
+        one = ch.expand(query, d, min_length=min_length)
+        assert one is not None
+        value = np.full(X.shape[0], one.weights[0, 0])
+        for i in range(d):
+            value *= npcheb.chebval(X[:, i], one.factors[0, 0, i])
+        np.testing.assert_allclose(value, query.evaluate(X), rtol=0, atol=1e-13)
+
+
+def test_product_blocks_are_bounded_in_size() -> None:
+    """A narrow Gaussian does not pad a whole block: blocks are grouped by power-of-two
+    length and hold at most DEFAULT_BLOCK_ELEMENTS // (d L) queries."""
+    d = 30
+    wide = [ProductQuery((Gaussian1D(0.1, 0.5),) + (None,) * (d - 1)) for _ in range(40)]
+    narrow = [ProductQuery((None, Gaussian1D(0.2, 0.001)) + (None,) * (d - 2)) for _ in range(3)]
+    queries = wide[:20] + narrow + wide[20:]
+    blocks = list(ch.separable_blocks(queries, d, block=500))
+    n_narrow = ch.gaussian_factor_points(0.001)[0]
+    assert n_narrow > 8192  # 1 << 14 per block, DEFAULT_BLOCK_ELEMENTS // (30 * 16384) = 2
+    rows = ch.DEFAULT_BLOCK_ELEMENTS // (d * (1 << (n_narrow - 1).bit_length()))
+    sizes = sorted((e.factors.shape[3], positions.size) for positions, e in blocks)
+    assert sizes[0] == (ch.gaussian_factor_points(0.5)[0], 40)
+    assert sorted(size for _, size in sizes[1:]) == [3 - rows, rows]
+    assert all(length == n_narrow for length, _ in sizes[1:])
+
+
+def test_product_expansions_refuse_mixed_dimensions() -> None:
+    with pytest.raises(MechanismError, match="same number of columns"):
+        ch.product_expansions([ProductQuery((None,)), ProductQuery((None, None))])
+    with pytest.raises(MechanismError, match="no queries"):
+        ch.product_expansions([])
+    with pytest.raises(MechanismError, match="d = 2 columns but the synopsis has d = 3"):
+        list(ch.separable_blocks([ProductQuery((None, Gaussian1D(0.0, 1.0)))], 3))

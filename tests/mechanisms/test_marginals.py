@@ -255,3 +255,42 @@ def test_expectations_are_the_product_law_of_the_support() -> None:
     assert meas.expectations(one)[0] == pytest.approx(closed, rel=1e-12)
     with pytest.raises(MechanismError, match="d = 3 columns"):
         meas.expectations(chebyshev.gaussian_expansion(np.zeros((1, 1, 3)), np.ones((1, 1)), 0.5))
+
+
+def test_gaussian_product_queries_are_the_exact_integral_under_the_marginal_law() -> None:
+    """Batched Gaussian1D product queries (separable_blocks) against the closed form under
+    each column's law (atoms at the bounds, uniform in each bin):
+    ``(1/(b-a)) int_a^b exp(-(x-c)^2/(2s^2)) dx = s sqrt(pi/2) [erf((b-c)/(s sqrt 2)) -
+    erf((a-c)/(s sqrt 2))] / (b-a)``, and against the former closure path (callables)."""
+    from scipy.special import erf
+
+    from app.mechanisms.queries import Gaussian1D, ProductQuery
+
+    rng = np.random.default_rng(51)
+    X = np.clip(rng.normal([0.3, -0.6, 0.0], [0.2, 0.3, 0.5], size=(400, 3)), -1, 1)
+    measured = marginals.measure(X, 2.0, bins=16, bound_atoms=True)
+    probabilities = measured.marginals()
+    edges = np.linspace(-1.0, 1.0, measured.bins + 1)
+    queries, closures, exact = [], [], []
+    for q in range(60):
+        i = q % 3
+        c, s = float(rng.uniform(-1.2, 1.2)), float(rng.choice([0.02, 0.1, 0.45, 2.0]))
+        factors: list[object] = [None, None, None]
+        factors[i] = Gaussian1D(c, s)
+        queries.append(ProductQuery(tuple(factors), weight=1.5))  # type: ignore[arg-type]
+        factors[i] = lambda x, c=c, s=s: np.exp(-((x - c) ** 2) / (2 * s * s))
+        closures.append(ProductQuery(tuple(factors), weight=1.5))  # type: ignore[arg-type]
+        g = lambda x, c=c, s=s: np.exp(-((x - c) ** 2) / (2 * s * s))  # noqa: E731
+        a, b = edges[:-1], edges[1:]
+        scale = s * math.sqrt(2.0)
+        bins = s * math.sqrt(math.pi / 2) * (erf((b - c) / scale) - erf((a - c) / scale)) / (b - a)
+        p = probabilities[i]
+        exact.append(1.5 * (p[0] * g(-1.0) + p[1:-1] @ bins + p[-1] * g(1.0)))
+    values = np.full(len(queries), np.nan)
+    for positions, expansion in chebyshev.separable_blocks(queries, 3, block=25):
+        values[positions] = measured.expectations(expansion)
+    np.testing.assert_allclose(values, exact, rtol=0, atol=1e-12)
+    former = np.full(len(queries), np.nan)
+    for positions, expansion in chebyshev.separable_blocks(closures, 3):
+        former[positions] = measured.expectations(expansion)
+    np.testing.assert_allclose(values, former, rtol=0, atol=1e-12)

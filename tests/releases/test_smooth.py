@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import pyarrow.csv as pacsv
 import pytest
 from fastapi.testclient import TestClient
+from numpy.polynomial import chebyshev as npcheb
 
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
@@ -138,6 +140,24 @@ def test_smooth_synthetic_moments_end_to_end(client: TestClient, curator: Caller
     z, x, y = (np.asarray(support[k].to_pylist()) for k in ("z", "x", "y"))
     assert p["value"] == pytest.approx(float(weights @ (z + 2 * x**2)), rel=1e-9)
     assert q["value"] == pytest.approx(float(weights @ (1 + 0.5 * y)), rel=1e-9)
+    # Gaussian product factors in original units (one narrow: sigma' = 2 * 0.5 / 100 = 0.01)
+    # centred near the heaviest support point are the weighted mean of the kernel
+    heaviest = int(np.argmax(weights))
+    cz, cx = float(z[heaviest]) + 0.2, float(x[heaviest])
+    gaussians = {
+        "type": "product",
+        "factors": {
+            "z": {"type": "gaussian", "center": cz, "sigma": 0.5},
+            "x": {"type": "gaussian", "center": cx, "sigma": 3.0},
+        },
+        "weight": 2.0,
+        "space": "original",
+    }
+    (g,) = _answers(client, curator, release_id, [gaussians])
+    kernel = np.exp(-((z - cz) ** 2) / (2 * 0.5**2) - (x - cx) ** 2 / (2 * 3.0**2))
+    assert g["value"] == pytest.approx(2.0 * float(weights @ kernel), rel=1e-12)
+    # the heaviest point alone (the others add >= 0); 0.99 leaves room for rounding
+    assert g["value"] >= 0.99 * 2.0 * weights[heaviest] * math.exp(-(0.2**2) / (2 * 0.5**2))
 
     resynthesized = client.post(
         f"/v1/releases/{release_id}/resynthesize",
@@ -279,6 +299,32 @@ def test_smooth_synthetic_marginals_end_to_end(client: TestClient, curator: Call
     assert a["stderr"] is None
     assert "no per-query bound" in a["note"]
     assert "product of the noisy one-column marginals" in a["note"]
+
+    # a Gaussian product factor in original units answers like the same function given as
+    # Chebyshev coefficients (numpy's interpolant at degree 200, normalised units: on y,
+    # c' = 1 / 5 = 0.2, sigma' = 0.6 / 5 = 0.12): the coefficients differ by < 1e-13 in l1
+    # and every moment is at most 1, so the answers agree to 1e-12
+    reference = npcheb.chebinterpolate(lambda t: np.exp(-((t - 0.2) ** 2) / (2 * 0.12**2)), 200)
+    gaussian, chebyshev_form = _answers(
+        client,
+        curator,
+        release_id,
+        [
+            {
+                "type": "product",
+                "factors": {"y": {"type": "gaussian", "center": 1.0, "sigma": 0.6}},
+                "weight": -3.0,
+                "space": "original",
+            },
+            {
+                "type": "product",
+                "factors": {"y": {"type": "chebyshev", "coefficients": reference.tolist()}},
+                "weight": -3.0,
+            },
+        ],
+    )
+    assert gaussian["value"] == pytest.approx(chebyshev_form["value"], rel=0, abs=1e-12)
+    assert gaussian["value"] < -0.01  # the kernel has mass on the data (y' ~ N(-0.2, 0.3))
 
     # re-synthesis with another support size: post-processing, no budget
     spent = budget(client, curator, dataset_id)["epsilon_spent"]
@@ -445,6 +491,47 @@ def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst
         AnisotropicGaussianMixture(centers=c[None, :], weights=np.ones(1), sigma=s)
     )
     assert offline_value == pytest.approx(a["value"], rel=1e-9)
+
+    # product queries with Gaussian factors answer as the former closure path did
+    from app.mechanisms.queries import ProductQuery
+
+    product = {
+        "type": "product",
+        "factors": {
+            "x": {"type": "gaussian", "center": 6.0, "sigma": 1.5},
+            "z": {"type": "gaussian", "center": 150.0, "sigma": 20.0},
+        },
+        "weight": 0.5,
+        "space": "original",
+    }
+    (p,) = _answers(client, analyst, release_id, [product])
+
+    def closure(center: float, width: float) -> Any:
+        return lambda t: np.exp(-((t - center) ** 2) / (2 * width * width))
+
+    former = offline.answer_many(
+        [ProductQuery((closure(0.2, 0.3), None, closure(0.0, 0.4)), weight=0.5)]
+    )
+    assert p["value"] == pytest.approx(former.values[0], rel=1e-9, abs=1e-12)
+    assert p["stderr"] == pytest.approx(former.stderr[0], rel=1e-9)
+    assert p["interval"] == pytest.approx([former.low[0], former.high[0]], rel=1e-9, abs=1e-12)
+    assert p["value"] > 0.01
+    # a width too narrow to expand (sigma' = 2 * 0.005 / 100 = 1e-4) is a clear 422
+    too_narrow = {
+        "type": "product",
+        "factors": {"z": {"type": "gaussian", "center": 150.0, "sigma": 0.005}},
+        "space": "original",
+    }
+    refused = client.post(
+        f"/v1/releases/{release_id}/answers",
+        headers=analyst.headers,
+        json={"queries": [product, too_narrow]},
+    )
+    assert refused.status_code == 422
+    assert (
+        "query 1: factor 2: a Gaussian factor with sigma 0.0001 is too narrow"
+        in (refused.json()["error"]["message"])
+    )
 
     bad = client.post(
         f"/v1/releases/{release_id}/answers",

@@ -12,8 +12,10 @@ objects on the normalised scale, where ``x' = 2 (x - lower) / (upper - lower) - 
   original units each ``x_i = lower_i + (x'_i + 1)(upper_i - lower_i)/2`` is substituted
   and expanded exactly.
 - ``product``: ``weight * prod_i g_i(x_i)`` with per-column factors ``gaussian`` (centre,
-  width), ``polynomial`` (power-basis coefficients ``a_0 + a_1 x + ...``) or ``chebyshev``
-  (coefficients of ``T_k``; normalised units only); absent columns are the constant 1.
+  width; on the normalised scale ``c' = (c - a) / b``, ``sigma' = sigma / b`` where
+  ``x = a + b x'``, a :class:`~app.mechanisms.queries.Gaussian1D`), ``polynomial``
+  (power-basis coefficients ``a_0 + a_1 x + ...``) or ``chebyshev`` (coefficients of
+  ``T_k``; normalised units only); absent columns are the constant 1.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from app.core.errors import InvalidRequest
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import (
     AnisotropicGaussianMixture,
+    Gaussian1D,
     GaussianMixture,
     Polynomial,
     ProductQuery,
@@ -185,13 +188,9 @@ def _product(form: ProductForm, info: DatasetInfo) -> ProductQuery:
         i = _column_index(info, name)
         a, b = _affine(info, i, form.space)
         if isinstance(factor, GaussianFactor):
-            centre = (factor.center - a) / b
-            width = factor.sigma / b
-
-            def gaussian(x: NDArray[np.float64], c: float = centre, s: float = width) -> Any:
-                return np.exp(-((x - c) ** 2) / (2.0 * s * s))
-
-            factors[i] = gaussian
+            # exp(-(x - c)^2 / (2 s^2)) with x = a + b x' is exp(-(x' - c')^2 / (2 s'^2)),
+            # c' = (c - a) / b, s' = s / b; the library expands it exactly (chebyshev)
+            factors[i] = Gaussian1D(center=(factor.center - a) / b, sigma=factor.sigma / b)
         elif isinstance(factor, PolynomialFactor):
             # g(x) = sum_k a_k x^k with x = a + b x': compose, then to Chebyshev coefficients
             composed: Any = np.zeros(1)
