@@ -221,40 +221,10 @@ class MarginalMeasurements:
         return np.stack(out)
 
     def chebyshev_moments(self, length: int) -> NDArray[np.float64]:
-        """``m[i, k] = E T_k(X_i)``, ``k < length``, under column ``i``'s estimated marginal.
-
-        That law (:meth:`marginals`) is what :func:`synthesize_from` draws the support
-        from: the atoms at the bounds and, in each bin ``[a, b]``, the uniform density, so
-        ``E T_k = sum_atoms p T_k(+-1) + sum_bins p_b (F_k(b) - F_k(a)) / (b - a)`` with the
-        antiderivative ``F_0 = x``, ``F_1 = x^2 / 2`` and, for ``k >= 2``,
-        ``F_k = (T_{k+1} / (k + 1) - T_{k-1} / (k - 1)) / 2``. Post-processing only.
-        """
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise MechanismError(f"length ({length!r}) must be a positive integer")
-        probabilities = self.marginals()
-        B = self.bins
-        edges = np.linspace(-1.0, 1.0, B + 1)
-        k = np.arange(length)
-        theta = np.arccos(edges)[:, None]
-
-        def t_at_edges(order: NDArray[np.int64]) -> NDArray[np.float64]:  # T_order(edges)
-            out: NDArray[np.float64] = np.cos(order * theta)
-            return out
-
-        F = np.empty((B + 1, length))
-        F[:, 0] = edges
-        if length > 1:
-            F[:, 1] = edges**2 / 2.0
-        high = k[k >= 2]
-        if high.size:
-            upper, lower = t_at_edges(high + 1), t_at_edges(high - 1)
-            F[:, high] = (upper / (high + 1) - lower / (high - 1)) / 2.0
-        bin_means = np.diff(F, axis=0) / (2.0 / B)  # (B, length)
-        first = 1 if self.atoms else 0
-        moments: NDArray[np.float64] = probabilities[:, first : first + B] @ bin_means
-        if self.atoms:
-            moments += probabilities[:, :1] * np.where(k % 2 == 0, 1.0, -1.0)[None, :]
-            moments += probabilities[:, -1:]
+        """``m[i, k] = E T_k(X_i)``, ``k < length``, under column ``i``'s estimated marginal:
+        :meth:`marginals` times :func:`cell_means` (the law :func:`synthesize_from` draws
+        the support from). Post-processing only."""
+        moments: NDArray[np.float64] = self.marginals() @ cell_means(self.bins, self.atoms, length)
         return moments
 
     def expectations(self, expansion: TensorExpansion) -> NDArray[np.float64]:
@@ -314,6 +284,36 @@ class MarginalMeasurements:
         if measurements.privacy_cost.as_dict() != data["privacy_cost"]:
             raise MechanismError("the recorded privacy cost does not match the noise calibration")
         return measurements
+
+
+def cell_means(bins: int, atoms: bool, length: int) -> NDArray[np.float64]:
+    """``(cells, length)``: ``E T_k`` under each cell's law (public: no data).
+
+    Atoms are the bounds themselves (``T_k(-1) = (-1)^k``, ``T_k(1) = 1``); a bin
+    ``[a, b]`` holds the uniform density, so ``E T_k = (F_k(b) - F_k(a)) / (b - a)`` with
+    the antiderivative ``F_0 = x``, ``F_1 = x^2 / 2`` and, for ``k >= 2``,
+    ``F_k = (T_{k+1} / (k + 1) - T_{k-1} / (k - 1)) / 2``.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise MechanismError(f"length ({length!r}) must be a positive integer")
+    edges = np.linspace(-1.0, 1.0, bins + 1)
+    k = np.arange(length)
+    theta = np.arccos(edges)[:, None]
+    F = np.empty((bins + 1, length))
+    F[:, 0] = edges
+    if length > 1:
+        F[:, 1] = edges**2 / 2.0
+    high = k[k >= 2]
+    if high.size:
+        F[:, high] = (
+            np.cos((high + 1) * theta) / (high + 1) - np.cos((high - 1) * theta) / (high - 1)
+        ) / 2.0
+    bin_means = np.diff(F, axis=0) / (2.0 / bins)  # (bins, length)
+    if not atoms:
+        return bin_means
+    lower = np.where(k % 2 == 0, 1.0, -1.0)[None, :]
+    out: NDArray[np.float64] = np.concatenate([lower, bin_means, np.ones((1, length))])
+    return out
 
 
 def exact_histograms(source: RowSource, bins: int, atoms: bool = True) -> NDArray[np.float64]:
@@ -454,6 +454,7 @@ def _systematic_counts(p: NDArray[np.float64], C: int, rng: np.random.Generator)
 __all__ = [
     "MarginalMeasurements",
     "MarginalRelease",
+    "cell_means",
     "default_bins",
     "histogram_sensitivity",
     "measure",

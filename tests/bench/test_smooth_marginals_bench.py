@@ -19,6 +19,7 @@ def test_bench_runs_and_renders_without_peers() -> None:
         "marginals (eps), support",
         "marginals (eps, delta), answers",
         "marginals (eps, delta), support",
+        "tree of pairs (eps, delta), answers",
         "moment LP (eps)",
         "moment LP (eps, delta)",
     }
@@ -56,3 +57,11 @@ def test_product_law_answers_match_the_support_sample() -> None:
     truth = {"q": batches["q"].answers(X)}
     far = bench._product_law_ratios(batches, {"q": truth["q"] * 1.5}, ones, release.measurements)
     assert far["q"] > 0.2  # the comparison can fail
+
+
+def test_lp_rounds_zero_leaves_the_moment_lp_out() -> None:
+    X = np.clip(np.random.default_rng(75).normal(0.1, 0.3, size=(300, 2)), -1, 1)
+    result = bench.run({"TINY": X}, 1, 0, 1, 20, None, [], log=lambda *args: None)
+    rows = result["datasets"]["TINY"]["rows"]
+    assert "tree of pairs (eps, delta), answers" in rows
+    assert not any(label.startswith("moment LP") for label in rows)

@@ -1,0 +1,152 @@
+"""The tree of two-way histograms (app/mechanisms/marginal_tree.py)."""
+
+import itertools
+import math
+
+import numpy as np
+import opendp.prelude as dp
+import pytest
+
+from app.mechanisms import marginal_tree, marginals
+from app.mechanisms.chebyshev import gaussian_expansion
+from app.mechanisms.data import as_source
+from app.mechanisms.errors import MechanismError
+from app.mechanisms.queries import GaussianMixtureBatch
+
+
+def test_rho_budget_is_the_largest_rho_within_the_budget() -> None:
+    rho = marginal_tree.rho_budget(1.0, 1e-9)
+    unit = dp.m.make_gaussian(
+        dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=1.0
+    )
+    converted = dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(unit), delta=1e-9)
+    assert converted.map(math.sqrt(2 * rho))[0] <= 1.0
+    assert converted.map(math.sqrt(2 * rho * 1.001))[0] > 1.0
+    # the textbook bound eps <= rho + 2 sqrt(rho log(1/delta)) is looser than OpenDP's
+    assert rho + 2 * math.sqrt(rho * math.log(1e9)) >= 1.0
+    with pytest.raises(MechanismError, match="delta > 0"):
+        marginal_tree.rho_budget(1.0, 0.0)
+
+
+def test_scales_meet_their_zcdp_shares() -> None:
+    scale = marginal_tree.gaussian_scale(0.3, 0.01)
+    assert (0.3 / scale) ** 2 / 2 <= 0.01 * (1 + 1e-9)
+    assert scale == pytest.approx(0.3 / math.sqrt(0.02), rel=1e-9)
+    s = marginal_tree.selection_scale(1e-4)
+    assert marginal_tree._noisy_max(s).map(2.0) <= 1e-4
+
+
+def test_pair_table_and_score_sensitivity_brute_force() -> None:
+    """Replace-one neighbours: the d - 1 pair tables move by at most sqrt(2 (d-1)) / n in
+    L2 (attained), and every selection score n ||T - P_i (x) P_j||_1 by at most 2."""
+    rng = np.random.default_rng(1)
+    n, d, bins, b = 40, 4, 6, 3
+    edges = [(0, 1), (1, 2), (1, 3)]
+    P = rng.dirichlet(np.ones(b), size=d)
+    bound = marginal_tree.pair_table_sensitivity(n, d - 1)
+    worst = 0.0
+    for _ in range(300):
+        X = rng.uniform(-1, 1, size=(n, d))
+        Y = X.copy()
+        Y[rng.integers(n)] = rng.choice([-0.99, 0.99], size=d) * rng.uniform(0.5, 1, size=d)
+        cx = marginal_tree.coarse_codes(as_source(X), bins, False, b)
+        cy = marginal_tree.coarse_codes(as_source(Y), bins, False, b)
+        tx = np.stack([marginal_tree.pair_table(cx, i, j, b) for i, j in edges])
+        ty = np.stack([marginal_tree.pair_table(cy, i, j, b) for i, j in edges])
+        worst = max(worst, float(np.linalg.norm((tx - ty).ravel())))
+        for i, j in itertools.combinations(range(d), 2):
+            sx = n * np.abs(marginal_tree.pair_table(cx, i, j, b) - np.outer(P[i], P[j])).sum()
+            sy = n * np.abs(marginal_tree.pair_table(cy, i, j, b) - np.outer(P[i], P[j])).sum()
+            assert abs(sx - sy) <= 2.0 + 1e-9
+    assert worst <= bound + 1e-12
+    assert worst == pytest.approx(bound)  # a row moved to the other end of every column
+
+
+def test_rake_matches_the_margins() -> None:
+    rng = np.random.default_rng(2)
+    rows, cols = rng.dirichlet(np.ones(4)), rng.dirichlet(np.ones(4))
+    rows[1] = 0.0
+    rows /= rows.sum()
+    t = marginal_tree.rake(rng.uniform(size=(4, 4)), rows, cols)
+    np.testing.assert_allclose(t.sum(axis=1), rows, atol=1e-9)
+    np.testing.assert_allclose(t.sum(axis=0), cols, atol=1e-6)
+    assert np.all(t[1] == 0)
+
+
+def _small_tree(seed: int) -> marginal_tree.TreeMeasurements:
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=3000)
+    X = np.clip(
+        np.column_stack([z, z + 0.3 * rng.normal(size=3000), rng.normal(size=3000)]) / 3, -1, 1
+    )
+    return marginal_tree.measure(X, 2.0, 1e-6, bins=6, bound_atoms=True, pair_bins=3)
+
+
+def test_expectations_equal_brute_force_enumeration_of_the_tree_law() -> None:
+    tree = _small_tree(3)
+    model = tree.model
+    d, cells = model.p.shape
+    batch = GaussianMixtureBatch.random(5, 3, d, 0.7, np.random.default_rng(4))
+    expansion = gaussian_expansion(batch.centers, batch.weights, batch.sigma)
+    length = int(expansion.factors.shape[3])
+    means = marginals.cell_means(tree.one_way.bins, tree.one_way.atoms, length)
+    per_cell = np.einsum("qjik,ck->qjic", expansion.factors, means)  # (Q, J, d, cells)
+    parent, tables = model.parent, model.tables
+    brute = np.zeros(5)
+    for combo in itertools.product(range(cells), repeat=d):
+        g = [int(model.group[c]) for c in combo]
+        prob = 1.0
+        for i, c in enumerate(combo):
+            if model.P[i, g[i]] == 0:
+                prob = 0.0
+                break
+            prob *= model.p[i, c] / model.P[i, g[i]]
+            prob *= model.P[i, g[i]] if parent[i] < 0 else tables[i][g[parent[i]], g[i]]
+        if prob == 0.0:
+            continue
+        value = np.prod([per_cell[:, :, i, c] for i, c in enumerate(combo)], axis=0)
+        brute += prob * np.einsum("qj,qj->q", batch.weights, value)
+    np.testing.assert_allclose(tree.expectations(expansion), brute, rtol=1e-10)
+
+
+def test_sample_follows_the_tree_law_and_step_one_marginals() -> None:
+    """The support's query averages match the exact expectations (Monte Carlo, 2e5 points:
+    standard error < 2e-3 here) and each column's cell frequencies match ``p_i``."""
+    tree = _small_tree(5)
+    model = tree.model
+    points = model.sample(200_000, np.random.default_rng(6), tree.one_way.bins, True)
+    batch = GaussianMixtureBatch.random(5, 3, 3, 0.7, np.random.default_rng(7))
+    exact = tree.expectations(gaussian_expansion(batch.centers, batch.weights, batch.sigma))
+    np.testing.assert_allclose(batch.answers(points), exact, atol=1e-2)
+    freq = marginals.exact_histograms(as_source(points), tree.one_way.bins, True)
+    np.testing.assert_allclose(freq, model.p, atol=5e-3)
+
+
+def test_selection_finds_the_dependent_pair() -> None:
+    """Columns 0 and 1 are one variable; 2 and 3 are independent noise: at n = 20000 the
+    first selected edge is (0, 1) (its score is ~ n / 2, the others' ~ sqrt(n))."""
+    rng = np.random.default_rng(8)
+    z = rng.uniform(-1, 1, size=20_000)
+    X = np.column_stack([z, z, rng.uniform(-1, 1, size=(20_000, 2))])
+    tree = marginal_tree.measure(X, 1.0, 1e-9)
+    assert tree.edges[0] == (0, 1)
+    model = tree.model
+    joint = model.joint[0]
+    assert np.trace(joint) > 0.9  # the raked table keeps the diagonal
+
+
+def test_privacy_cost_json_round_trip_and_errors() -> None:
+    tree = _small_tree(9)
+    assert tree.privacy_cost.within(2.0, 1e-6)
+    again = marginal_tree.TreeMeasurements.from_dict(tree.to_dict())
+    np.testing.assert_array_equal(again.tables, tree.tables)
+    assert again.to_dict() == tree.to_dict()
+    with pytest.raises(MechanismError, match="format"):
+        marginal_tree.TreeMeasurements.from_dict({"format": "x"})
+    X = np.random.default_rng(10).uniform(-1, 1, size=(100, 3))
+    with pytest.raises(MechanismError, match="delta > 0"):
+        marginal_tree.measure(X, 1.0, 0.0)
+    with pytest.raises(MechanismError, match="two columns"):
+        marginal_tree.measure(X[:, :1], 1.0, 1e-6)
+    with pytest.raises(MechanismError, match="pair_bins"):
+        marginal_tree.measure(X, 1.0, 1e-6, pair_bins=1)
