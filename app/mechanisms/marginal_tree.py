@@ -81,6 +81,7 @@ STEPS = ("one_way", "select", "pairs")
 #: Shares of ``rho`` for the three steps (MST spends a third on each; our one-way
 #: histograms carry the smooth queries at sigma >= 4, so they get more).
 SHARES = {"one_way": 0.5, "select": 0.1, "pairs": 0.4}
+#: Coarse groups per column in the pair tables (``b``).
 DEFAULT_PAIR_BINS = 4
 #: Iterations of proportional fitting when raking a pair table to its margins.
 RAKE_ITERATIONS = 50
@@ -168,6 +169,77 @@ def rake(table: NDArray[np.float64], rows: NDArray[np.float64], cols: NDArray[np
     return t
 
 
+@dataclass(frozen=True)
+class TreePlan:
+    """Everything :func:`measure` fixes before it reads a row (public values only)."""
+
+    n: int
+    d: int
+    bins: int
+    atoms: bool
+    pair_bins: int
+    rho: float
+    one_way_scale: float
+    selection_scale: float
+    pair_scale: float
+
+    @property
+    def cells(self) -> int:
+        return self.bins + 2 * self.atoms
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": "tree",
+            "bins": self.bins,
+            "bound_atoms": self.atoms,
+            "pair_bins": self.pair_bins,
+            "rho": self.rho,
+            "shares": dict(SHARES),
+            "noise": "gaussian",
+            "frequency_stddev": self.one_way_scale,
+            "pair_frequency_stddev": self.pair_scale,
+            "selection_scale": self.selection_scale,
+        }
+
+
+def plan(
+    n: int,
+    d: int,
+    epsilon: float,
+    delta: float,
+    bins: int | None = None,
+    bound_atoms: bool | None = None,
+    pair_bins: int | None = None,
+) -> TreePlan:
+    """The resolution of :func:`measure`: bins and atoms as
+    :func:`app.mechanisms.marginals.resolve`, ``rho`` (:func:`rho_budget`) and the three
+    steps' noise scales from :data:`SHARES`."""
+    rho = rho_budget(epsilon, delta)
+    if d < 2:
+        raise MechanismError("a tree of pairs needs at least two columns")
+    b = DEFAULT_PAIR_BINS if pair_bins is None else pair_bins
+    if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16:
+        raise MechanismError(f"pair_bins ({pair_bins!r}) must be an integer in [2, 16]")
+    B, atoms = marginals.resolve(n, d, epsilon, delta, bins, bound_atoms)
+    if b > B + 2 * atoms:
+        raise MechanismError(
+            f"pair_bins ({b}) cannot exceed the {B + 2 * atoms} cells of a column's histogram"
+        )
+    return TreePlan(
+        n=n,
+        d=d,
+        bins=B,
+        atoms=atoms,
+        pair_bins=b,
+        rho=rho,
+        one_way_scale=gaussian_scale(
+            marginals.histogram_sensitivity(n, d)["l2"], rho * SHARES["one_way"]
+        ),
+        selection_scale=selection_scale(rho * SHARES["select"] / (d - 1)),
+        pair_scale=gaussian_scale(pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]),
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class TreeMeasurements:
     """Step 1's histograms, step 2's tree and step 3's noisy pair tables."""
@@ -196,6 +268,23 @@ class TreeMeasurements:
     @property
     def d(self) -> int:
         return self.one_way.d
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The resolved, public parameters and the selected tree (a DP output)."""
+        return {
+            "method": "tree",
+            "bins": self.one_way.bins,
+            "bound_atoms": self.one_way.atoms,
+            "pair_bins": self.pair_bins,
+            "rho": self.rho,
+            "shares": dict(self.shares),
+            "noise": "gaussian",
+            "frequency_stddev": self.one_way.calibration.stddev,
+            "pair_frequency_stddev": self.pair_scale,
+            "selection_scale": self.selection_scale,
+            "edges": [list(e) for e in self.edges],
+        }
 
     @property
     def privacy_cost(self) -> PrivacyCost:
@@ -390,24 +479,18 @@ def measure(
     delta: float,
     bins: int | None = None,
     bound_atoms: bool | None = None,
-    pair_bins: int = DEFAULT_PAIR_BINS,
+    pair_bins: int | None = None,
 ) -> TreeMeasurements:
-    """The three steps of the module doc, spending ``(epsilon, delta)`` once."""
-    rho = rho_budget(epsilon, delta)
+    """The three steps of the module doc, spending ``(epsilon, delta)`` once
+    (:func:`plan` fixes every scale before a row is read)."""
+    check_budget(epsilon, delta)
     source = as_source(X)
     n, d = source.n_rows, source.n_cols
-    if d < 2:
-        raise MechanismError("a tree of pairs needs at least two columns")
-    if isinstance(pair_bins, bool) or not isinstance(pair_bins, int) or not 2 <= pair_bins <= 16:
-        raise MechanismError(f"pair_bins ({pair_bins!r}) must be an integer in [2, 16]")
-    B, atoms = marginals.resolve(n, d, epsilon, delta, bins, bound_atoms)
-    cells = B + 2 * atoms
-    if pair_bins > cells:
-        raise MechanismError(f"pair_bins ({pair_bins}) cannot exceed the {cells} fine cells")
-    rho_1, rho_s, rho_2 = (rho * SHARES[s] for s in STEPS)
+    fixed = plan(n, d, epsilon, delta, bins, bound_atoms, pair_bins)
+    B, atoms, b, cells = fixed.bins, fixed.atoms, fixed.pair_bins, fixed.cells
     # 1. one-way histograms
     sens_1 = marginals.histogram_sensitivity(n, d)["l2"]
-    law_1 = _calibration(sens_1, d * cells, gaussian_scale(sens_1, rho_1), epsilon, delta)
+    law_1 = _calibration(sens_1, d * cells, fixed.one_way_scale, epsilon, delta)
     h = marginals.exact_histograms(source, B, atoms).ravel()
     one_way = marginals.MarginalMeasurements(
         n=n,
@@ -420,19 +503,15 @@ def measure(
         calibration=law_1,
     )
     p = one_way.marginals()
-    g = groups(cells, pair_bins)
-    P = np.stack([p[:, g == k].sum(axis=1) for k in range(pair_bins)], axis=1)
+    g = groups(cells, b)
+    P = np.stack([p[:, g == k].sum(axis=1) for k in range(b)], axis=1)
     # 2. selection, d - 1 noisy-max rounds over the pairs that join two components
-    codes = coarse_codes(source, B, atoms, pair_bins)
+    codes = coarse_codes(source, B, atoms, b)
     pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
     scores = np.array(
-        [
-            n * np.abs(pair_table(codes, i, j, pair_bins) - np.outer(P[i], P[j])).sum()
-            for i, j in pairs
-        ]
+        [n * np.abs(pair_table(codes, i, j, b) - np.outer(P[i], P[j])).sum() for i, j in pairs]
     )
-    s_scale = selection_scale(rho_s / (d - 1))
-    select = _noisy_max(s_scale)
+    select = _noisy_max(fixed.selection_scale)
     component = list(range(d))
 
     def find(a: int) -> int:
@@ -450,19 +529,18 @@ def measure(
         edges.append((i, j))
     # 3. the selected pair tables
     sens_2 = pair_table_sensitivity(n, d - 1)
-    size_2 = (d - 1) * pair_bins * pair_bins
-    law_2 = _calibration(sens_2, size_2, gaussian_scale(sens_2, rho_2), epsilon, delta)
-    exact = np.stack([pair_table(codes, i, j, pair_bins) for i, j in edges]).ravel()
-    tables = noise.sample(law_2, exact).reshape(d - 1, pair_bins, pair_bins)
+    law_2 = _calibration(sens_2, (d - 1) * b * b, fixed.pair_scale, epsilon, delta)
+    exact = np.stack([pair_table(codes, i, j, b) for i, j in edges]).ravel()
+    tables = noise.sample(law_2, exact).reshape(d - 1, b, b)
     return TreeMeasurements(
         one_way=one_way,
-        pair_bins=pair_bins,
+        pair_bins=b,
         edges=tuple(edges),
         tables=tables,
-        rho=rho,
+        rho=fixed.rho,
         shares=dict(SHARES),
-        pair_scale=law_2.scale,
-        selection_scale=s_scale,
+        pair_scale=fixed.pair_scale,
+        selection_scale=fixed.selection_scale,
         epsilon=float(epsilon),
         delta=float(delta),
     )
@@ -477,3 +555,16 @@ def _calibration(
     return noise.NoiseCalibration(
         "gaussian", sensitivity, dimension, scale, eps, dlt, epsilon, delta, 1, "zcdp"
     )
+
+
+def support(
+    measurements: TreeMeasurements, rng: np.random.Generator, grid_size: int | None = None
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``C`` support points drawn from the tree law, weights ``1 / C`` (post-processing;
+    ``grid_size=None``: :data:`app.mechanisms.marginals.DEFAULT_SUPPORT_SIZE`)."""
+    C = marginals.DEFAULT_SUPPORT_SIZE if grid_size is None else grid_size
+    if isinstance(C, bool) or not isinstance(C, int | np.integer) or C < 1:
+        raise MechanismError(f"grid_size ({grid_size!r}) must be a positive integer")
+    one_way = measurements.one_way
+    points = measurements.model.sample(int(C), rng, one_way.bins, one_way.atoms)
+    return points, np.full(int(C), 1.0 / C)

@@ -1,6 +1,6 @@
 """Release type ``smooth_synthetic``: a synthetic database for smooth queries.
 
-Two methods (``params.method``); both measure the release's continuous columns, normalised
+Three methods (``params.method``); each measures the release's continuous columns, normalised
 to ``[-1, 1]`` with the declared bounds, once, and everything after is post-processing.
 
 ``method="marginals"`` (the default): :func:`app.mechanisms.marginals.measure` releases the
@@ -16,6 +16,14 @@ at ``(epsilon, delta)``, against x0.31-0.83 for the moment LP, and it takes abou
 It keeps no dependence between columns: queries whose answer depends on the joint
 distribution see the product of the marginals.
 
+``method="tree"`` (``delta > 0``): :func:`app.mechanisms.marginal_tree.measure` releases the
+same histograms with half the budget (in zCDP), selects a spanning tree of column pairs
+with OpenDP's noisy max (MST's select step) and releases the selected pairs' coarse
+two-way tables; synthesis and answers use the Markov-tree law that joins them, which keeps
+the dependence along the tree. It pays where the rows are many per column and the queries
+test joint structure (kernels centred at real rows); with few rows per column the halved
+one-way budget costs more than the tree gives (``bench/results/smooth_marginals_tree.md``).
+
 ``method="moments"``: paper 000 (:func:`app.mechanisms.smooth_synthetic.measure`): noisy
 Chebyshev moments, an LP fit over candidate points, sampled rows.
 
@@ -26,7 +34,7 @@ basic composition; :mod:`app.mechanisms.smooth_synthetic`); synthesis
 and for ``moments`` ``solver``, ``ellipsoid_radius``) reads only the stored measurements.
 The measurement payload records its method (its ``format``) and synthesis follows it.
 
-Artifacts, in original units and the same for both methods: ``sample.csv``/``.parquet``
+Artifacts, in original units and the same for every method: ``sample.csv``/``.parquet``
 (``m`` synthetic rows) and ``support.csv``/``.parquet`` (the weighted support points, with
 a ``weight`` column). Answers come from the weighted support: ``q_f = sum_k w_k f(s_k)``,
 exact for the released synthetic distribution; its distance to the true answer comes from
@@ -51,11 +59,12 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.errors import InvalidRequest
-from app.mechanisms import marginals, noise
+from app.mechanisms import marginal_tree, marginals, noise
 from app.mechanisms import smooth_synthetic as ss
 from app.mechanisms.chebyshev import separable_blocks
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import answer as weighted_answer
+from app.mechanisms.queries import sample_support
 from app.releases import registry
 from app.releases.adapters import smooth_queries
 from app.releases.payloads import pack, unpack
@@ -74,34 +83,51 @@ MARGINALS_NOTE = (
     "columns, which this release does not keep, and has no per-query bound; use a "
     "smooth_synopsis release for answers with standard errors"
 )
+TREE_NOTE = (
+    "exact for the released synthetic distribution (the noisy one-column marginals joined "
+    "by a private tree of coarse two-way tables; the downloadable support is a sample of "
+    "it); the error against the data comes from the DP noise and from the dependence the "
+    "tree does not hold, and has no per-query bound; use a smooth_synopsis release for "
+    "answers with standard errors"
+)
 
 
 class SyntheticParams(BaseModel):
     """Measure-time parameters (fixed once measured) and post-processing parameters
     (``grid_size``, ``sample_size``, and for ``moments`` ``solver``, ``ellipsoid_radius``:
     re-synthesis may change them at no privacy cost). ``bins``, ``bound_atoms`` apply to
-    ``method="marginals"`` only (defaults: :mod:`app.mechanisms.marginals`); the fields from
+    ``method="marginals"`` and ``"tree"`` (defaults: :mod:`app.mechanisms.marginals`),
+    ``pair_bins`` to ``"tree"`` only (:mod:`app.mechanisms.marginal_tree`); the fields from
     ``smoothness`` to ``ellipsoid_radius`` except ``grid_size``, ``sample_size`` to
     ``method="moments"`` only (defaults: :mod:`app.mechanisms.smooth_synthetic`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["marginals", "moments"] = Field(
+    method: Literal["marginals", "tree", "moments"] = Field(
         default="marginals",
         description="'marginals' (default): noisy one-column histograms, product of the "
-        "marginals; 'moments': paper 000's noisy Chebyshev moments and LP fit",
+        "marginals; 'tree': the same histograms joined by a private tree of coarse two-way "
+        "tables (needs delta > 0); 'moments': paper 000's noisy Chebyshev moments and LP fit",
     )
-    # marginals only
+    # marginals and tree
     bins: int | None = Field(
         default=None,
         ge=2,
         le=4096,
-        description="bins per column (None: from n, d, epsilon, delta; marginals only)",
+        description="bins per column (None: from n, d, epsilon, delta; marginals, tree)",
     )
     bound_atoms: bool | None = Field(
         default=None,
         description="cells of their own for the declared bounds (None: when the noise is "
-        "low; marginals only)",
+        "low; marginals, tree)",
+    )
+    # tree only
+    pair_bins: int | None = Field(
+        default=None,
+        ge=2,
+        le=16,
+        description="coarse groups per column in the two-way tables (None: "
+        f"{marginal_tree.DEFAULT_PAIR_BINS}; tree only)",
     )
     # moments only
     smoothness: int = Field(default=4, ge=1, le=100, description="K of paper 000")
@@ -114,16 +140,16 @@ class SyntheticParams(BaseModel):
     pca_iterations: int | None = Field(default=None, ge=1, le=100)
     pca_noise: Literal["laplace", "gaussian"] | None = None
     centre_share: float = Field(default=0.05, gt=0, lt=1)
-    # post-processing (grid_size, sample_size: both methods; solver, ellipsoid_radius: moments)
+    # post-processing (grid_size, sample_size: every method; solver, ellipsoid_radius: moments)
     grid_size: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="support size C (both methods)"
+        default=None, ge=1, le=1_000_000, description="support size C (every method)"
     )
     solver: Literal["simplex", "ipm"] = "simplex"
     sample_size: int | None = Field(
         default=None,
         ge=1,
         le=ss.MAX_DEFAULT_SAMPLE_SIZE,
-        description="synthetic rows m (both methods)",
+        description="synthetic rows m (every method)",
     )
     ellipsoid_radius: Literal["paper", "matched"] = "paper"
 
@@ -146,8 +172,22 @@ MOMENTS_ONLY = frozenset(
         "ellipsoid_radius",
     }
 )
-#: Parameters of ``method="marginals"`` only (refused, when set, with ``"moments"``).
-MARGINALS_ONLY = frozenset({"bins", "bound_atoms"})
+#: The parameters each method takes beyond the shared ones (a parameter set for another
+#: method is refused with a 422 that names the methods taking it).
+METHOD_PARAMS: dict[str, frozenset[str]] = {
+    "moments": MOMENTS_ONLY,
+    "marginals": frozenset({"bins", "bound_atoms"}),
+    "tree": frozenset({"bins", "bound_atoms", "pair_bins"}),
+}
+
+
+def foreign_params(method: str, names: set[str]) -> tuple[list[str], str]:
+    """``(wrong, owners)``: the names in ``names`` that belong to other methods only, and
+    those methods as ``"'a' or 'b'"``."""
+    specific = frozenset().union(*METHOD_PARAMS.values())
+    wrong = sorted((names & specific) - METHOD_PARAMS[method])
+    owners = sorted({m for n in wrong for m, taken in METHOD_PARAMS.items() if n in taken})
+    return wrong, " or ".join(repr(m) for m in owners)
 
 
 class SmoothSynthetic(registry.Mechanism):
@@ -157,6 +197,8 @@ class SmoothSynthetic(registry.Mechanism):
         "histograms projected onto the simplex and rows drawn from the product of the "
         "marginals (on the paper-000 protocol it matches or beats the moment LP on every "
         "dataset and query family, but keeps no dependence between columns); method "
+        "'tree': the same histograms joined by a private tree of coarse two-way tables "
+        "(select-measure-generate, delta > 0); method "
         "'moments': paper 000's noisy Chebyshev moments, an LP fit over candidate points, "
         "sampled rows. One measurement spends the budget; synthesis is post-processing"
     )
@@ -180,19 +222,18 @@ class SmoothSynthetic(registry.Mechanism):
 
     def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
         assert isinstance(params, SyntheticParams)
-        other, foreign = (
-            ("moments", MOMENTS_ONLY)
-            if params.method == "marginals"
-            else ("marginals", MARGINALS_ONLY)
-        )
-        wrong = sorted(foreign & params.model_fields_set)
+        wrong, owners = foreign_params(params.method, set(params.model_fields_set))
         if wrong:
             default = " (the default)" if params.method == "marginals" else ""
             raise InvalidRequest(
-                f"params {', '.join(wrong)} apply to method {other!r} only; this request "
-                f"uses method {params.method!r}{default}: set method {other!r} or remove them"
+                f"params {', '.join(wrong)} apply to method {owners} only; this request "
+                f"uses method {params.method!r}{default}: set method {owners} or remove them"
             )
         if params.method == "marginals":
+            _marginal_sizes(info.d, info.n_rows, params)
+            return
+        if params.method == "tree":
+            _tree_plan(info, epsilon, delta, params)
             _marginal_sizes(info.d, info.n_rows, params)
             return
         if params.noise_mechanism in ("gaussian", "laplace_approx") and delta <= 0:
@@ -204,11 +245,11 @@ class SmoothSynthetic(registry.Mechanism):
 
     def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
         method = stored.get("method", "moments")
-        wrong = sorted(MOMENTS_ONLY & set(changes)) if method == "marginals" else []
+        wrong = sorted(MOMENTS_ONLY & set(changes)) if method in ("marginals", "tree") else []
         if wrong:
             raise InvalidRequest(
                 f"params {', '.join(wrong)} apply to method 'moments' only; this release "
-                "uses method 'marginals' (re-synthesis may change grid_size, sample_size)"
+                f"uses method {method!r} (re-synthesis may change grid_size, sample_size)"
             )
 
     def preview(
@@ -217,6 +258,8 @@ class SmoothSynthetic(registry.Mechanism):
         assert isinstance(params, SyntheticParams)
         if params.method == "marginals":
             return _preview_marginals(info, epsilon, delta, params)
+        if params.method == "tree":
+            return _preview_tree(info, epsilon, delta, params)
         R = params.basis_size or ss.default_basis_size(
             info.n_rows, info.d, params.smoothness, delta, params.basis_rule
         )
@@ -272,6 +315,20 @@ class SmoothSynthetic(registry.Mechanism):
                 privacy_cost=histograms.privacy_cost,
                 resolved=dict(histograms.parameters),
             )
+        if params.method == "tree":
+            tree = marginal_tree.measure(
+                source,
+                epsilon,
+                delta,
+                bins=params.bins,
+                bound_atoms=params.bound_atoms,
+                pair_bins=params.pair_bins,
+            )
+            return Measured(
+                payload=pack(tree.to_dict()),
+                privacy_cost=tree.privacy_cost,
+                resolved=tree.parameters,
+            )
         measurements = ss.measure(
             source,
             epsilon,
@@ -296,8 +353,8 @@ class SmoothSynthetic(registry.Mechanism):
     ) -> Synthesized:
         """Follows the method recorded in the payload (its ``format``), not ``params.method``."""
         assert isinstance(params, SyntheticParams)
-        if payload_method(payload) == "marginals":
-            return _synthesize_marginals(payload, info, params, rng, workdir, progress)
+        if payload_method(payload) in ("marginals", "tree"):
+            return _synthesize_law(payload, info, params, rng, workdir, progress)
         measurements = ss.Measurements.from_dict(unpack(payload))
         release = ss.synthesize_from(
             measurements,
@@ -320,10 +377,12 @@ class SmoothSynthetic(registry.Mechanism):
         )
 
     def load(self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path) -> Any:
-        """Marginals: the measurements (answers use the product law, not the support);
+        """Marginals and tree: the measurements (answers use their law, not the support);
         moments: the weighted support."""
         if payload_method(payload) == "marginals":
             return marginals.MarginalMeasurements.from_dict(unpack(payload))
+        if payload_method(payload) == "tree":
+            return marginal_tree.TreeMeasurements.from_dict(unpack(payload))
         try:
             points = np.load(artifacts / "support_normalized.npy")
             weights = np.load(artifacts / "weights.npy")
@@ -335,7 +394,9 @@ class SmoothSynthetic(registry.Mechanism):
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
         parsed = smooth_queries.parse(queries, info)
-        if isinstance(loaded, marginals.MarginalMeasurements):
+        if isinstance(loaded, marginals.MarginalMeasurements | marginal_tree.TreeMeasurements):
+            product = isinstance(loaded, marginals.MarginalMeasurements)
+            note = MARGINALS_NOTE if product else TREE_NOTE
             values = np.empty(len(parsed))
             try:
                 for positions, expansion in separable_blocks(parsed, loaded.d):
@@ -343,8 +404,7 @@ class SmoothSynthetic(registry.Mechanism):
             except MechanismError as exc:
                 raise InvalidRequest(f"queries: {exc}") from None
             return [
-                {"value": float(v), "stderr": None, "interval": None, "note": MARGINALS_NOTE}
-                for v in values
+                {"value": float(v), "stderr": None, "interval": None, "note": note} for v in values
             ]
         points, weights = loaded
         out = []
@@ -357,11 +417,13 @@ class SmoothSynthetic(registry.Mechanism):
         return out
 
 
-def payload_method(payload: Mapping[str, Any]) -> Literal["marginals", "moments"]:
+def payload_method(payload: Mapping[str, Any]) -> Literal["marginals", "tree", "moments"]:
     """The method that made a stored measurement, from its ``format``."""
     fmt = payload.get("format")
     if fmt == marginals.FORMAT:
         return "marginals"
+    if fmt == marginal_tree.FORMAT:
+        return "tree"
     if fmt == ss.FORMAT:
         return "moments"
     raise MechanismError(f"unknown smooth_synthetic measurement format {fmt!r}")
@@ -409,7 +471,45 @@ def _preview_marginals(
     }
 
 
-def _synthesize_marginals(
+def _tree_plan(
+    info: DatasetInfo, epsilon: float, delta: float, params: SyntheticParams
+) -> marginal_tree.TreePlan:
+    """:func:`marginal_tree.plan` (public values only), or a 422 naming what is wrong."""
+    if delta <= 0:
+        raise InvalidRequest("method 'tree' is accounted in zCDP and needs delta > 0")
+    try:
+        return marginal_tree.plan(
+            info.n_rows, info.d, epsilon, delta, params.bins, params.bound_atoms, params.pair_bins
+        )
+    except MechanismError as exc:
+        raise InvalidRequest(f"method 'tree': {exc}") from None
+
+
+def _preview_tree(
+    info: DatasetInfo, epsilon: float, delta: float, params: SyntheticParams
+) -> dict[str, Any]:
+    fixed = _tree_plan(info, epsilon, delta, params)
+    return {
+        "resolved": {
+            **fixed.as_dict(),
+            "d": info.d,
+            "n": info.n_rows,
+            "grid_size": _marginal_sizes(info.d, info.n_rows, params)[0],
+        },
+        "accuracy": {
+            "noise": "gaussian",
+            "noise_scale": fixed.one_way_scale,
+            "frequency_stddev": fixed.one_way_scale,
+            "pair_frequency_stddev": fixed.pair_scale,
+            "note": "standard deviations of the noise on each cell frequency of a column's "
+            "histogram and of a two-way table, before the projections onto the simplex; "
+            "answers are exact for the tree law, which keeps the dependence along the "
+            "selected tree of column pairs only",
+        },
+    }
+
+
+def _synthesize_law(
     payload: Mapping[str, Any],
     info: DatasetInfo,
     params: SyntheticParams,
@@ -417,23 +517,32 @@ def _synthesize_marginals(
     workdir: Path,
     progress: ProgressFn,
 ) -> Synthesized:
-    measurements = marginals.MarginalMeasurements.from_dict(unpack(payload))
-    C, m = _marginal_sizes(measurements.d, measurements.n, params)
+    """``marginals`` and ``tree``: ``C`` support points drawn from the released law, then
+    ``m`` rows drawn from the support."""
     started = time.perf_counter()
-    release = marginals.synthesize_from(measurements, rng, grid_size=C)
+    if payload_method(payload) == "tree":
+        tree = marginal_tree.TreeMeasurements.from_dict(unpack(payload))
+        C, m = _marginal_sizes(tree.d, tree.one_way.n, params)
+        points, weights = marginal_tree.support(tree, rng, grid_size=C)
+        parameters = {**tree.parameters, "C": C}
+    else:
+        histograms = marginals.MarginalMeasurements.from_dict(unpack(payload))
+        C, m = _marginal_sizes(histograms.d, histograms.n, params)
+        release = marginals.synthesize_from(histograms, rng, grid_size=C)
+        points, weights, parameters = release.points, release.weights, dict(release.parameters)
     support_done = time.perf_counter()
-    rows = release.sample(m, rng)
+    rows = sample_support(points, weights, m, rng)
     progress(0.8)
     summary = {
-        "parameters": {**release.parameters, "m": m},
+        "parameters": {**parameters, "m": m},
         "seconds": {
             "support": support_done - started,
             "sample": time.perf_counter() - support_done,
         },
-        "support_points": int(release.points.shape[0]),
+        "support_points": int(points.shape[0]),
         "rows": int(rows.shape[0]),
     }
-    return _write_artifacts(info, workdir, rows, release.points, release.weights, summary, "")
+    return _write_artifacts(info, workdir, rows, points, weights, summary, "")
 
 
 def _write_artifacts(
@@ -445,7 +554,7 @@ def _write_artifacts(
     summary: dict[str, Any],
     report: str,
 ) -> Synthesized:
-    """The artifacts of both methods (same files, so downloads and answers are shared)."""
+    """The artifacts of every method (same files, so downloads and answers are shared)."""
     names = info.names
     rows = info.to_original(rows_normalized)
     support = info.to_original(points)
