@@ -21,7 +21,10 @@ Releases:
   sampled from that law, so with its sampling error on top).
 * ``tree of pairs``: :mod:`app.mechanisms.marginal_tree` with its defaults (fine one-way
   histograms, an MST-like private tree of 4 x 4 coarse two-way tables, answers exact under
-  the tree law); ``(eps, delta)`` only (it is accounted in zCDP).
+  the tree law); ``(eps, delta)`` only (it is accounted in zCDP). ``tree of pairs, exact
+  tables (not private)``: the same model from the exact histograms and tables, the tree
+  chosen by the largest exact score (:class:`ExactTree`): what the tree could give
+  without noise.
 * ``moment LP``: ``smooth_synthetic.synthesize`` with its library defaults and
   ``smoothness = sigma^2`` (one release per sigma, as in paper 000).
 * ``MST`` / ``AIM``: smartnoise-synth 1.0.8 on 8 equal-width bins per column, ``n`` rows
@@ -46,6 +49,7 @@ import numpy as np
 
 from app.mechanisms import marginal_tree, marginals, smooth_synthetic
 from app.mechanisms.chebyshev import gaussian_expansion
+from app.mechanisms.data import as_source
 from app.mechanisms.queries import GaussianMixtureBatch
 from bench._common import Run
 from bench.smooth_synthetic import DATA_DIR, QUERY_SEED, SIGMAS, load_datasets
@@ -97,7 +101,7 @@ def _product_law_ratios(
     batches: dict[str, GaussianMixtureBatch],
     truth: dict[str, np.ndarray],
     base: dict[str, float],
-    measurements: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements,
+    measurements: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements | ExactTree,
     block: int = 200,
 ) -> dict[str, float]:
     """Ratios of the answers the service returns for a marginals release: the exact
@@ -119,6 +123,29 @@ def _product_law_ratios(
         )
         out[key] = float(np.max(np.abs(values - truth[key]) / truth[key]) / base[key])
     return out
+
+
+class ExactTree:
+    """The tree law from the *exact* tables (not private): fine one-way histograms, the
+    tree picked by the largest exact score (``marginal_tree.pair_scores``), exact coarse
+    pair tables. The ceiling of what the tree of pairs can give at these bins."""
+
+    def __init__(self, X: np.ndarray, bins: int, atoms: bool, pair_bins: int) -> None:
+        source = as_source(X)
+        p = marginals.exact_histograms(source, bins, atoms)
+        group = marginal_tree.groups(p.shape[1], pair_bins)
+        P = np.stack([p[:, group == k].sum(axis=1) for k in range(pair_bins)], axis=1)
+        codes = marginal_tree.coarse_codes(source, bins, atoms, pair_bins)
+        pairs, scores = marginal_tree.pair_scores(codes, P)
+        edges = marginal_tree.spanning_tree(pairs, scores, X.shape[1], lambda v: int(np.argmax(v)))
+        joint = tuple(marginal_tree.pair_table(codes, i, j, pair_bins) for i, j in edges)
+        self.model = marginal_tree.TreeModel(p, P, group, tuple(edges), joint)
+        self.bins, self.atoms, self.d = bins, atoms, X.shape[1]
+
+    def expectations(self, expansion: Any) -> np.ndarray:
+        length = int(expansion.factors.shape[3])
+        means = marginals.cell_means(self.bins, self.atoms, length)
+        return self.model.expectations(expansion, means)
 
 
 def run_peer(
@@ -211,6 +238,12 @@ def run(
         record("tree of pairs (eps, delta), answers", runs, seconds)
         entry["rows"]["tree of pairs (eps, delta), answers"]["bins"] = tree.one_way.bins
         entry["rows"]["tree of pairs (eps, delta), answers"]["bound_atoms"] = tree.one_way.atoms
+        ceiling = ExactTree(X, tree.one_way.bins, tree.one_way.atoms, tree.pair_bins)
+        record(
+            "tree of pairs, exact tables (not private)",
+            [_product_law_ratios(batches, truth, base, ceiling)],
+            [0.0],
+        )
         for label, delta in (("moment LP (eps)", 0.0), ("moment LP (eps, delta)", DELTA)):
             runs, seconds = [], []
             for r in range(lp_rounds):

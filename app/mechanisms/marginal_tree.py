@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -473,6 +473,47 @@ def pair_table(codes: NDArray[np.int64], i: int, j: int, pair_bins: int) -> Any:
     return (counts / codes.shape[0]).reshape(pair_bins, pair_bins)
 
 
+def pair_scores(
+    codes: NDArray[np.int64], P: NDArray[np.float64]
+) -> tuple[list[tuple[int, int]], NDArray[np.float64]]:
+    """Every pair ``(i, j)``, ``i < j``, and its score ``n ||T_ij - P_i (x) P_j||_1``
+    (module doc, step 2; ``codes`` from :func:`coarse_codes`, ``P`` the coarse marginals)."""
+    n, d = codes.shape
+    b = P.shape[1]
+    pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
+    scores = np.array(
+        [n * np.abs(pair_table(codes, i, j, b) - np.outer(P[i], P[j])).sum() for i, j in pairs]
+    )
+    return pairs, scores
+
+
+def spanning_tree(
+    pairs: list[tuple[int, int]],
+    scores: NDArray[np.float64],
+    d: int,
+    pick: Callable[[list[float]], int],
+) -> list[tuple[int, int]]:
+    """``d - 1`` edges, each ``pick``ed among the pairs that join two components of the
+    forest so far (``pick`` gets their scores and returns a position among them: a noisy
+    max for the release, ``argmax`` for the exact Chow-Liu-like tree)."""
+    component = list(range(d))
+
+    def find(a: int) -> int:
+        while component[a] != a:
+            component[a] = component[component[a]]
+            a = component[a]
+        return a
+
+    edges: list[tuple[int, int]] = []
+    for _ in range(d - 1):
+        open_pairs = [k for k, (i, j) in enumerate(pairs) if find(i) != find(j)]
+        chosen = open_pairs[pick([float(v) for v in scores[open_pairs]])]
+        i, j = pairs[chosen]
+        component[find(i)] = find(j)
+        edges.append((i, j))
+    return edges
+
+
 def measure(
     X: ArrayLike | RowSource,
     epsilon: float,
@@ -507,26 +548,9 @@ def measure(
     P = np.stack([p[:, g == k].sum(axis=1) for k in range(b)], axis=1)
     # 2. selection, d - 1 noisy-max rounds over the pairs that join two components
     codes = coarse_codes(source, B, atoms, b)
-    pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
-    scores = np.array(
-        [n * np.abs(pair_table(codes, i, j, b) - np.outer(P[i], P[j])).sum() for i, j in pairs]
-    )
+    pairs, scores = pair_scores(codes, P)
     select = _noisy_max(fixed.selection_scale)
-    component = list(range(d))
-
-    def find(a: int) -> int:
-        while component[a] != a:
-            component[a] = component[component[a]]
-            a = component[a]
-        return a
-
-    edges: list[tuple[int, int]] = []
-    for _ in range(d - 1):
-        open_pairs = [k for k, (i, j) in enumerate(pairs) if find(i) != find(j)]
-        chosen = open_pairs[int(select([float(v) for v in scores[open_pairs]]))]
-        i, j = pairs[chosen]
-        component[find(i)] = find(j)
-        edges.append((i, j))
+    edges = spanning_tree(pairs, scores, d, lambda open_scores: int(select(open_scores)))
     # 3. the selected pair tables
     sens_2 = pair_table_sensitivity(n, d - 1)
     law_2 = _calibration(sens_2, (d - 1) * b * b, fixed.pair_scale, epsilon, delta)
