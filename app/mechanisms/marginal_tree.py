@@ -462,23 +462,17 @@ def _draw(probabilities: NDArray[np.float64], rng: np.random.Generator) -> NDArr
 
 
 def coarse_codes(source: RowSource, bins: int, atoms: bool, pair_bins: int) -> Any:
-    """``(n, d)`` coarse group of every value (never released without noise)."""
-    cells = bins + 2 * atoms
-    g = groups(cells, pair_bins)
-    parts = []
-    for batch in iter_checked(source):
-        codes = np.clip(np.floor((batch + 1.0) * (bins / 2.0)).astype(np.int64), 0, bins - 1)
-        if atoms:
-            codes += 1
-            codes[batch <= -1.0] = 0
-            codes[batch >= 1.0] = cells - 1
-        parts.append(g[codes])
-    return np.concatenate(parts)
+    """``(n, d)`` coarse group of every value, one byte each (never released without
+    noise)."""
+    g = groups(bins + 2 * atoms, pair_bins).astype(np.uint8)
+    return np.concatenate(
+        [g[marginals.cell_codes(batch, bins, atoms)] for batch in iter_checked(source)]
+    )
 
 
 def pair_table(codes: NDArray[np.int64], i: int, j: int, pair_bins: int) -> Any:
     """Exact coarse two-way frequency table of columns ``i``, ``j``."""
-    flat = codes[:, i] * pair_bins + codes[:, j]
+    flat = codes[:, i].astype(np.int64) * pair_bins + codes[:, j]
     counts = np.bincount(flat, minlength=pair_bins * pair_bins)
     return (counts / codes.shape[0]).reshape(pair_bins, pair_bins)
 

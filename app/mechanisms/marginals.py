@@ -316,6 +316,19 @@ def cell_means(bins: int, atoms: bool, length: int) -> NDArray[np.float64]:
     return out
 
 
+def cell_codes(batch: NDArray[np.float64], bins: int, atoms: bool) -> NDArray[np.int64]:
+    """The cell of every value of ``batch`` (on ``[-1, 1]``): with atoms, ``0`` for the
+    lower bound, ``1..bins`` for the bins and ``bins + 1`` for the upper bound."""
+    codes: NDArray[np.int64] = np.clip(
+        np.floor((batch + 1.0) * (bins / 2.0)).astype(np.int64), 0, bins - 1
+    )
+    if atoms:
+        codes += 1
+        codes[batch <= -1.0] = 0
+        codes[batch >= 1.0] = bins + 1
+    return codes
+
+
 def exact_histograms(source: RowSource, bins: int, atoms: bool = True) -> NDArray[np.float64]:
     """``h_{i,b}`` of step 1 (``d x (bins + 2)``: atom ``{-1}``, the bins, atom ``{1}``;
     ``d x bins`` without the atoms).
@@ -325,11 +338,7 @@ def exact_histograms(source: RowSource, bins: int, atoms: bool = True) -> NDArra
     cells = bins + 2 * atoms
     counts = np.zeros((source.n_cols, cells), dtype=np.int64)
     for batch in iter_checked(source):
-        codes = np.clip(np.floor((batch + 1.0) * (bins / 2.0)).astype(np.int64), 0, bins - 1)
-        if atoms:
-            codes += 1
-            codes[batch <= -1.0] = 0
-            codes[batch >= 1.0] = cells - 1
+        codes = cell_codes(batch, bins, atoms)
         for i in range(source.n_cols):
             counts[i] += np.bincount(codes[:, i], minlength=cells)
     out: NDArray[np.float64] = counts / float(source.n_rows)
