@@ -150,3 +150,25 @@ def test_privacy_cost_json_round_trip_and_errors() -> None:
         marginal_tree.measure(X[:, :1], 1.0, 1e-6)
     with pytest.raises(MechanismError, match="pair_bins"):
         marginal_tree.measure(X, 1.0, 1e-6, pair_bins=1)
+
+
+def test_combined_coarse_marginals_have_less_error_than_step_one_alone() -> None:
+    """Over 40 releases (n = 500, d = 4, epsilon = 1), the least-squares coarse margins
+    (step 1's group sums and the tables' sums) are closer to the exact coarse margins
+    than step 1's projected marginal summed by group: the tables carry independent
+    measurements of the same margins (variance ratio ~0.6 here; asserted < 0.85)."""
+    rng = np.random.default_rng(12)
+    X = np.clip(rng.normal(0.1, 0.4, size=(500, 4)), -1, 1)
+    errors = {"combined": 0.0, "one_way": 0.0}
+    for _ in range(40):
+        tree = marginal_tree.measure(X, 1.0, 1e-6, pair_bins=3)
+        g = marginal_tree.groups(tree.one_way.cells, 3)
+        exact = marginals.exact_histograms(as_source(X), tree.one_way.bins, tree.one_way.atoms)
+        truth = np.stack([exact[:, g == k].sum(axis=1) for k in range(3)], axis=1)
+        alone = tree.one_way.marginals()
+        alone = np.stack([alone[:, g == k].sum(axis=1) for k in range(3)], axis=1)
+        errors["combined"] += float(np.sum((tree.coarse_marginals() - truth) ** 2))
+        errors["one_way"] += float(np.sum((alone - truth) ** 2))
+        np.testing.assert_allclose(tree.model.P, tree.coarse_marginals())
+        np.testing.assert_allclose(tree.model.p.sum(axis=1), 1.0)
+    assert errors["combined"] < 0.85 * errors["one_way"]
