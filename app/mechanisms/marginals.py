@@ -65,7 +65,9 @@ What it does not do
 It keeps no dependence between columns: queries whose answer depends on the joint
 distribution (small ``sigma``, kernels centred at real rows) see the product of the
 marginals. Measuring pairwise moments with the remaining budget was tried and, at
-``n`` in the hundreds, the extra noise cost more than the dependence it captured.
+``n`` in the hundreds, the extra noise cost more than the dependence it captured;
+:mod:`app.mechanisms.marginal_tree` instead adds a private tree of coarse two-way tables
+(with ``delta > 0``).
 """
 
 from __future__ import annotations

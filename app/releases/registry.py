@@ -147,6 +147,13 @@ class Mechanism(ABC):
             problems = describe_errors(exc.errors(include_input=False), "params")
             raise InvalidRequest(f"invalid parameters for {self.name}: {problems}") from None
 
+    def resolve_params(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> BaseModel:
+        """Fill defaults that depend on the request (public values only) before
+        :meth:`check`; the result is what the release stores. By default: unchanged."""
+        return params
+
     def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
         """Refuse (InvalidRequest) what cannot work, before any budget is reserved."""
         if self.requires_delta and delta <= 0:

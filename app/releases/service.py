@@ -119,7 +119,7 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
             raise InvalidRequest(str(exc)) from None
         epsilon, delta = body.epsilon, body.delta
     info = dataset_info(dataset, mechanism, body.columns)
-    params = mechanism.parse_params(body.params)
+    params = mechanism.resolve_params(info, epsilon, delta, mechanism.parse_params(body.params))
     try:
         mechanism.check(info, epsilon, delta, params)
     except MechanismError as exc:

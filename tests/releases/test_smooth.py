@@ -204,7 +204,10 @@ def test_smooth_synthetic_marginals_preview(
     from app.mechanisms import marginals
 
     dataset_id, _ = _dataset(client, curator)
-    body = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "delta": delta}  # method: default
+    # the default method with delta = 0; with delta > 0 the default is "tree"
+    body: dict[str, Any] = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "delta": delta}
+    if delta > 0:
+        body["params"] = {"method": "marginals"}
     response = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
     assert response.status_code == 200, response.text
     preview = response.json()
@@ -226,7 +229,15 @@ def test_smooth_synthetic_marginals_preview(
     explicit = client.post(
         f"/v1/datasets/{dataset_id}/preview",
         headers=curator.headers,
-        json={**body, "params": {"bins": 7, "bound_atoms": False, "grid_size": 300}},
+        json={
+            **body,
+            "params": {
+                **body.get("params", {}),
+                "bins": 7,
+                "bound_atoms": False,
+                "grid_size": 300,
+            },
+        },
     ).json()["resolved"]
     assert (explicit["bins"], explicit["bound_atoms"], explicit["grid_size"]) == (7, False, 300)
     assert budget(client, curator, dataset_id)["entries"] == []
@@ -481,6 +492,36 @@ def test_smooth_synthetic_tree_end_to_end(client: TestClient, curator: Caller) -
     )
     assert refused.status_code == 422
     assert "uses method 'tree'" in refused.text
+
+
+@pytest.mark.parametrize(("delta", "method"), [(0.0, "marginals"), (1e-6, "tree")])
+def test_smooth_synthetic_default_method_follows_delta(
+    client: TestClient, curator: Caller, delta: float, method: str
+) -> None:
+    """No method: 'tree' with delta > 0, 'marginals' with delta = 0; preview, the stored
+    params and the measurement agree, and the 422 for another method's parameter says
+    the method was the default."""
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "delta": delta}
+    preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["params"]["method"] == method
+    assert preview.json()["resolved"]["method"] == method
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    assert response.json()["params"]["method"] == method
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "succeeded", release
+    assert release["resolved"]["method"] == method
+    refused = client.post(
+        f"/v1/datasets/{dataset_id}/preview",
+        headers=curator.headers,
+        json={**body, "params": {"solver": "ipm"}},
+    )
+    assert refused.status_code == 422
+    assert f"uses method '{method}' (the default)" in refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

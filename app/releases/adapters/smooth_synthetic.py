@@ -3,26 +3,28 @@
 Three methods (``params.method``); each measures the release's continuous columns, normalised
 to ``[-1, 1]`` with the declared bounds, once, and everything after is post-processing.
 
-``method="marginals"`` (the default): :func:`app.mechanisms.marginals.measure` releases the
+With no ``method``, a request gets ``"tree"`` when ``delta > 0`` (and ``d >= 2``) and
+``"marginals"`` otherwise (:func:`default_method`; the release stores the resolved method).
+
+``method="marginals"``: :func:`app.mechanisms.marginals.measure` releases the
 ``d`` one-column histograms (``B`` bins, plus atoms at the bounds when the noise is low) in
 one noisy measurement; L1 sensitivity ``2d/n`` and L2 ``sqrt(2d)/n`` under replace-one
 neighbours whatever ``B``. Synthesis projects each noisy histogram onto the simplex and
-draws ``C`` support points from the product of the marginals. It is the default because on
-the paper-000 protocol (WDBC, CTG, PKS, CRM at ``epsilon = 1``;
-``bench/results/smooth_marginals.md``) it beats the moment LP on every dataset and query
-family (ties only on CRM's row-centred ``sigma = 1`` queries, both at the baseline): on
-the paper's uniform-centre queries its worst-case error is x0.02-0.38 of the 0-DP baseline
-at ``(epsilon, delta)``, against x0.31-0.83 for the moment LP, and it takes about 0.1 s.
-It keeps no dependence between columns: queries whose answer depends on the joint
-distribution see the product of the marginals.
+draws ``C`` support points from the product of the marginals. On the paper-000 protocol
+(WDBC, CTG, PKS, CRM at ``epsilon = 1``; ``bench/results/smooth_marginals.md``) it beats
+the moment LP on every dataset and query family; it is the only histogram method for pure
+``epsilon``-DP. It keeps no dependence between columns: queries whose answer depends on
+the joint distribution see the product of the marginals.
 
 ``method="tree"`` (``delta > 0``): :func:`app.mechanisms.marginal_tree.measure` releases the
 same histograms with half the budget (in zCDP), selects a spanning tree of column pairs
 with OpenDP's noisy max (MST's select step) and releases the selected pairs' coarse
-two-way tables; synthesis and answers use the Markov-tree law that joins them, which keeps
-the dependence along the tree. It pays where the rows are many per column and the queries
-test joint structure (kernels centred at real rows); with few rows per column the halved
-one-way budget costs more than the tree gives (``bench/results/smooth_marginals_tree.md``).
+two-way tables; synthesis and answers use the Markov-tree law that joins them, with each
+column's coarse margin estimated from its histogram and its tables together. On the same
+protocol (``bench/results/smooth_marginals_tree.md``, 5 rounds) it is level with
+``marginals`` on the uniform-centre queries and better on the row-centred ones, which
+test joint structure (``sigma = 1``: PKS 0.29x -> 0.15x, CTG 0.48x -> 0.37x the 0-DP
+baseline; MST 0.19x and 0.22x).
 
 ``method="moments"``: paper 000 (:func:`app.mechanisms.smooth_synthetic.measure`): noisy
 Chebyshev moments, an LP fit over candidate points, sampled rows.
@@ -36,11 +38,12 @@ The measurement payload records its method (its ``format``) and synthesis follow
 
 Artifacts, in original units and the same for every method: ``sample.csv``/``.parquet``
 (``m`` synthetic rows) and ``support.csv``/``.parquet`` (the weighted support points, with
-a ``weight`` column). Answers come from the weighted support: ``q_f = sum_k w_k f(s_k)``,
-exact for the released synthetic distribution; its distance to the true answer comes from
-the DP noise (and, for ``marginals``, the missing dependence between columns), for which no
-per-query bound is computed (the service says so); a ``smooth_synopsis`` release gives
-answers with calibrated standard errors.
+a ``weight`` column). Answers are exact for the released synthetic distribution: for
+``marginals`` and ``tree`` the expectation under the released law (the support is a sample
+of it), for ``moments`` ``q_f = sum_k w_k f(s_k)`` on the weighted support; their distance
+to the true answer comes from the DP noise (and the dependence between columns the law
+does not hold), for which no per-query bound is computed (the service says so); a
+``smooth_synopsis`` release gives answers with calibrated standard errors.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from app.core.errors import InvalidRequest
 from app.mechanisms import marginal_tree, marginals, noise
@@ -103,12 +106,16 @@ class SyntheticParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["marginals", "tree", "moments"] = Field(
-        default="marginals",
-        description="'marginals' (default): noisy one-column histograms, product of the "
-        "marginals; 'tree': the same histograms joined by a private tree of coarse two-way "
-        "tables (needs delta > 0); 'moments': paper 000's noisy Chebyshev moments and LP fit",
+    method: Literal["marginals", "tree", "moments"] | None = Field(
+        default=None,
+        description="None (default): 'tree' when delta > 0 and there are two or more "
+        "columns, 'marginals' otherwise (the release stores the resolved method); "
+        "'marginals': noisy one-column histograms, product of the marginals; 'tree': the "
+        "same histograms joined by a private tree of coarse two-way tables (needs "
+        "delta > 0); 'moments': paper 000's noisy Chebyshev moments and LP fit",
     )
+    #: Whether ``method`` came from :func:`default_method` rather than the request.
+    _method_defaulted: bool = PrivateAttr(default=False)
     # marginals and tree
     bins: int | None = Field(
         default=None,
@@ -193,12 +200,11 @@ def foreign_params(method: str, names: set[str]) -> tuple[list[str], str]:
 class SmoothSynthetic(registry.Mechanism):
     name: ClassVar[str] = "smooth_synthetic"
     description: ClassVar[str] = (
-        "synthetic database for smooth queries. Default method 'marginals': noisy one-column "
-        "histograms projected onto the simplex and rows drawn from the product of the "
-        "marginals (on the paper-000 protocol it matches or beats the moment LP on every "
-        "dataset and query family, but keeps no dependence between columns); method "
-        "'tree': the same histograms joined by a private tree of coarse two-way tables "
-        "(select-measure-generate, delta > 0); method "
+        "synthetic database for smooth queries. Method 'marginals' (the default at "
+        "delta = 0): noisy one-column histograms projected onto the simplex and rows drawn "
+        "from the product of the marginals (no dependence between columns); method 'tree' "
+        "(the default at delta > 0): the same histograms joined by a private tree of coarse "
+        "two-way tables (select-measure-generate); method "
         "'moments': paper 000's noisy Chebyshev moments, an LP fit over candidate points, "
         "sampled rows. One measurement spends the budget; synthesis is post-processing"
     )
@@ -220,11 +226,31 @@ class SmoothSynthetic(registry.Mechanism):
             "centre_share": params.centre_share,
         }
 
-    def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
+    def resolve_params(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> BaseModel:
+        """``method=None`` becomes :func:`default_method` (stored with the release)."""
         assert isinstance(params, SyntheticParams)
+        if params.method is not None:
+            return params
+        resolved = params.model_copy(update={"method": default_method(info.d, delta)})
+        resolved._method_defaulted = True
+        return resolved
+
+    def _concrete(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> SyntheticParams:
+        """``params`` with ``method`` resolved (a caller may skip :meth:`resolve_params`)."""
+        resolved = self.resolve_params(info, epsilon, delta, params)
+        assert isinstance(resolved, SyntheticParams)
+        return resolved
+
+    def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
+        params = self._concrete(info, epsilon, delta, params)
+        assert params.method is not None
         wrong, owners = foreign_params(params.method, set(params.model_fields_set))
         if wrong:
-            default = " (the default)" if params.method == "marginals" else ""
+            default = " (the default)" if params._method_defaulted else ""
             raise InvalidRequest(
                 f"params {', '.join(wrong)} apply to method {owners} only; this request "
                 f"uses method {params.method!r}{default}: set method {owners} or remove them"
@@ -255,7 +281,7 @@ class SmoothSynthetic(registry.Mechanism):
     def preview(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
     ) -> dict[str, Any]:
-        assert isinstance(params, SyntheticParams)
+        params = self._concrete(info, epsilon, delta, params)
         if params.method == "marginals":
             return _preview_marginals(info, epsilon, delta, params)
         if params.method == "tree":
@@ -305,7 +331,7 @@ class SmoothSynthetic(registry.Mechanism):
         delta: float,
         params: BaseModel,
     ) -> Measured:
-        assert isinstance(params, SyntheticParams)
+        params = self._concrete(info, epsilon, delta, params)
         if params.method == "marginals":
             histograms = marginals.measure(
                 source, epsilon, delta, bins=params.bins, bound_atoms=params.bound_atoms
@@ -415,6 +441,14 @@ class SmoothSynthetic(registry.Mechanism):
                 raise InvalidRequest(f"queries.{position}: {exc}") from None
             out.append({"value": value, "stderr": None, "interval": None, "note": NOTE})
         return out
+
+
+def default_method(d: int, delta: float) -> Literal["marginals", "tree"]:
+    """The method of a request that names none: ``"tree"`` when ``delta > 0`` and
+    ``d >= 2`` (it needs zCDP and a pair of columns; on the paper-000 protocol it is level
+    with ``"marginals"`` on the uniform-centre queries and better on the row-centred ones:
+    ``bench/results/smooth_marginals_tree.md``), ``"marginals"`` otherwise."""
+    return "tree" if delta > 0 and d >= 2 else "marginals"
 
 
 def payload_method(payload: Mapping[str, Any]) -> Literal["marginals", "tree", "moments"]:
