@@ -134,7 +134,7 @@ class ExactTree:
         source = as_source(X)
         p = marginals.exact_histograms(source, bins, atoms)
         group = marginal_tree.groups(p.shape[1], pair_bins)
-        P = np.stack([p[:, group == k].sum(axis=1) for k in range(pair_bins)], axis=1)
+        P = marginal_tree.group_sums(p, group, pair_bins)
         codes = marginal_tree.coarse_codes(source, bins, atoms, pair_bins)
         pairs, scores = marginal_tree.pair_scores(codes, P)
         edges = marginal_tree.spanning_tree(pairs, scores, X.shape[1], lambda v: int(np.argmax(v)))

@@ -43,7 +43,7 @@ zCDP composes additively, also when a step is chosen adaptively from earlier out
    product of step 1's released coarse marginals (fixed given step 1). Replace-one moves
    one count of ``n T_ij`` out of a cell and one into another, so each score moves by at
    most 2: L-infinity sensitivity 2 (counts), and each round is
-   ``rho_s / (d - 1)``-zCDP (OpenDP's map: ``rho = (2 / scale)^2 / 2``).
+   ``rho_s / (d - 1)``-zCDP (:func:`app.mechanisms.noise.noisy_max_scale`).
 3. **Pair tables** (share ``rho_2``): the ``d - 1`` selected coarse tables ``T_ij``,
    vector Gaussian; a replaced row leaves one cell and enters another in every table, so
    the L2 sensitivity is ``sqrt(2 (d - 1)) / n``.
@@ -86,9 +86,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import opendp.prelude as dp
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import brentq
 
 from app.mechanisms import marginals, noise
 from app.mechanisms.chebyshev import TensorExpansion
@@ -103,70 +101,21 @@ STEPS = ("one_way", "select", "pairs")
 SHARES = {"one_way": 0.5, "select": 0.1, "pairs": 0.4}
 #: Coarse groups per column in the pair tables (``b``).
 DEFAULT_PAIR_BINS = 4
+#: L-infinity sensitivity of the selection scores, in counts (module doc, step 2).
+SCORE_SENSITIVITY = 2.0
 #: Iterations of proportional fitting when raking a pair table to its margins.
 RAKE_ITERATIONS = 50
-
-
-def rho_budget(epsilon: float, delta: float) -> float:
-    """The largest ``rho`` whose zCDP guarantee converts (OpenDP's
-    ``make_zCDP_to_approxDP``) to at most ``(epsilon, delta)``."""
-    check_budget(epsilon, delta)
-    if delta <= 0.0:
-        raise MechanismError("the marginal tree is accounted in zCDP and needs delta > 0")
-    unit = dp.m.make_gaussian(
-        dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=1.0
-    )
-    converted: Any = dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(unit), delta=delta)
-
-    def eps_at(rho: float) -> float:  # the unit Gaussian at d_in = sqrt(2 rho) is rho-zCDP
-        return float(converted.map(math.sqrt(2.0 * rho))[0])
-
-    hi = 1.0
-    while eps_at(hi) <= epsilon:
-        hi *= 2.0
-    rho = brentq(lambda r: eps_at(r) - epsilon, 1e-12, hi, xtol=1e-15, rtol=1e-13)
-    while eps_at(rho) > epsilon:
-        rho *= 1.0 - 1e-12
-    return float(rho)
-
-
-def gaussian_scale(sensitivity: float, rho: float) -> float:
-    """``s = Delta_2 / sqrt(2 rho)`` (a vector Gaussian is ``Delta^2 / (2 s^2)``-zCDP),
-    nudged up until OpenDP's map agrees."""
-    scale = sensitivity / math.sqrt(2.0 * rho)
-    while _vector_gaussian(scale).map(sensitivity) > rho:
-        scale = math.nextafter(scale, math.inf)
-    return scale
-
-
-def _vector_gaussian(scale: float) -> Any:
-    return dp.m.make_gaussian(
-        dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float), scale=scale
-    )
-
-
-def _noisy_max(scale: float) -> Any:
-    return dp.m.make_noisy_max(
-        dp.vector_domain(dp.atom_domain(T=float, nan=False)),
-        dp.linf_distance(T=float),
-        dp.zero_concentrated_divergence(),
-        scale=scale,
-    )
-
-
-def selection_scale(rho: float) -> float:
-    """Gumbel scale of one noisy-max round that is ``rho``-zCDP for scores of
-    L-infinity sensitivity 2 (OpenDP's map: ``(2 / scale)^2 / 2``)."""
-    scale = 2.0 / math.sqrt(2.0 * rho)
-    while _noisy_max(scale).map(2.0) > rho:
-        scale = math.nextafter(scale, math.inf)
-    return scale
 
 
 def groups(cells: int, pair_bins: int) -> NDArray[np.int64]:
     """Coarse group of each fine cell: ``floor(cell b / cells)`` (public)."""
     out: NDArray[np.int64] = (np.arange(cells) * pair_bins) // cells
     return out
+
+
+def group_sums(cell_values: NDArray[np.float64], group: NDArray[np.int64], b: int) -> Any:
+    """``(d, b)``: each row of ``(d, cells)`` values summed over the cells of each group."""
+    return np.stack([cell_values[:, group == k].sum(axis=1) for k in range(b)], axis=1)
 
 
 def pair_table_sensitivity(n: int, edges: int) -> float:
@@ -202,6 +151,7 @@ class TreePlan:
     one_way_scale: float
     selection_scale: float
     pair_scale: float
+    shares: Mapping[str, float] = field(default_factory=lambda: dict(SHARES))
 
     @property
     def cells(self) -> int:
@@ -214,7 +164,7 @@ class TreePlan:
             "bound_atoms": self.atoms,
             "pair_bins": self.pair_bins,
             "rho": self.rho,
-            "shares": dict(SHARES),
+            "shares": dict(self.shares),
             "noise": "gaussian",
             "frequency_stddev": self.one_way_scale,
             "pair_frequency_stddev": self.pair_scale,
@@ -234,7 +184,9 @@ def plan(
     """The resolution of :func:`measure`: bins and atoms as
     :func:`app.mechanisms.marginals.resolve`, ``rho`` (:func:`rho_budget`) and the three
     steps' noise scales from :data:`SHARES`."""
-    rho = rho_budget(epsilon, delta)
+    if delta <= 0.0:
+        raise MechanismError("the marginal tree is accounted in zCDP and needs delta > 0")
+    rho = noise.rho_budget(epsilon, delta)
     if d < 2:
         raise MechanismError("a tree of pairs needs at least two columns")
     b = DEFAULT_PAIR_BINS if pair_bins is None else pair_bins
@@ -252,11 +204,13 @@ def plan(
         atoms=atoms,
         pair_bins=b,
         rho=rho,
-        one_way_scale=gaussian_scale(
+        one_way_scale=noise.gaussian_scale_for_rho(
             marginals.histogram_sensitivity(n, d)["l2"], rho * SHARES["one_way"]
         ),
-        selection_scale=selection_scale(rho * SHARES["select"] / (d - 1)),
-        pair_scale=gaussian_scale(pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]),
+        selection_scale=noise.noisy_max_scale(SCORE_SENSITIVITY, rho * SHARES["select"] / (d - 1)),
+        pair_scale=noise.gaussian_scale_for_rho(
+            pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]
+        ),
     )
 
 
@@ -290,21 +244,26 @@ class TreeMeasurements:
         return self.one_way.d
 
     @property
+    def plan(self) -> TreePlan:
+        """The :class:`TreePlan` this measurement was made with (from its records)."""
+        one_way = self.one_way
+        return TreePlan(
+            n=one_way.n,
+            d=one_way.d,
+            bins=one_way.bins,
+            atoms=one_way.atoms,
+            pair_bins=self.pair_bins,
+            rho=self.rho,
+            one_way_scale=one_way.calibration.scale,
+            selection_scale=self.selection_scale,
+            pair_scale=self.pair_scale,
+            shares=self.shares,
+        )
+
+    @property
     def parameters(self) -> dict[str, Any]:
         """The resolved, public parameters and the selected tree (a DP output)."""
-        return {
-            "method": "tree",
-            "bins": self.one_way.bins,
-            "bound_atoms": self.one_way.atoms,
-            "pair_bins": self.pair_bins,
-            "rho": self.rho,
-            "shares": dict(self.shares),
-            "noise": "gaussian",
-            "frequency_stddev": self.one_way.calibration.stddev,
-            "pair_frequency_stddev": self.pair_scale,
-            "selection_scale": self.selection_scale,
-            "edges": [list(e) for e in self.edges],
-        }
+        return {**self.plan.as_dict(), "edges": [list(e) for e in self.edges]}
 
     @property
     def privacy_cost(self) -> PrivacyCost:
@@ -349,10 +308,7 @@ class TreeMeasurements:
         sizes = np.array([(g == k).sum() for k in range(b)], dtype=np.float64)
         one_way_var = sizes * self.one_way.calibration.stddev**2  # (b,)
         pair_var = b * self.pair_scale**2
-        total = (
-            np.stack([self.one_way.frequencies[:, g == k].sum(axis=1) for k in range(b)], axis=1)
-            / one_way_var
-        )
+        total = group_sums(self.one_way.frequencies, g, b) / one_way_var
         weight = np.tile(1.0 / one_way_var, (self.d, 1))
         for (i, j), table in zip(self.edges, self.tables, strict=True):
             total[i] += table.sum(axis=1) / pair_var
@@ -570,7 +526,7 @@ def measure(
     B, atoms, b, cells = fixed.bins, fixed.atoms, fixed.pair_bins, fixed.cells
     # 1. one-way histograms
     sens_1 = marginals.histogram_sensitivity(n, d)["l2"]
-    law_1 = _calibration(sens_1, d * cells, fixed.one_way_scale, epsilon, delta)
+    law_1 = noise.gaussian_at_scale(sens_1, d * cells, fixed.one_way_scale, epsilon, delta)
     h = marginals.exact_histograms(source, B, atoms).ravel()
     one_way = marginals.MarginalMeasurements(
         n=n,
@@ -582,17 +538,16 @@ def measure(
         frequencies=noise.sample(law_1, h).reshape(d, cells),
         calibration=law_1,
     )
-    p = one_way.marginals()
-    g = groups(cells, b)
-    P = np.stack([p[:, g == k].sum(axis=1) for k in range(b)], axis=1)
+    P = group_sums(one_way.marginals(), groups(cells, b), b)
     # 2. selection, d - 1 noisy-max rounds over the pairs that join two components
     codes = coarse_codes(source, B, atoms, b)
     pairs, scores = pair_scores(codes, P)
-    select = _noisy_max(fixed.selection_scale)
-    edges = spanning_tree(pairs, scores, d, lambda open_scores: int(select(open_scores)))
+    edges = spanning_tree(
+        pairs, scores, d, lambda open_scores: noise.noisy_max(open_scores, fixed.selection_scale)
+    )
     # 3. the selected pair tables
     sens_2 = pair_table_sensitivity(n, d - 1)
-    law_2 = _calibration(sens_2, (d - 1) * b * b, fixed.pair_scale, epsilon, delta)
+    law_2 = noise.gaussian_at_scale(sens_2, (d - 1) * b * b, fixed.pair_scale, epsilon, delta)
     exact = np.stack([pair_table(codes, i, j, b) for i, j in edges]).ravel()
     tables = noise.sample(law_2, exact).reshape(d - 1, b, b)
     return TreeMeasurements(
@@ -606,17 +561,6 @@ def measure(
         selection_scale=fixed.selection_scale,
         epsilon=float(epsilon),
         delta=float(delta),
-    )
-
-
-def _calibration(
-    sensitivity: float, dimension: int, scale: float, epsilon: float, delta: float
-) -> noise.NoiseCalibration:
-    """A Gaussian calibration record at ``scale`` whose charged cost is the whole
-    budget's share (the tree charges its steps together: :attr:`TreeMeasurements.privacy_cost`)."""
-    eps, dlt = noise.cost_of_scale("gaussian", scale, sensitivity, dimension, delta)
-    return noise.NoiseCalibration(
-        "gaussian", sensitivity, dimension, scale, eps, dlt, epsilon, delta, 1, "zcdp"
     )
 
 

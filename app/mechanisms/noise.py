@@ -43,6 +43,16 @@ Mechanisms (``mechanism=``)
   smallest scale whose ``epsilon`` at the requested ``delta`` is within budget is found
   by a root search over that map.
 
+Mechanisms of several steps in one zCDP budget
+----------------------------------------------
+A mechanism that spends one ``(epsilon, delta)`` over several steps can account them in
+zCDP, where ``rho`` adds up (also adaptively), and convert once: :func:`rho_budget` is the
+largest ``rho`` whose OpenDP conversion stays within ``(epsilon, delta)``;
+:func:`gaussian_scale_for_rho` and :func:`noisy_max_scale` the smallest vector-Gaussian and
+noisy-max (Gumbel, OpenDP's ``make_noisy_max``) scales of a step's share ``rho``;
+:func:`noisy_max` draws a selection and :func:`gaussian_at_scale` records a Gaussian step
+drawn with :func:`sample` (``app.mechanisms.marginal_tree`` uses them).
+
 Sensitivity of the moment vector (paper 000, Algorithm 1 step 8; DESIGN §2.2)
 -------------------------------------------------------------------------------
 ``b_r(D) = (1/n) sum_{x in D} T_r(x)`` for ``R`` non-constant multi-indices ``r``.
@@ -339,6 +349,62 @@ def sample(calibration: NoiseCalibration, values: ArrayLike) -> NDArray[np.float
     return np.asarray(meas(vector), dtype=np.float64)
 
 
+def rho_budget(epsilon: float, delta: float) -> float:
+    """The largest ``rho`` whose zCDP guarantee converts (OpenDP's
+    ``make_zCDP_to_approxDP`` at ``delta``) to at most ``epsilon``."""
+    _check_request("gaussian", 1.0, epsilon, delta, 1, 1)
+    unit = dp.m.make_gaussian(
+        dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=1.0
+    )
+    converted = _fix_delta(unit, delta)
+
+    def eps_at(rho: float) -> float:  # the unit Gaussian at d_in = sqrt(2 rho) is rho-zCDP
+        return float(converted.map(math.sqrt(2.0 * rho))[0])
+
+    hi = 1.0
+    while eps_at(hi) <= epsilon:
+        hi *= 2.0
+    rho = brentq(lambda r: eps_at(r) - epsilon, 1e-12, hi, xtol=1e-15, rtol=1e-13)
+    while eps_at(rho) > epsilon:
+        rho *= 1.0 - 1e-12
+    return float(rho)
+
+
+def gaussian_scale_for_rho(sensitivity: float, rho: float) -> float:
+    """``s = Delta_2 / sqrt(2 rho)`` (a vector Gaussian is ``Delta^2 / (2 s^2)``-zCDP),
+    nudged up until OpenDP's map agrees."""
+    scale = sensitivity / math.sqrt(2.0 * rho)
+    while _vector_gaussian(scale).map(sensitivity) > rho:
+        scale = math.nextafter(scale, math.inf)
+    return scale
+
+
+def noisy_max_scale(sensitivity: float, rho: float) -> float:
+    """Gumbel scale of one noisy-max selection that is ``rho``-zCDP for scores of
+    L-infinity ``sensitivity`` (OpenDP's map: ``(sensitivity / scale)^2 / 2``)."""
+    scale = sensitivity / math.sqrt(2.0 * rho)
+    while _noisy_max(scale).map(sensitivity) > rho:
+        scale = math.nextafter(scale, math.inf)
+    return scale
+
+
+def noisy_max(scores: ArrayLike, scale: float) -> int:
+    """Index of the largest of ``scores`` plus OpenDP's Gumbel noise at ``scale``."""
+    return int(_noisy_max(scale)([float(v) for v in np.asarray(scores, dtype=np.float64)]))
+
+
+def gaussian_at_scale(
+    sensitivity: float, dimension: int, scale: float, epsilon: float, delta: float
+) -> NoiseCalibration:
+    """The record of a vector-Gaussian step at a given ``scale`` (one step of a mechanism
+    budgeted in zCDP): its own ``(epsilon, delta)`` at ``delta`` from OpenDP's map, within
+    the mechanism's ``(epsilon, delta)``; draw it with :func:`sample`."""
+    eps, dlt = cost_of_scale("gaussian", scale, sensitivity, dimension, delta)
+    return NoiseCalibration(
+        "gaussian", sensitivity, dimension, scale, eps, dlt, epsilon, delta, 1, "zcdp"
+    )
+
+
 def release(
     values: ArrayLike,
     *,
@@ -389,6 +455,21 @@ def _check_request(
 
 def _compose(meas: Any, k: int) -> Any:
     return meas if k == 1 else dp.c.make_composition([meas] * k)
+
+
+def _vector_gaussian(scale: float) -> Any:
+    return dp.m.make_gaussian(
+        dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float), scale=scale
+    )
+
+
+def _noisy_max(scale: float) -> Any:
+    return dp.m.make_noisy_max(
+        dp.vector_domain(dp.atom_domain(T=float, nan=False)),
+        dp.linf_distance(T=float),
+        dp.zero_concentrated_divergence(),
+        scale=scale,
+    )
 
 
 def _fix_delta(zcdp_meas: Any, delta: float) -> Any:

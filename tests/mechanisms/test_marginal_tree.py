@@ -7,7 +7,7 @@ import numpy as np
 import opendp.prelude as dp
 import pytest
 
-from app.mechanisms import marginal_tree, marginals
+from app.mechanisms import marginal_tree, marginals, noise
 from app.mechanisms.chebyshev import gaussian_expansion
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
@@ -15,7 +15,7 @@ from app.mechanisms.queries import GaussianMixtureBatch
 
 
 def test_rho_budget_is_the_largest_rho_within_the_budget() -> None:
-    rho = marginal_tree.rho_budget(1.0, 1e-9)
+    rho = noise.rho_budget(1.0, 1e-9)
     unit = dp.m.make_gaussian(
         dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=1.0
     )
@@ -25,15 +25,15 @@ def test_rho_budget_is_the_largest_rho_within_the_budget() -> None:
     # the textbook bound eps <= rho + 2 sqrt(rho log(1/delta)) is looser than OpenDP's
     assert rho + 2 * math.sqrt(rho * math.log(1e9)) >= 1.0
     with pytest.raises(MechanismError, match="delta > 0"):
-        marginal_tree.rho_budget(1.0, 0.0)
+        noise.rho_budget(1.0, 0.0)
 
 
 def test_scales_meet_their_zcdp_shares() -> None:
-    scale = marginal_tree.gaussian_scale(0.3, 0.01)
+    scale = noise.gaussian_scale_for_rho(0.3, 0.01)
     assert (0.3 / scale) ** 2 / 2 <= 0.01 * (1 + 1e-9)
     assert scale == pytest.approx(0.3 / math.sqrt(0.02), rel=1e-9)
-    s = marginal_tree.selection_scale(1e-4)
-    assert marginal_tree._noisy_max(s).map(2.0) <= 1e-4
+    s = noise.noisy_max_scale(2.0, 1e-4)
+    assert noise._noisy_max(s).map(2.0) <= 1e-4
 
 
 def test_pair_table_and_score_sensitivity_brute_force() -> None:
