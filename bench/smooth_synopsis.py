@@ -51,7 +51,7 @@ Protocol (the one of ``bench.smooth_synthetic``, paper 000 §4, whose helpers it
   extrapolation (``smooth_synopsis`` docstring), so the value, the stderr and the
   interval depend on the round's moments and are computed per round; the worst-case
   interval is centred on the plain Algorithm-2 answer. The truncation estimate uses the
-  first round's ``mu``.
+  first round's ``centred_mu``.
 
 The privacy noise of ``smooth_synopsis`` comes from OpenDP and cannot be seeded (its
 ``rng`` is accepted for the common signature), so synopsis rounds are not reproducible
@@ -94,6 +94,7 @@ COVERAGE_QUERIES = 5
 #: (label, delta, measure keyword arguments) of the synopsis releases.
 SYNOPSES: tuple[tuple[str, float, dict[str, Any]], ...] = (
     ("synopsis (eps)", 0.0, {}),
+    ("synopsis (eps), no co-spread", 0.0, {"co_spread": False}),
     ("synopsis nominal (eps)", 0.0, {"basis": "nominal"}),
     ("synopsis (eps,delta)", DELTA_GAUSS, {}),
 )
@@ -126,8 +127,9 @@ def answer_rounds(
     ``ANSWER_BLOCK`` queries) and the truncation estimate are computed once per block;
     the independence extrapolation, its delta-method stderr and the interval depend on
     the release's moments and are computed per release, by the same code as
-    ``answer_many``. The truncation estimate uses the first release's ``mu`` (a clipped
-    function of its noisy ``b_{2k e_i}``; the other releases' differ by the noise only).
+    ``answer_many``, the co-spread correction included. The truncation estimate uses the
+    first release's ``centred_mu`` (a clipped function of its noisy one-column moments;
+    the other releases' differ by the noise only).
     ``exact`` are the noise-free moments (diagnostic): ``exact`` answers with and without
     the extrapolation. Arrays are ``(Q, rounds)``; ``worst_half`` is ``(Q,)``.
     """
@@ -136,7 +138,10 @@ def answer_rounds(
     sigma = np.full(first.d, batch.sigma)
     min_length = index_set.max_degree + 1
     Q, k = len(batch), len(releases)
-    out = {key: np.empty((Q, k)) for key in ("values", "plain", "halfwidth", "noise_halfwidth")}
+    out = {
+        key: np.empty((Q, k))
+        for key in ("values", "plain", "halfwidth", "noise_halfwidth", "dependence")
+    }
     out |= {key: np.empty(Q) for key in ("worst_half", "exact", "exact_plain")}
     block = smooth_synopsis.ANSWER_BLOCK
     for start in range(0, Q, block):
@@ -145,15 +150,18 @@ def answer_rounds(
             batch.centers[start:stop], batch.weights[start:stop], sigma, min_length=min_length
         )
         coef = restrict(expansion, index_set)
-        estimate = truncation_estimate(expansion, index_set, coef.coefficients, first.mu)
+        estimate = truncation_estimate(expansion, index_set, coef.coefficients, first.centred_mu)
         plain_half = first._noise_halfwidth(coef.coefficients, LEVEL)  # same in every round
         for r, syn in enumerate(releases):
             extrapolation = independence_extrapolation(expansion, index_set, syn.moments)
-            answers = syn._answers(coef, LEVEL, estimate, extrapolation, plain_half)
+            answers = syn._answers(
+                coef, LEVEL, estimate, extrapolation, plain_half, expansion=expansion
+            )
             out["values"][start:stop, r] = answers.values
             out["plain"][start:stop, r] = answers.values - answers.extrapolation
             out["halfwidth"][start:stop, r] = answers.halfwidth
             out["noise_halfwidth"][start:stop, r] = answers.noise_halfwidth
+            out["dependence"][start:stop, r] = answers.dependence
             if r == 0:
                 out["worst_half"][start:stop] = answers.worst_case_halfwidth
         plain = coef.constant + coef.coefficients @ exact
@@ -174,6 +182,7 @@ class SynopsisRuns:
     """
 
     synopsis: smooth_synopsis.Synopsis
+    releases: list[smooth_synopsis.Synopsis]
     measure_s: list[float]
     answers: smooth_synopsis.Answers
     answer_s: float
@@ -222,7 +231,7 @@ def measure_rounds(
     for key, got in (("values", answers.values), ("halfwidth", answers.halfwidth)):
         if not np.allclose(per_round[key][:, 0], got, rtol=1e-9, atol=1e-12):
             raise RuntimeError(f"per-round {key} differ from Synopsis.answer_many")
-    return SynopsisRuns(first, measure_s, answers, answer_s, per_round)
+    return SynopsisRuns(first, releases, measure_s, answers, answer_s, per_round)
 
 
 def synopsis_stats(
@@ -247,9 +256,14 @@ def synopsis_stats(
                 "coverage_noise_calibration": float(np.mean(np.abs(v - runs.exact) <= noise_half)),
                 "halfwidth_mean": float(half.mean()),
                 "measure_s": runs.measure_s[r],
+                "corrected_share": float(np.mean(rounds["dependence"][:, r] != 0.0)),
             }
         )
     syn = runs.synopsis
+    for stats, release in zip(per_round, runs.releases, strict=True):
+        spread = release.co_spread
+        stats["co_spread"] = float("nan") if spread is None else spread.value
+        stats["co_spread_stddev"] = float("nan") if spread is None else spread.stddev
     common = {
         "answer_s": runs.answer_s,
         "R": float(syn.size),
@@ -495,7 +509,10 @@ NOTES = [
     "under the uniform distribution on [-1, 1]^d (`uniform_expectations()`), a release that "
     "ignores the data.",
     "`synopsis (eps)`: `smooth_synopsis.measure` with the library (and service) defaults, "
-    "basis `auto`, Laplace noise; `synopsis nominal (eps)`: basis `nominal`; "
+    "basis `auto`, Laplace noise, 5 % of epsilon on the co-spread (`smooth_synopsis` "
+    "docstring, Dependence correction); `synopsis (eps), no co-spread`: the same with "
+    "`co_spread=False` (all of epsilon on the moments, no correction); "
+    "`synopsis nominal (eps)`: basis `nominal`; "
     "`synopsis (eps,delta)`: delta = 1e-9, Gaussian noise, basis `auto`. `smooth_synthetic`: "
     "`synthesize` with its library defaults (hypercube grid, vertex LP), answered as the "
     "expectation of the weighted support. `exact moments (not private)`: the same index set "
@@ -568,6 +585,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(_row([label, *[f"{per_sigma[str(sg)]['R']:.0f}" for sg in sigmas]]))
         lines.append("")
     lines += _coverage_tables(result)
+    lines += _co_spread_table(result)
     lines += _timing_table(result)
     return "\n".join(lines) + "\n"
 
@@ -659,6 +677,35 @@ def _coverage_tables(result: dict[str, Any]) -> list[str]:
             ]
             lines.append(_row([label, str(e["R"]), str(e["draws"]), *cells]))
         lines.append("")
+    return lines
+
+
+def _co_spread_table(result: dict[str, Any]) -> list[str]:
+    sigmas = result["settings"]["sigmas"]
+    head = ["dataset", "release", *[f"sigma={sg}" for sg in sigmas]]
+    lines = [
+        "## Co-spread",
+        "",
+        "Cells: the released co-spread `A_hat` (mean over rounds) -+ its stated standard "
+        "deviation; then the share of the answers that took the correction "
+        "(`dependence_log_factor != 0`).",
+        "",
+        _row(head),
+        _row(["---"] * len(head)),
+    ]
+    for name, entry in result["datasets"].items():
+        for label, _, kwargs in SYNOPSES:
+            if kwargs:
+                continue
+            per_sigma = entry["releases"][label]
+            cells = [
+                f"{per_sigma[str(sg)].get('co_spread', float('nan')):.3g} -+ "
+                f"{per_sigma[str(sg)].get('co_spread_stddev', float('nan')):.2g}; "
+                f"{per_sigma[str(sg)].get('corrected_share', float('nan')):.2f}"
+                for sg in sigmas
+            ]
+            lines.append(_row([name, label, *cells]))
+    lines.append("")
     return lines
 
 

@@ -406,7 +406,10 @@ class TensorExpansion:
     ``factors[q, j, i, k]`` is the ``k``-th Chebyshev coefficient of ``g_qji`` (length
     ``L``), ``tails[q, j, i]`` bounds the l1 distance to its true coefficient sequence, and
     ``rigorous`` says whether that bound is proven (Gaussians, polynomials, coefficient
-    vectors) or estimated (1-D callables).
+    vectors) or estimated (1-D callables). ``curvature[q, i] = 1 / (2 s_i^2)`` where every
+    kernel of query ``q`` has a Gaussian factor of width ``s_i`` in column ``i`` (the
+    coefficient of ``-x_i^2`` in its log; :mod:`app.mechanisms.dependence`), 0 elsewhere;
+    ``None`` when no query has a Gaussian factor.
     """
 
     weights: NDArray[np.float64]
@@ -414,6 +417,7 @@ class TensorExpansion:
     tails: NDArray[np.float64]
     method: str
     rigorous: bool = True
+    curvature: NDArray[np.float64] | None = None
 
     def __post_init__(self) -> None:
         w = np.asarray(self.weights, dtype=np.float64)
@@ -429,6 +433,13 @@ class TensorExpansion:
         object.__setattr__(self, "weights", w)
         object.__setattr__(self, "factors", a)
         object.__setattr__(self, "tails", e)
+        if self.curvature is not None:
+            k = np.asarray(self.curvature, dtype=np.float64)
+            if k.shape != (a.shape[0], a.shape[2]) or not np.all(np.isfinite(k) & (k >= 0)):
+                raise MechanismError(
+                    f"curvature must be finite, >= 0 and (Q, d) = {(a.shape[0], a.shape[2])}"
+                )
+            object.__setattr__(self, "curvature", k)
 
     @property
     def n_queries(self) -> int:
@@ -474,6 +485,7 @@ def gaussian_expansion(
         factors=factors,
         tails=np.broadcast_to(tails, c.shape).copy(),
         method="gaussian",
+        curvature=np.broadcast_to(0.5 / (s * s), (c.shape[0], c.shape[2])).copy(),
     )
 
 
@@ -550,9 +562,11 @@ def product_expansions(queries: Sequence[ProductQuery], *, min_length: int = 1) 
             tails[q, i] = tail
     factors = np.zeros((Q, 1, d, length), dtype=np.float64)
     factors[:, 0, :, 0] = 1.0  # None: the constant 1 (every other vector overwrites a_0)
+    curvature = np.zeros((Q, d), dtype=np.float64)
     for n_points, members in gaussians.items():
         rows, cols, centers, sigma = (np.asarray(v) for v in zip(*members, strict=True))
         factors[rows, 0, cols, :n_points] = gaussian_factor_table(centers, sigma, n_points)
+        curvature[rows, cols] = 0.5 / (sigma * sigma)
     for q, i, coef in vectors:
         factors[q, 0, i, : coef.size] = coef
     return TensorExpansion(
@@ -561,6 +575,7 @@ def product_expansions(queries: Sequence[ProductQuery], *, min_length: int = 1) 
         tails=tails[:, None, :],
         method="product",
         rigorous=rigorous,
+        curvature=curvature if gaussians else None,
     )
 
 
@@ -1254,6 +1269,7 @@ def stack_expansions(expansions: Sequence[TensorExpansion]) -> TensorExpansion:
     factors = np.zeros((Q, J, d, L))
     factors[:, :, :, 0] = 1.0  # padded kernels: constant 1 with weight 0
     tails = np.zeros((Q, J, d))
+    curvature = np.zeros((Q, d))
     row = 0
     for e in expansions:
         q, j, _, ell = e.factors.shape
@@ -1261,6 +1277,8 @@ def stack_expansions(expansions: Sequence[TensorExpansion]) -> TensorExpansion:
         factors[row : row + q, :j] = 0.0
         factors[row : row + q, :j, :, :ell] = e.factors
         tails[row : row + q, :j] = e.tails
+        if e.curvature is not None:
+            curvature[row : row + q] = e.curvature
         row += q
     methods = sorted({e.method for e in expansions})
     return TensorExpansion(
@@ -1269,6 +1287,7 @@ def stack_expansions(expansions: Sequence[TensorExpansion]) -> TensorExpansion:
         tails=tails,
         method="+".join(methods),
         rigorous=all(e.rigorous for e in expansions),
+        curvature=None if all(e.curvature is None for e in expansions) else curvature,
     )
 
 

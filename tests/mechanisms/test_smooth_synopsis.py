@@ -77,15 +77,18 @@ def test_measure_calibrates_to_the_moment_sensitivity(data: np.ndarray, delta: f
     syn = ss.measure(data, epsilon=0.7, delta=delta, smoothness=9, rng=np.random.default_rng(0))
     n, R = data.shape[0], syn.size
     cal = syn.calibration
+    assert syn.co_spread is not None  # the default basis admits it: 5 % of epsilon
+    assert cal.target_epsilon == pytest.approx(0.7 * (1 - ss.CO_SPREAD_SHARE))
     if delta == 0:
         assert (cal.mechanism, cal.distribution) == ("laplace", "laplace")
         assert cal.sensitivity == pytest.approx(2 * R / n)
-        assert cal.scale == pytest.approx(2 * R / (n * 0.7), rel=1e-12)
+        assert cal.scale == pytest.approx(2 * R / (n * 0.7 * (1 - ss.CO_SPREAD_SHARE)), rel=1e-12)
     else:
         assert (cal.mechanism, cal.distribution) == ("gaussian", "gaussian")
         assert cal.sensitivity == pytest.approx(2 * math.sqrt(R) / n)
     assert syn.privacy_cost.within(0.7, delta)
-    assert syn.privacy_cost.parts[0].step == "moments"
+    assert syn.privacy_cost.epsilon == pytest.approx(0.7, rel=1e-9)
+    assert [p.step for p in syn.privacy_cost.parts] == ["moments", "co_spread"]
     assert (syn.n, syn.d, syn.smoothness) == (n, 3, 9)
 
 
@@ -388,7 +391,10 @@ def test_json_round_trip_is_exact(data: np.ndarray, delta: float) -> None:
     assert document["domain"]["bounds"] == [-1.0, 1.0]
     assert document["noise"]["distribution"] == syn.noise_distribution
     assert document["noise"]["scale"] == syn.noise_scale
-    assert (document["n"], document["d"], document["format_version"]) == (700, 3, 1)
+    assert (document["n"], document["d"], document["format_version"]) == (700, 3, 2)
+    assert back.co_spread is not None
+    assert syn.co_spread is not None
+    assert back.co_spread.value == syn.co_spread.value
     q = GaussianMixture(np.array([[0.1, 0.2, 0.3]]), np.ones(1), 1.0)
     assert back.evaluate(q) == syn.evaluate(q)
 
@@ -403,7 +409,7 @@ def test_json_round_trip_of_a_custom_index_set(data: np.ndarray) -> None:
 def test_json_rejects_tampered_or_foreign_documents(data: np.ndarray) -> None:
     document = ss.measure(data, epsilon=1.0, basis_size=9).to_dict()
     for key, value, message in [
-        ("format_version", 2, "format_version"),
+        ("format_version", 3, "format_version"),
         ("format", "smooth_synthetic", "not a smooth_synopsis"),
     ]:
         bad = dict(document, **{key: value})

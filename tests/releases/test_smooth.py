@@ -602,6 +602,13 @@ def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst
         f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body
     ).json()
     assert preview["accuracy"]["predicted_stderr"] > 0
+    assert preview["resolved"]["co_spread_epsilon"] == pytest.approx(0.05)
+    without = client.post(
+        f"/v1/datasets/{dataset_id}/preview",
+        headers=curator.headers,
+        json=body | {"params": {"smoothness": 4, "co_spread": False}},
+    ).json()
+    assert without["resolved"]["co_spread_epsilon"] == 0.0
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     run_all(client, release_id)
     release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
@@ -613,6 +620,12 @@ def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst
     from app.mechanisms.smooth_synopsis import Synopsis
 
     offline = Synopsis.from_dict(parsed["synopsis"])
+    # the co-spread is part of the one measurement, and of its cost
+    assert offline.co_spread is not None
+    cost = parsed["synopsis"]["privacy_cost"]
+    assert [part["step"] for part in cost["parts"]] == ["moments", "co_spread"]
+    assert cost["epsilon"] == pytest.approx(1.0, rel=1e-9)
+    assert release["resolved"]["co_spread"] is True
 
     client.post(
         f"/v1/datasets/{dataset_id}/grants",
@@ -631,6 +644,7 @@ def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst
         client, analyst, release_id, [query, _original_to_normalised_query(center, sigma)]
     )
     assert a["value"] == pytest.approx(b["value"], rel=1e-9)
+    assert a["dependence_log_factor"] == pytest.approx(b["dependence_log_factor"], rel=1e-9)
     assert a["stderr"] > 0
     low, high = a["interval"]
     lower = np.array([v[0] for v in BOUNDS.values()])

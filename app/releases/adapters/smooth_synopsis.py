@@ -5,6 +5,9 @@ The artifact ``synopsis.json`` is the synopsis itself (noisy moments, index set,
 distribution and scale) plus the declared bounds, so that an analyst can answer queries
 offline with the same public procedure (paper 001, Algorithm 2). Answers carry the
 standard error of the known noise and an interval that also carries the truncation bound.
+By default 5 % of epsilon buys the co-spread, one number that corrects Gaussian-kernel
+answers for the dependence between columns (``co_spread: false`` spends it all on the
+moments; :mod:`app.mechanisms.dependence`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,15 @@ class SynopsisParams(BaseModel):
     basis_size: int | None = Field(default=None, ge=1)
     max_basis_size: int = Field(default=sy.DEFAULT_MAX_BASIS_SIZE, ge=1, le=200_000)
     noise_mechanism: Literal["laplace", "gaussian"] | None = None
+    co_spread: bool = Field(
+        default=True,
+        description="spend 5 % of epsilon on the co-spread that corrects Gaussian-kernel "
+        "answers for the dependence between columns (when the basis admits it)",
+    )
 
 
-def _choice(info: DatasetInfo, epsilon: float, delta: float, params: SynopsisParams) -> Any:
-    return sy.choose_basis(
+def _plan(info: DatasetInfo, epsilon: float, delta: float, params: SynopsisParams) -> Any:
+    return sy.plan(
         info.n_rows,
         info.d,
         epsilon=epsilon,
@@ -47,6 +55,7 @@ def _choice(info: DatasetInfo, epsilon: float, delta: float, params: SynopsisPar
         basis_size=params.basis_size,
         max_basis_size=params.max_basis_size,
         mechanism=params.noise_mechanism,
+        co_spread=params.co_spread,
     )
 
 
@@ -62,16 +71,20 @@ class SmoothSynopsis(registry.Mechanism):
         assert isinstance(params, SynopsisParams)
         if params.noise_mechanism == "gaussian" and delta <= 0:
             raise InvalidRequest("noise_mechanism 'gaussian' needs delta > 0")
-        _choice(info, epsilon, delta, params)  # refuses impossible index sets early
+        _plan(info, epsilon, delta, params)  # refuses impossible index sets early
 
     def preview(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
     ) -> dict[str, Any]:
         assert isinstance(params, SynopsisParams)
-        index_set, choice = _choice(info, epsilon, delta, params)
+        index_set, choice, share = _plan(info, epsilon, delta, params)
         chosen = choice.chosen
         return {
-            "resolved": {"basis": choice.to_dict(), "basis_size": index_set.size},
+            "resolved": {
+                "basis": choice.to_dict(),
+                "basis_size": index_set.size,
+                "co_spread_epsilon": share * epsilon,
+            },
             "accuracy": {
                 "moment_stddev": chosen.coordinate_stddev,
                 "predicted_stderr": chosen.predicted_stderr,
@@ -91,7 +104,7 @@ class SmoothSynopsis(registry.Mechanism):
         params: BaseModel,
     ) -> Measured:
         assert isinstance(params, SynopsisParams)
-        index_set, _ = _choice(info, epsilon, delta, params)
+        index_set, _, share = _plan(info, epsilon, delta, params)
         synopsis = sy.measure(
             source,
             epsilon,
@@ -100,6 +113,7 @@ class SmoothSynopsis(registry.Mechanism):
             rng=np.random.default_rng(),
             basis=index_set,
             mechanism=params.noise_mechanism,
+            co_spread=share > 0,
         )
         document = synopsis.to_dict()
         return Measured(
@@ -109,6 +123,7 @@ class SmoothSynopsis(registry.Mechanism):
                 "basis_size": synopsis.size,
                 "noise": synopsis.noise_distribution,
                 "noise_scale": synopsis.noise_scale,
+                "co_spread": synopsis.co_spread is not None,
             },
         )
 
@@ -131,6 +146,10 @@ class SmoothSynopsis(registry.Mechanism):
                 "answer": "c_0 + sum_r c_r * moment_r, with c the Chebyshev coefficients of "
                 "the query on the normalised scale (paper 001, Algorithm 2)",
                 "stderr": "||c||_2 times the noise's standard deviation per moment",
+                "co_spread": "synopsis.co_spread, when present: the noisy A = sum_{i != j} "
+                "Cov(x_i^2, x_j^2) that multiplies Gaussian-kernel answers by "
+                "exp(A / (2 d (d - 1)) [(sum_i k_i)^2 - sum_i k_i^2]), k_i = 1 / (2 s_i^2) "
+                "(app.mechanisms.dependence)",
                 "library": "app.mechanisms.smooth_synopsis.Synopsis.from_dict(doc['synopsis'])",
             },
         }
@@ -162,10 +181,12 @@ class SmoothSynopsis(registry.Mechanism):
             item = answers[i].as_dict()
             item["note"] = (
                 "value: the synopsis answer plus independence_extrapolation (the truncated "
-                "interaction terms predicted from the released one-column moments); stderr "
-                "from the known noise (delta method); interval: noise quantile combined with "
-                "the estimated truncation error (estimated from the released moments, not a "
-                "bound); worst_case_interval is centred on the plain answer (value minus "
+                "interaction terms predicted from the released one-column moments), times "
+                "exp(dependence_log_factor) for Gaussian kernels (the dependence between "
+                "columns measured by the released co-spread); stderr from the known noise "
+                "(delta method); interval: noise quantile combined with the estimated "
+                "truncation error (estimated from the released moments, not a bound); "
+                "worst_case_interval is centred on the plain answer (value minus "
                 "independence_extrapolation), adds the truncation bound and holds for every "
                 "dataset"
             )
