@@ -545,3 +545,22 @@ def test_auto_rule_measures_each_column_second_moment_on_wide_queries() -> None:
     assert plain
     assert plain[0].predicted_axis_tail > 5 * choice.chosen.predicted_axis_tail
     assert choice.chosen.predicted_halfwidth < 0.5 * plain[0].predicted_halfwidth
+
+
+def test_bias_aware_critical_value() -> None:
+    """``P(|Z + t| <= cv(t)) = level`` to 1e-10 (brute force by the normal cdf), ``cv(0)``
+    is the two-sided quantile, ``cv(t) - t`` falls to the one-sided one, and a Monte Carlo
+    check with a bias of exactly ``t`` sd covers at the level (200,000 draws, 5 se band)."""
+    t = np.array([0.0, 0.1, 0.53, 1.0, 3.0, 10.0, 100.0])
+    for level in (0.9, 0.95, 0.99):
+        cv = ss.bias_aware_critical_value(t, level)
+        covered = stats.norm.cdf(cv - t) - stats.norm.cdf(-cv - t)
+        np.testing.assert_allclose(covered, level, atol=1e-10)
+        assert cv[0] == pytest.approx(stats.norm.ppf(0.5 + level / 2), rel=1e-10)
+        assert cv[-1] - t[-1] == pytest.approx(stats.norm.ppf(level), rel=1e-8)
+        assert np.all(np.diff(cv) > 0)
+        assert np.all(cv <= t + stats.norm.ppf(0.5 + level / 2))  # never wider than z + t
+    rng = np.random.default_rng(0)
+    draws = rng.normal(size=200_000) + 0.53
+    share = np.mean(np.abs(draws) <= ss.bias_aware_critical_value(0.53, 0.95))
+    assert abs(share - 0.95) <= 5 * math.sqrt(0.95 * 0.05 / draws.size)
