@@ -1027,39 +1027,35 @@ class Synopsis:
             effective = c + extrapolation.gradient
             noise_half = self._noise_halfwidth(effective, level)
         stderr = self.calibration.stddev * np.sqrt(np.einsum("qr,qr->q", effective, effective))
-        factor = np.ones(c.shape[0])
         log_factor = np.zeros(c.shape[0])
         bias = np.zeros(c.shape[0])
-        if expansion is not None and expansion.curvature is not None and self.co_spread is not None:
+        co_spread = self.co_spread
+        if expansion is not None and expansion.curvature is not None and co_spread is not None:
             # module docstring, "Dependence correction": e^lambda (plain + X) for queries
             # whose Gaussian factors are wide enough, where its mean squared error (sized
             # by the data-free magnitude u of the answer) is below the uncorrected one's;
             # elsewhere the uncorrected answer, whose estimated bias widens the interval
             wide = np.all(expansion.curvature <= CO_SPREAD_MAX_CURVATURE, axis=1)
-            weight = np.where(wide, self.co_spread.pair_weight(expansion.curvature), 0.0)
-            lam = weight * self.co_spread.value
-            value = plain + extra
-            corrected = np.exp(lam) * value
-            se_corrected = np.hypot(
-                np.exp(lam) * stderr, np.abs(corrected * weight) * self.co_spread.stddev
-            )
+            weight = np.where(wide, co_spread.pair_weight(expansion.curvature), 0.0)
+            lam = weight * co_spread.value
+            growth = np.exp(lam)
             u = np.abs(expansion.uniform_expectation())
-            use = (np.exp(lam) * stderr) ** 2 + (u * weight * self.co_spread.stddev) ** 2 <= (
+            use = (growth * stderr) ** 2 + (u * weight * co_spread.stddev) ** 2 <= (
                 stderr**2 + (np.expm1(lam) * u) ** 2
             )
+            value = plain + extra
+            corrected = growth * value
             log_factor = np.where(use, lam, 0.0)
-            factor = np.exp(log_factor)
             bias = np.where(use, 0.0, np.abs(corrected - value))
-            stderr = np.where(use, se_corrected, stderr)
+            lam_error = np.abs(corrected * weight)  # d(answer) / d(A_hat)
+            stderr = np.where(use, np.hypot(growth * stderr, lam_error * co_spread.stddev), stderr)
             noise_half = np.where(
                 use,
-                np.hypot(
-                    factor * noise_half,
-                    np.abs(corrected * weight) * self.co_spread.quantile(level),
-                ),
+                np.hypot(growth * noise_half, lam_error * co_spread.quantile(level)),
                 noise_half,
             )
-            extra = factor * value - plain
+            extra = np.where(use, corrected, value) - plain
+        factor = np.exp(log_factor)
         if estimate is None:  # no separable form: only the worst case is available
             halfwidth = worst + np.abs(extra)
         else:

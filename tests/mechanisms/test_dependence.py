@@ -11,11 +11,12 @@ import pytest
 
 from app.mechanisms import dependence, noise
 from app.mechanisms import smooth_synopsis as ss
-from app.mechanisms.basis import axis_total_degree, count_total_degree, moments, total_degree
+from app.mechanisms.basis import axis_total_degree, count_total_degree, total_degree
 from app.mechanisms.chebyshev import gaussian_expansion, product_expansions, stack_expansions
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import Gaussian1D, GaussianMixtureBatch, Polynomial, ProductQuery
+from tests.mechanisms.conftest import exact_synopsis as shared_exact_synopsis
 
 
 def one_factor(n: int, d: int, rng: np.random.Generator, loading: float = 1.0) -> np.ndarray:
@@ -148,16 +149,10 @@ def exact_co_spread(X: np.ndarray) -> dependence.CoSpread:
 
 
 def exact_synopsis(X: np.ndarray, spread: dependence.CoSpread | None) -> ss.Synopsis:
-    n, d = X.shape
-    index_set = axis_total_degree(d, 1, 2)
-    cal = noise.calibrate(
-        "laplace",
-        sensitivity=noise.moment_sensitivity(n, index_set.size)["l1"],
-        epsilon=1e6,  # negligible noise: the test is about the truncation error
-        dimension=index_set.size,
-    )
-    _, choice = ss.choose_basis(n, d, epsilon=1.0, basis=index_set)
-    return ss.Synopsis(index_set, moments(X, index_set), cal, n, 4, choice, co_spread=spread)
+    """Exact moments of ``axis_total_degree(d, 1, 2)`` with negligible noise (the tests are
+    about the truncation error) and the given co-spread."""
+    index_set = axis_total_degree(X.shape[1], 1, 2)
+    return shared_exact_synopsis(X, index_set, epsilon=1e6, co_spread=spread)
 
 
 def test_the_correction_cuts_the_dependence_error() -> None:

@@ -26,25 +26,10 @@ from app.mechanisms.queries import (
     Polynomial,
     ProductQuery,
 )
+from tests.mechanisms.conftest import exact_synopsis
 
 ALPHA = 1e-6
 DRAWS = 2000
-
-
-def exact_synopsis(X: np.ndarray, index_set: IndexSet, delta: float = 0.0) -> ss.Synopsis:
-    """Test-only: a synopsis holding the exact (noise-free) moments of X."""
-    n = X.shape[0]
-    mech = "laplace" if delta == 0 else "gaussian"
-    metric = "l1" if delta == 0 else "l2"
-    cal = noise.calibrate(
-        mech,
-        sensitivity=noise.moment_sensitivity(n, index_set.size)[metric],
-        epsilon=1.0,
-        delta=delta,
-        dimension=index_set.size,
-    )
-    _, choice = ss.choose_basis(n, index_set.dim, epsilon=1.0, delta=delta, basis=index_set)
-    return ss.Synopsis(index_set, moments(X, index_set), cal, n, 4, choice)
 
 
 def noise_draws(calibration: noise.NoiseCalibration, draws: int = DRAWS) -> np.ndarray:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.errors import InvalidRequest
 from app.mechanisms import smooth_synopsis as sy
+from app.mechanisms.basis import IndexSet
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
 from app.releases.adapters import smooth_queries
@@ -44,7 +45,9 @@ class SynopsisParams(BaseModel):
     )
 
 
-def _plan(info: DatasetInfo, epsilon: float, delta: float, params: SynopsisParams) -> Any:
+def _plan(
+    info: DatasetInfo, epsilon: float, delta: float, params: SynopsisParams
+) -> tuple[IndexSet, sy.BasisChoice, float]:
     return sy.plan(
         info.n_rows,
         info.d,

@@ -1,0 +1,32 @@
+"""Helpers shared by the mechanism tests."""
+
+import numpy as np
+
+from app.mechanisms import noise
+from app.mechanisms import smooth_synopsis as ss
+from app.mechanisms.basis import IndexSet, moments
+from app.mechanisms.dependence import CoSpread
+
+
+def exact_synopsis(
+    X: np.ndarray,
+    index_set: IndexSet,
+    delta: float = 0.0,
+    *,
+    epsilon: float = 1.0,
+    co_spread: CoSpread | None = None,
+) -> ss.Synopsis:
+    """Test-only: a synopsis holding the exact (noise-free) moments of X, with the noise
+    law of ``(epsilon, delta)`` for its standard errors and an optional co-spread."""
+    n = X.shape[0]
+    mech = "laplace" if delta == 0 else "gaussian"
+    metric = "l1" if delta == 0 else "l2"
+    cal = noise.calibrate(
+        mech,
+        sensitivity=noise.moment_sensitivity(n, index_set.size)[metric],
+        epsilon=epsilon,
+        delta=delta,
+        dimension=index_set.size,
+    )
+    _, choice = ss.choose_basis(n, index_set.dim, epsilon=1.0, delta=delta, basis=index_set)
+    return ss.Synopsis(index_set, moments(X, index_set), cal, n, 4, choice, co_spread=co_spread)
