@@ -12,13 +12,15 @@ PKS 0.19 -> 0.11; ``bench/results/smooth_marginals_tree.md``, "exact tables"), a
 our replace-one accounting, our fine one-way histograms, and exact answers for separable
 queries.
 
-What it buys at ``epsilon = 1, delta = 1e-9`` (same file, 5 rounds): on the row-centred
-``sigma = 1`` queries the error drops from 0.29x to 0.15x the baseline on PKS (5875 rows,
-21 columns; MST: 0.19x) and from 0.48x to 0.37x on CTG (2126 x 21; MST: 0.22x); on WDBC
-(569 x 30) and CRM (1994 x 100), and on the uniform-centre queries everywhere, it is level
-with :mod:`~app.mechanisms.marginals` (the halved one-way budget is won back by the
-coarse margins the tables also measure). It is the default of ``smooth_synthetic`` when
-``delta > 0``.
+What it buys at ``epsilon = 1, delta = 1e-9`` (``bench/results/smooth_marginals.md`` and
+``smooth_marginals_crm.md``, 5 rounds, the default grouping of each dataset): on the
+row-centred ``sigma = 1`` queries the error drops from 0.29x to 0.15x the baseline on PKS
+(5875 rows, 21 columns; MST: 0.22x) and from 0.46x to 0.38x on CTG (2126 x 21; MST:
+0.29x); on the uniform-centre queries at ``sigma >= 4`` it is at 0.21x on WDBC (569 x 30;
+marginals 0.23-0.24x, MST 0.35x, AIM 0.21-0.24x), level with
+:mod:`~app.mechanisms.marginals` on CTG and PKS (the halved one-way budget is won back by
+the coarse margins the tables also measure) and at 0.16-0.21x on CRM (1994 x 100; MST
+0.15-0.21x). It is the default of ``smooth_synthetic`` when ``delta > 0``.
 
 Mechanism (three data-dependent steps, accounted in zCDP, converted once)
 --------------------------------------------------------------------------
@@ -32,7 +34,7 @@ zCDP composes additively, also when a step is chosen adaptively from earlier out
    vector Gaussian, L2 sensitivity ``sqrt(2 d) / n`` (:mod:`~app.mechanisms.marginals`,
    step 2), ``s_1 = Delta / sqrt(2 rho_1)``. Post-processing gives each column's projected
    marginal ``p_i`` and its *coarse* marginal ``P_i`` over ``b`` groups of consecutive
-   cells (``group(cell) = floor(cell b / cells)``: public).
+   cells (see "Coarse groups": a function of public values and of this step's output).
 2. **Selection** (share ``rho_s``), ``d - 1`` rounds as in MST: among the pairs that join
    two components of the tree so far, pick one with OpenDP's noisy max (Gumbel,
    ``ZeroConcentratedDivergence``) on the scores
@@ -47,6 +49,31 @@ zCDP composes additively, also when a step is chosen adaptively from earlier out
 3. **Pair tables** (share ``rho_2``): the ``d - 1`` selected coarse tables ``T_ij``,
    vector Gaussian; a replaced row leaves one cell and enters another in every table, so
    the L2 sensitivity is ``sqrt(2 (d - 1)) / n``.
+
+Coarse groups
+-------------
+Each column's ``B + 2 atoms`` fine cells are merged into ``b`` runs of consecutive cells
+before steps 2 and 3 read a row; the grouping depends only on public values and on step
+1's released marginal ``p_i``, so steps 2 and 3 are chosen adaptively from a DP output
+(composition above) and their sensitivities do not change (a row still sits in exactly one
+coarse cell of every table):
+
+* ``"equal"``: ``group(cell) = floor(cell b / cells)``, by position alone;
+* ``"quantile"`` (:func:`quantile_groups`): group ``k`` ends where ``p_i``'s cumulative
+  mass reaches ``(k + 1) / b``, so the groups carry about equal mass.
+
+:func:`default_grouping` takes ``"quantile"`` when a pair table's per-cell noise exceeds
+the mass of an average cell (``s_2 > 1 / b^2``): there equal-width groups on a skewed
+column leave most cells below the noise and put nearly all the mass in one group, so the
+tables (and the coarse margins they add to step 1's, below) see little; with less noise
+``"equal"`` keeps the tails apart, which the row-centred queries need. At ``epsilon = 1,
+delta = 1e-9`` only WDBC (``s_2 = 0.11``) is on the quantile side; CRM (0.060), CTG
+(0.025) and PKS (0.009) stay equal. Measured (paper-000 protocol, both groupings on the
+same data): WDBC's uniform-centre error at ``sigma >= 4`` went from 0.25-0.36x to
+0.19-0.28x the baseline (10 rounds) and from 0.28x to 0.21x
+(``bench/results/smooth_marginals.md``, 5 rounds); on CRM quantile groups were better at
+``sigma <= 4`` and worse above in one run, worse at ``sigma >= 4`` in the other; on PKS
+they cost the row-centred ``sigma = 1`` queries 0.15x -> 0.23x.
 
 Post-processing (free):
 
@@ -94,13 +121,26 @@ from app.mechanisms.data import RowSource, as_source, iter_checked
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import CostPart, PrivacyCost, check_budget
 
-FORMAT = "smooth_synthetic.marginal_tree/1"
+FORMAT = "smooth_synthetic.marginal_tree/2"
+#: Records of version 1 (equal-width groups only, no ``grouping`` key) still load.
+FORMATS = ("smooth_synthetic.marginal_tree/1", FORMAT)
 STEPS = ("one_way", "select", "pairs")
-#: Shares of ``rho`` for the three steps (MST spends a third on each; our one-way
-#: histograms carry the smooth queries at sigma >= 4, so they get more).
-SHARES = {"one_way": 0.5, "select": 0.1, "pairs": 0.4}
+#: Shares of ``rho`` for the three steps. MST spends a third on each; our one-way
+#: histograms carry the smooth queries at sigma >= 4, so they get half, and the selection
+#: gets little: the uniform-centre error depends on the margins the tables add far more
+#: than on which edges they sit on (with the exact tree instead of the noisy one, CTG and
+#: PKS moved by <= 0.01x the baseline). Moving 0.07 from selection (0.1) to the tables cut
+#: the error at sigma >= 4 on CTG from 0.051-0.053x to 0.040-0.047x the baseline (two runs,
+#: 8 and 12 rounds) and on CRM, equal groups, from 0.20-0.22x to 0.13-0.15x (10 rounds;
+#: CRM sigma = 2 went 0.29x -> 0.32x); PKS did not move beyond the round noise and WDBC's
+#: round noise (+-0.03) hid any change (epsilon = 1, delta = 1e-9).
+SHARES = {"one_way": 0.5, "select": 0.03, "pairs": 0.47}
 #: Coarse groups per column in the pair tables (``b``).
 DEFAULT_PAIR_BINS = 4
+#: How a column's fine cells are merged into its ``b`` coarse groups (module doc,
+#: "Coarse groups"): ``"quantile"`` from step 1's released marginal, ``"equal"`` by
+#: position alone; :func:`default_grouping` picks one from the noise level.
+GROUPINGS = ("quantile", "equal")
 #: L-infinity sensitivity of the selection scores, in counts (module doc, step 2).
 SCORE_SENSITIVITY = 2.0
 #: Iterations of proportional fitting when raking a pair table to its margins.
@@ -108,14 +148,57 @@ RAKE_ITERATIONS = 50
 
 
 def groups(cells: int, pair_bins: int) -> NDArray[np.int64]:
-    """Coarse group of each fine cell: ``floor(cell b / cells)`` (public)."""
+    """Equal grouping: coarse group of each fine cell, ``floor(cell b / cells)`` (public)."""
     out: NDArray[np.int64] = (np.arange(cells) * pair_bins) // cells
     return out
 
 
+def quantile_groups(p: NDArray[np.float64], pair_bins: int) -> NDArray[np.int64]:
+    """``(d, cells)`` quantile grouping of each column's cells from its marginal ``p_i``.
+
+    Group ``k`` ends at the first cell where the cumulative mass reaches ``(k + 1) / b``,
+    moved right or left just enough that every group holds at least one cell (so each
+    column has exactly ``b`` groups of consecutive cells). A function of ``p`` alone:
+    applied to step 1's released marginal it is post-processing."""
+    d, cells = p.shape
+    b = pair_bins
+    if not 1 <= b <= cells:
+        raise MechanismError(f"cannot make {b} groups of {cells} cells")
+    out = np.empty((d, cells), dtype=np.int64)
+    for i in range(d):
+        cumulative = np.cumsum(p[i])
+        ends: list[int] = []
+        for k in range(1, b):
+            end = int(np.searchsorted(cumulative, k / b - 1e-12))
+            low = ends[-1] + 1 if ends else 0
+            ends.append(min(max(end, low), cells - 1 - (b - k)))
+        out[i] = np.searchsorted(np.asarray(ends), np.arange(cells), side="left")
+    return out
+
+
+def default_grouping(pair_scale: float, pair_bins: int) -> str:
+    """``"quantile"`` when a pair table's per-cell noise exceeds the mass of an average
+    cell, ``pair_scale > 1 / b^2`` (then only groups of equal mass carry signal), else
+    ``"equal"`` (module doc, "Coarse groups"). Public values only."""
+    return "quantile" if pair_scale > 1.0 / pair_bins**2 else "equal"
+
+
+def column_groups(
+    one_way: marginals.MarginalMeasurements, pair_bins: int, grouping: str
+) -> NDArray[np.int64]:
+    """``(d, cells)``: the coarse group of every fine cell of every column, from public
+    values only (the released marginals for ``"quantile"``, positions for ``"equal"``)."""
+    if grouping == "quantile":
+        return quantile_groups(one_way.marginals(), pair_bins)
+    if grouping == "equal":
+        return np.tile(groups(one_way.cells, pair_bins), (one_way.d, 1))
+    raise MechanismError(f"grouping ({grouping!r}) must be one of {', '.join(GROUPINGS)}")
+
+
 def group_sums(cell_values: NDArray[np.float64], group: NDArray[np.int64], b: int) -> Any:
-    """``(d, b)``: each row of ``(d, cells)`` values summed over the cells of each group."""
-    return np.stack([cell_values[:, group == k].sum(axis=1) for k in range(b)], axis=1)
+    """``(d, b)``: each row of ``(d, cells)`` values summed over its column's groups
+    (``group`` is ``(d, cells)``)."""
+    return np.stack([np.where(group == k, cell_values, 0.0).sum(axis=1) for k in range(b)], axis=1)
 
 
 def pair_table_sensitivity(n: int, edges: int) -> float:
@@ -152,6 +235,7 @@ class TreePlan:
     selection_scale: float
     pair_scale: float
     shares: Mapping[str, float] = field(default_factory=lambda: dict(SHARES))
+    grouping: str = "equal"
 
     @property
     def cells(self) -> int:
@@ -163,6 +247,7 @@ class TreePlan:
             "bins": self.bins,
             "bound_atoms": self.atoms,
             "pair_bins": self.pair_bins,
+            "pair_grouping": self.grouping,
             "rho": self.rho,
             "shares": dict(self.shares),
             "noise": "gaussian",
@@ -180,10 +265,11 @@ def plan(
     bins: int | None = None,
     bound_atoms: bool | None = None,
     pair_bins: int | None = None,
+    grouping: str | None = None,
 ) -> TreePlan:
     """The resolution of :func:`measure`: bins and atoms as
-    :func:`app.mechanisms.marginals.resolve`, ``rho`` (:func:`rho_budget`) and the three
-    steps' noise scales from :data:`SHARES`."""
+    :func:`app.mechanisms.marginals.resolve`, ``rho`` (:func:`rho_budget`), the three
+    steps' noise scales from :data:`SHARES` and the grouping (:data:`GROUPINGS`)."""
     if delta <= 0.0:
         raise MechanismError("the marginal tree is accounted in zCDP and needs delta > 0")
     rho = noise.rho_budget(epsilon, delta)
@@ -192,11 +278,16 @@ def plan(
     b = DEFAULT_PAIR_BINS if pair_bins is None else pair_bins
     if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16:
         raise MechanismError(f"pair_bins ({pair_bins!r}) must be an integer in [2, 16]")
+    if grouping is not None and grouping not in GROUPINGS:
+        raise MechanismError(f"grouping ({grouping!r}) must be one of {', '.join(GROUPINGS)}")
     B, atoms = marginals.resolve(n, d, epsilon, delta, bins, bound_atoms)
     if b > B + 2 * atoms:
         raise MechanismError(
             f"pair_bins ({b}) cannot exceed the {B + 2 * atoms} cells of a column's histogram"
         )
+    pair_scale = noise.gaussian_scale_for_rho(
+        pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]
+    )
     return TreePlan(
         n=n,
         d=d,
@@ -208,9 +299,8 @@ def plan(
             marginals.histogram_sensitivity(n, d)["l2"], rho * SHARES["one_way"]
         ),
         selection_scale=noise.noisy_max_scale(SCORE_SENSITIVITY, rho * SHARES["select"] / (d - 1)),
-        pair_scale=noise.gaussian_scale_for_rho(
-            pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]
-        ),
+        pair_scale=pair_scale,
+        grouping=default_grouping(pair_scale, b) if grouping is None else grouping,
     )
 
 
@@ -228,8 +318,11 @@ class TreeMeasurements:
     selection_scale: float
     epsilon: float
     delta: float
+    grouping: str = "equal"
 
     def __post_init__(self) -> None:
+        if self.grouping not in GROUPINGS:
+            raise MechanismError(f"grouping must be one of {', '.join(GROUPINGS)}")
         d, b = self.one_way.d, self.pair_bins
         tables = np.array(self.tables, dtype=np.float64, copy=True)
         if tables.shape != (max(d - 1, 0), b, b):
@@ -258,6 +351,7 @@ class TreeMeasurements:
             selection_scale=self.selection_scale,
             pair_scale=self.pair_scale,
             shares=self.shares,
+            grouping=self.grouping,
         )
 
     @property
@@ -282,17 +376,23 @@ class TreeMeasurements:
         return self.model.expectations(expansion, means)
 
     @functools.cached_property
+    def group(self) -> NDArray[np.int64]:
+        """``(d, cells)``: every fine cell's coarse group (:func:`column_groups`)."""
+        return column_groups(self.one_way, self.pair_bins, self.grouping)
+
+    @functools.cached_property
     def model(self) -> TreeModel:
         """The post-processed tree law (module doc, "Post-processing")."""
-        g = groups(self.one_way.cells, self.pair_bins)
+        g = self.group
         P = self.coarse_marginals()
         p = self.one_way.marginals()
         for k in range(self.pair_bins):
             inside = g == k
-            mass = p[:, inside].sum(axis=1, keepdims=True)
-            spread = np.full((self.d, int(inside.sum())), 1.0 / inside.sum())
-            share = np.where(mass > 0, p[:, inside] / np.where(mass > 0, mass, 1.0), spread)
-            p[:, inside] = share * P[:, k : k + 1]
+            size = inside.sum(axis=1, keepdims=True)
+            mass = np.where(inside, p, 0.0).sum(axis=1, keepdims=True)
+            spread = 1.0 / np.maximum(size, 1)
+            share = np.where(mass > 0, p / np.where(mass > 0, mass, 1.0), spread)
+            p = np.where(inside, share * P[:, k : k + 1], p)
         joint = []
         for (i, j), noisy in zip(self.edges, self.tables, strict=True):
             table = marginals.project_to_simplex(noisy.ravel()).reshape(noisy.shape)
@@ -303,13 +403,13 @@ class TreeMeasurements:
         """``(d, b)``: each column's coarse marginal, the inverse-variance weighted mean of
         step 1's group sums and the selected tables' row or column sums, projected onto
         the simplex (module doc, "Post-processing")."""
-        g = groups(self.one_way.cells, self.pair_bins)
+        g = self.group
         b = self.pair_bins
-        sizes = np.array([(g == k).sum() for k in range(b)], dtype=np.float64)
-        one_way_var = sizes * self.one_way.calibration.stddev**2  # (b,)
+        sizes = np.stack([(g == k).sum(axis=1) for k in range(b)], axis=1).astype(np.float64)
+        one_way_var = sizes * self.one_way.calibration.stddev**2  # (d, b)
         pair_var = b * self.pair_scale**2
         total = group_sums(self.one_way.frequencies, g, b) / one_way_var
-        weight = np.tile(1.0 / one_way_var, (self.d, 1))
+        weight = 1.0 / one_way_var
         for (i, j), table in zip(self.edges, self.tables, strict=True):
             total[i] += table.sum(axis=1) / pair_var
             total[j] += table.sum(axis=0) / pair_var
@@ -330,11 +430,12 @@ class TreeMeasurements:
             "selection_scale": self.selection_scale,
             "epsilon": self.epsilon,
             "delta": self.delta,
+            "grouping": self.grouping,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TreeMeasurements:
-        if data.get("format") != FORMAT:
+        if data.get("format") not in FORMATS:
             raise MechanismError(f"not a marginal-tree record (format {FORMAT!r})")
         return cls(
             one_way=marginals.MarginalMeasurements.from_dict(data["one_way"]),
@@ -347,13 +448,15 @@ class TreeMeasurements:
             selection_scale=float(data["selection_scale"]),
             epsilon=float(data["epsilon"]),
             delta=float(data["delta"]),
+            grouping=str(data.get("grouping", "equal")),  # version 1: equal groups
         )
 
 
 @dataclass(frozen=True, eq=False)
 class TreeModel:
     """The Markov-tree law: fine marginals ``p`` (d, cells), coarse ``P`` (d, b), the
-    group of each cell, and per edge the raked joint table ``joint[e][g_i, g_j]``."""
+    group of each cell of each column ``group`` (d, cells), and per edge the raked joint
+    table ``joint[e][g_i, g_j]``."""
 
     p: NDArray[np.float64]
     P: NDArray[np.float64]
@@ -405,7 +508,8 @@ class TreeModel:
             weighted = per_cell * self.p[i]
             for g in range(b):
                 mass = self.P[i, g]
-                V[i, :, :, g] = weighted[..., self.group == g].sum(-1) / mass if mass > 0 else 0
+                inside = self.group[i] == g
+                V[i, :, :, g] = weighted[..., inside].sum(-1) / mass if mass > 0 else 0
         message = np.ones((d, Q, J, b))
         root = np.zeros((Q, J))
         for node in self.order[::-1]:
@@ -430,7 +534,8 @@ class TreeModel:
                 coarse[:, node] = _draw(np.broadcast_to(self.P[node], (C, self.P.shape[1])), rng)
             else:
                 coarse[:, node] = _draw(self.tables[node][coarse[:, parent]], rng)
-            within = np.where(self.group[None, :] == coarse[:, node, None], self.p[node], 0.0)
+            inside = self.group[node][None, :] == coarse[:, node, None]
+            within = np.where(inside, self.p[node], 0.0)
             codes[:, node] = _draw(within, rng)
         first = 1 if atoms else 0
         width = 2.0 / bins
@@ -452,12 +557,13 @@ def _draw(probabilities: NDArray[np.float64], rng: np.random.Generator) -> NDArr
     return out
 
 
-def coarse_codes(source: RowSource, bins: int, atoms: bool, pair_bins: int) -> Any:
-    """``(n, d)`` coarse group of every value, one byte each (never released without
-    noise)."""
-    g = groups(bins + 2 * atoms, pair_bins).astype(np.uint8)
+def coarse_codes(source: RowSource, bins: int, atoms: bool, group: NDArray[np.int64]) -> Any:
+    """``(n, d)`` coarse group of every value (``group``: ``(d, cells)``), one byte each
+    (never released without noise)."""
+    g = np.asarray(group, dtype=np.uint8)
+    columns = np.arange(g.shape[0])
     return np.concatenate(
-        [g[marginals.cell_codes(batch, bins, atoms)] for batch in iter_checked(source)]
+        [g[columns, marginals.cell_codes(batch, bins, atoms)] for batch in iter_checked(source)]
     )
 
 
@@ -516,13 +622,14 @@ def measure(
     bins: int | None = None,
     bound_atoms: bool | None = None,
     pair_bins: int | None = None,
+    grouping: str | None = None,
 ) -> TreeMeasurements:
     """The three steps of the module doc, spending ``(epsilon, delta)`` once
     (:func:`plan` fixes every scale before a row is read)."""
     check_budget(epsilon, delta)
     source = as_source(X)
     n, d = source.n_rows, source.n_cols
-    fixed = plan(n, d, epsilon, delta, bins, bound_atoms, pair_bins)
+    fixed = plan(n, d, epsilon, delta, bins, bound_atoms, pair_bins, grouping)
     B, atoms, b, cells = fixed.bins, fixed.atoms, fixed.pair_bins, fixed.cells
     # 1. one-way histograms
     sens_1 = marginals.histogram_sensitivity(n, d)["l2"]
@@ -538,9 +645,10 @@ def measure(
         frequencies=noise.sample(law_1, h).reshape(d, cells),
         calibration=law_1,
     )
-    P = group_sums(one_way.marginals(), groups(cells, b), b)
+    group = column_groups(one_way, b, fixed.grouping)  # post-processing of step 1
+    P = group_sums(one_way.marginals(), group, b)
     # 2. selection, d - 1 noisy-max rounds over the pairs that join two components
-    codes = coarse_codes(source, B, atoms, b)
+    codes = coarse_codes(source, B, atoms, group)
     pairs, scores = pair_scores(codes, P)
     edges = spanning_tree(
         pairs, scores, d, lambda open_scores: noise.noisy_max(open_scores, fixed.selection_scale)
@@ -561,6 +669,7 @@ def measure(
         selection_scale=fixed.selection_scale,
         epsilon=float(epsilon),
         delta=float(delta),
+        grouping=fixed.grouping,
     )
 
 

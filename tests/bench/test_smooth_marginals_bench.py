@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from bench import smooth_marginals as bench
 
@@ -19,8 +20,10 @@ def test_bench_runs_and_renders_without_peers() -> None:
         "marginals (eps), support",
         "marginals (eps, delta), answers",
         "marginals (eps, delta), support",
-        "tree of pairs (eps, delta), answers",
-        "tree of pairs, exact tables (not private)",
+        "tree of pairs (eps, delta), quantile groups",
+        "tree of pairs, quantile groups, exact tables (not private)",
+        "tree of pairs (eps, delta), equal groups",
+        "tree of pairs, equal groups, exact tables (not private)",
         "moment LP (eps)",
         "moment LP (eps, delta)",
     }
@@ -64,7 +67,7 @@ def test_lp_rounds_zero_leaves_the_moment_lp_out() -> None:
     X = np.clip(np.random.default_rng(75).normal(0.1, 0.3, size=(300, 2)), -1, 1)
     result = bench.run({"TINY": X}, 1, 0, 1, 20, None, [], log=lambda *args: None)
     rows = result["datasets"]["TINY"]["rows"]
-    assert "tree of pairs (eps, delta), answers" in rows
+    assert "tree of pairs (eps, delta), equal groups" in rows
     assert not any(label.startswith("moment LP") for label in rows)
 
 
@@ -76,7 +79,7 @@ def test_exact_tree_beats_independence_on_dependent_columns() -> None:
     X = np.column_stack([z, z, rng.uniform(-1, 1, size=4000)])
     from app.mechanisms.chebyshev import gaussian_expansion
 
-    ceiling = bench.ExactTree(X, 16, False, 8)
+    ceiling = bench.ExactTree(X, 16, False, 8, "equal")
     assert ceiling.model.edges[0] == (0, 1)
     expansion = gaussian_expansion(np.array([[[0.5, 0.5, 0.0]]]), np.ones((1, 1)), 0.2)
     truth = float(np.mean(np.exp(-np.sum((X - [0.5, 0.5, 0.0]) ** 2, axis=1) / 0.08)))
@@ -87,3 +90,15 @@ def test_exact_tree_beats_independence_on_dependent_columns() -> None:
         )
     )
     assert abs(tree_value - truth) < 0.25 * abs(product - truth)
+
+
+def test_replace_one_epsilon_gives_the_peers_our_replace_one_cost() -> None:
+    """At the returned epsilon, a peer's add/remove rho times its replace-one factor is our
+    rho at (1, 1e-9); the factors are 8/3 (MST) and 2.2 (AIM), so both run below 1."""
+    from app.mechanisms import noise
+
+    ours = noise.rho_budget(1.0, bench.DELTA)
+    for method, factor in (("mst", 8 / 3), ("aim", 2.2)):
+        eps = bench.replace_one_epsilon(method)
+        assert 0.5 < eps < 1.0
+        assert noise.rho_budget(eps, bench.DELTA) * factor == pytest.approx(ours, rel=1e-4)

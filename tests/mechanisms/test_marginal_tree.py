@@ -45,12 +45,17 @@ def test_pair_table_and_score_sensitivity_brute_force() -> None:
     P = rng.dirichlet(np.ones(b), size=d)
     bound = marginal_tree.pair_table_sensitivity(n, d - 1)
     worst = 0.0
-    for _ in range(300):
+    for trial in range(300):
         X = rng.uniform(-1, 1, size=(n, d))
         Y = X.copy()
         Y[rng.integers(n)] = rng.choice([-0.99, 0.99], size=d) * rng.uniform(0.5, 1, size=d)
-        cx = marginal_tree.coarse_codes(as_source(X), bins, False, b)
-        cy = marginal_tree.coarse_codes(as_source(Y), bins, False, b)
+        # the grouping is public (released marginals): equal, or any quantile grouping
+        if trial % 2:
+            group = np.tile(marginal_tree.groups(bins, b), (d, 1))
+        else:
+            group = marginal_tree.quantile_groups(rng.dirichlet(np.ones(bins), size=d), b)
+        cx = marginal_tree.coarse_codes(as_source(X), bins, False, group)
+        cy = marginal_tree.coarse_codes(as_source(Y), bins, False, group)
         tx = np.stack([marginal_tree.pair_table(cx, i, j, b) for i, j in edges])
         ty = np.stack([marginal_tree.pair_table(cy, i, j, b) for i, j in edges])
         worst = max(worst, float(np.linalg.norm((tx - ty).ravel())))
@@ -73,17 +78,20 @@ def test_rake_matches_the_margins() -> None:
     assert np.all(t[1] == 0)
 
 
-def _small_tree(seed: int) -> marginal_tree.TreeMeasurements:
+def _small_tree(seed: int, grouping: str = "equal") -> marginal_tree.TreeMeasurements:
     rng = np.random.default_rng(seed)
     z = rng.normal(size=3000)
     X = np.clip(
         np.column_stack([z, z + 0.3 * rng.normal(size=3000), rng.normal(size=3000)]) / 3, -1, 1
     )
-    return marginal_tree.measure(X, 2.0, 1e-6, bins=6, bound_atoms=True, pair_bins=3)
+    return marginal_tree.measure(
+        X, 2.0, 1e-6, bins=6, bound_atoms=True, pair_bins=3, grouping=grouping
+    )
 
 
-def test_expectations_equal_brute_force_enumeration_of_the_tree_law() -> None:
-    tree = _small_tree(3)
+@pytest.mark.parametrize("grouping", marginal_tree.GROUPINGS)
+def test_expectations_equal_brute_force_enumeration_of_the_tree_law(grouping: str) -> None:
+    tree = _small_tree(3, grouping)
     model = tree.model
     d, cells = model.p.shape
     batch = GaussianMixtureBatch.random(5, 3, d, 0.7, np.random.default_rng(4))
@@ -94,7 +102,7 @@ def test_expectations_equal_brute_force_enumeration_of_the_tree_law() -> None:
     parent, tables = model.parent, model.tables
     brute = np.zeros(5)
     for combo in itertools.product(range(cells), repeat=d):
-        g = [int(model.group[c]) for c in combo]
+        g = [int(model.group[i, c]) for i, c in enumerate(combo)]
         prob = 1.0
         for i, c in enumerate(combo):
             if model.P[i, g[i]] == 0:
@@ -109,10 +117,11 @@ def test_expectations_equal_brute_force_enumeration_of_the_tree_law() -> None:
     np.testing.assert_allclose(tree.expectations(expansion), brute, rtol=1e-10)
 
 
-def test_sample_follows_the_tree_law_and_step_one_marginals() -> None:
+@pytest.mark.parametrize("grouping", marginal_tree.GROUPINGS)
+def test_sample_follows_the_tree_law_and_step_one_marginals(grouping: str) -> None:
     """The support's query averages match the exact expectations (Monte Carlo, 2e5 points:
     standard error < 2e-3 here) and each column's cell frequencies match ``p_i``."""
-    tree = _small_tree(5)
+    tree = _small_tree(5, grouping)
     model = tree.model
     points = model.sample(200_000, np.random.default_rng(6), tree.one_way.bins, True)
     batch = GaussianMixtureBatch.random(5, 3, 3, 0.7, np.random.default_rng(7))
@@ -152,7 +161,8 @@ def test_privacy_cost_json_round_trip_and_errors() -> None:
         marginal_tree.measure(X, 1.0, 1e-6, pair_bins=1)
 
 
-def test_combined_coarse_marginals_have_less_error_than_step_one_alone() -> None:
+@pytest.mark.parametrize("grouping", marginal_tree.GROUPINGS)
+def test_combined_coarse_marginals_have_less_error_than_step_one_alone(grouping: str) -> None:
     """Over 40 releases (n = 500, d = 4, epsilon = 1), the least-squares coarse margins
     (step 1's group sums and the tables' sums) are closer to the exact coarse margins
     than step 1's projected marginal summed by group: the tables carry independent
@@ -161,14 +171,69 @@ def test_combined_coarse_marginals_have_less_error_than_step_one_alone() -> None
     X = np.clip(rng.normal(0.1, 0.4, size=(500, 4)), -1, 1)
     errors = {"combined": 0.0, "one_way": 0.0}
     for _ in range(40):
-        tree = marginal_tree.measure(X, 1.0, 1e-6, pair_bins=3)
-        g = marginal_tree.groups(tree.one_way.cells, 3)
+        tree = marginal_tree.measure(X, 1.0, 1e-6, pair_bins=3, grouping=grouping)
+        g = tree.group
         exact = marginals.exact_histograms(as_source(X), tree.one_way.bins, tree.one_way.atoms)
-        truth = np.stack([exact[:, g == k].sum(axis=1) for k in range(3)], axis=1)
-        alone = tree.one_way.marginals()
-        alone = np.stack([alone[:, g == k].sum(axis=1) for k in range(3)], axis=1)
+        truth = marginal_tree.group_sums(exact, g, 3)
+        alone = marginal_tree.group_sums(tree.one_way.marginals(), g, 3)
         errors["combined"] += float(np.sum((tree.coarse_marginals() - truth) ** 2))
         errors["one_way"] += float(np.sum((alone - truth) ** 2))
         np.testing.assert_allclose(tree.model.P, tree.coarse_marginals())
         np.testing.assert_allclose(tree.model.p.sum(axis=1), 1.0)
     assert errors["combined"] < 0.85 * errors["one_way"]
+
+
+def test_quantile_groups_split_the_mass_into_b_runs_of_consecutive_cells() -> None:
+    """Each column gets exactly ``b`` nonempty runs of consecutive cells; where the mass
+    allows it, every group holds at least ``1 / b`` minus one cell's mass (brute force
+    over random marginals, some with all their mass in one cell)."""
+    rng = np.random.default_rng(13)
+    for trial in range(200):
+        cells, b = int(rng.integers(3, 12)), int(rng.integers(2, 5))
+        b = min(b, cells)
+        p = rng.dirichlet(np.full(cells, 0.3 if trial % 3 else 5.0), size=3)
+        if trial % 7 == 0:
+            p[0] = 0.0
+            p[0, rng.integers(cells)] = 1.0
+        g = marginal_tree.quantile_groups(p, b)
+        for i in range(3):
+            assert g[i, 0] == 0
+            assert g[i, -1] == b - 1
+            assert set(np.diff(g[i])) <= {0, 1}  # consecutive runs, in order
+            assert len(set(g[i])) == b
+            if trial % 7 and p[i].max() < 1.0 / b:  # no cell alone exceeds a share
+                masses = marginal_tree.group_sums(p[i : i + 1], g[i : i + 1], b)[0]
+                assert masses[:-1].min() >= 1.0 / b - p[i].max() - 1e-9
+    with pytest.raises(MechanismError, match="groups"):
+        marginal_tree.quantile_groups(np.full((1, 2), 0.5), 3)
+
+
+def test_grouping_is_recorded_and_version_one_records_load_as_equal_groups() -> None:
+    tree = _small_tree(14, "quantile")
+    assert tree.parameters["pair_grouping"] == "quantile"
+    again = marginal_tree.TreeMeasurements.from_dict(tree.to_dict())
+    np.testing.assert_array_equal(again.group, tree.group)
+    legacy = {**_small_tree(14, "equal").to_dict(), "format": marginal_tree.FORMATS[0]}
+    del legacy["grouping"]
+    old = marginal_tree.TreeMeasurements.from_dict(legacy)
+    assert old.grouping == "equal"
+    np.testing.assert_array_equal(old.group[1], marginal_tree.groups(old.one_way.cells, 3))
+    X = np.random.default_rng(15).uniform(-1, 1, size=(100, 3))
+    with pytest.raises(MechanismError, match="grouping"):
+        marginal_tree.measure(X, 1.0, 1e-6, grouping="median")
+
+
+def test_default_grouping_compares_the_pair_noise_with_an_average_cell() -> None:
+    """``quantile`` exactly when ``s_2 > 1 / b^2``: at epsilon = 1, delta = 1e-9 the WDBC
+    size (569 x 30, s_2 ~ 0.12) gets quantile groups, the PKS size (5875 x 22, ~ 0.01)
+    equal ones; an explicit grouping always wins."""
+    assert marginal_tree.default_grouping(1 / 16 + 1e-9, 4) == "quantile"
+    assert marginal_tree.default_grouping(1 / 16, 4) == "equal"
+    small = marginal_tree.plan(569, 30, 1.0, 1e-9)
+    large = marginal_tree.plan(5875, 22, 1.0, 1e-9)
+    assert small.pair_scale > 1 / 16
+    assert small.grouping == "quantile"
+    assert large.pair_scale < 1 / 16
+    assert large.grouping == "equal"
+    assert marginal_tree.plan(569, 30, 1.0, 1e-9, grouping="equal").grouping == "equal"
+    assert small.as_dict()["pair_grouping"] == "quantile"

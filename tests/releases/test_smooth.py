@@ -384,6 +384,10 @@ def test_smooth_synthetic_marginals_end_to_end(client: TestClient, curator: Call
         ),
         ({"pair_bins": 4}, ["pair_bins apply to method 'tree' only", "(the default)"]),
         (
+            {"method": "marginals", "pair_grouping": "equal"},
+            ["pair_grouping apply to method 'tree' only", "method 'marginals'"],
+        ),
+        (
             {"method": "tree", "solver": "ipm", "bins": 6},
             ["solver apply to method 'moments' only", "method 'tree'"],
         ),
@@ -406,20 +410,23 @@ def test_smooth_synthetic_refuses_the_other_methods_params(
     assert services_of(client).queue.pending() == 0
 
 
-def test_smooth_synthetic_tree_end_to_end(client: TestClient, curator: Caller) -> None:
+@pytest.mark.parametrize("grouping", [None, "quantile"])
+def test_smooth_synthetic_tree_end_to_end(
+    client: TestClient, curator: Caller, grouping: str | None
+) -> None:
     from app.mechanisms import marginal_tree
 
     n = 2000
     dataset_id, data = _dataset(client, curator, n=n)
-    body = {
-        "mechanism": "smooth_synthetic",
-        "epsilon": 2.0,
-        "delta": 1e-6,
-        "params": {"method": "tree"},
-    }
+    params: dict[str, Any] = {"method": "tree"}
+    if grouping is not None:
+        params["pair_grouping"] = grouping
+    body = {"mechanism": "smooth_synthetic", "epsilon": 2.0, "delta": 1e-6, "params": params}
     preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
     assert preview.status_code == 200, preview.text
-    fixed = marginal_tree.plan(n, 3, 2.0, 1e-6)
+    fixed = marginal_tree.plan(n, 3, 2.0, 1e-6, grouping=grouping)
+    # the default here (little noise: s_2 < 1 / 16) keeps equal-width groups
+    assert fixed.grouping == (grouping or "equal")
     assert preview.json()["resolved"] == {
         **fixed.as_dict(),
         "d": 3,
@@ -438,7 +445,8 @@ def test_smooth_synthetic_tree_end_to_end(client: TestClient, curator: Caller) -
     resolved = release["resolved"]
     assert resolved["method"] == "tree"
     assert len(resolved["edges"]) == 2  # a spanning tree over the 3 continuous columns
-    for key in ("bins", "bound_atoms", "pair_bins", "rho", "pair_frequency_stddev"):
+    keys = ("bins", "bound_atoms", "pair_bins", "pair_grouping", "rho", "pair_frequency_stddev")
+    for key in keys:
         assert resolved[key] == pytest.approx(preview.json()["resolved"][key]), key
     rows = _csv(client, curator, release_id, "?format=csv")
     assert rows.num_rows == n
@@ -529,6 +537,7 @@ def test_smooth_synthetic_default_method_follows_delta(
     [
         (1.0, 0.0, {"method": "tree"}, "needs delta > 0"),
         (1.0, 1e-6, {"method": "tree", "bins": 2, "pair_bins": 8}, "cannot exceed"),
+        (1.0, 1e-6, {"method": "tree", "pair_grouping": "median"}, "pair_grouping"),
     ],
 )
 def test_smooth_synthetic_tree_refusals(

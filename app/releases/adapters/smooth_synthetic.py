@@ -21,10 +21,10 @@ same histograms with half the budget (in zCDP), selects a spanning tree of colum
 with OpenDP's noisy max (MST's select step) and releases the selected pairs' coarse
 two-way tables; synthesis and answers use the Markov-tree law that joins them, with each
 column's coarse margin estimated from its histogram and its tables together. On the same
-protocol (``bench/results/smooth_marginals_tree.md``, 5 rounds) it is level with
-``marginals`` on the uniform-centre queries and better on the row-centred ones, which
-test joint structure (``sigma = 1``: PKS 0.29x -> 0.15x, CTG 0.48x -> 0.37x the 0-DP
-baseline; MST 0.19x and 0.22x).
+protocol (``bench/results/smooth_marginals.md``, 5 rounds) it is level with or better than
+``marginals`` on the uniform-centre queries (WDBC ``sigma >= 4``: 0.23x -> 0.21x the 0-DP
+baseline) and better on the row-centred ones, which test joint structure (``sigma = 1``:
+PKS 0.29x -> 0.15x, CTG 0.46x -> 0.38x; MST 0.22x and 0.29x).
 
 ``method="moments"``: paper 000 (:func:`app.mechanisms.smooth_synthetic.measure`): noisy
 Chebyshev moments, an LP fit over candidate points, sampled rows.
@@ -100,9 +100,10 @@ class SyntheticParams(BaseModel):
     (``grid_size``, ``sample_size``, and for ``moments`` ``solver``, ``ellipsoid_radius``:
     re-synthesis may change them at no privacy cost). ``bins``, ``bound_atoms`` apply to
     ``method="marginals"`` and ``"tree"`` (defaults: :mod:`app.mechanisms.marginals`),
-    ``pair_bins`` to ``"tree"`` only (:mod:`app.mechanisms.marginal_tree`); the fields from
-    ``smoothness`` to ``ellipsoid_radius`` except ``grid_size``, ``sample_size`` to
-    ``method="moments"`` only (defaults: :mod:`app.mechanisms.smooth_synthetic`)."""
+    ``pair_bins``, ``pair_grouping`` to ``"tree"`` only
+    (:mod:`app.mechanisms.marginal_tree`); the fields from ``smoothness`` to
+    ``ellipsoid_radius`` except ``grid_size``, ``sample_size`` to ``method="moments"`` only
+    (defaults: :mod:`app.mechanisms.smooth_synthetic`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -135,6 +136,12 @@ class SyntheticParams(BaseModel):
         le=16,
         description="coarse groups per column in the two-way tables (None: "
         f"{marginal_tree.DEFAULT_PAIR_BINS}; tree only)",
+    )
+    pair_grouping: Literal["quantile", "equal"] | None = Field(
+        default=None,
+        description="how a column's cells merge into its coarse groups: 'quantile' (equal "
+        "mass, from the released one-way marginal) or 'equal' (equal width); None: "
+        "'quantile' when a pair table's per-cell noise exceeds 1 / pair_bins^2; tree only",
     )
     # moments only
     smoothness: int = Field(default=4, ge=1, le=100, description="K of paper 000")
@@ -184,7 +191,7 @@ MOMENTS_ONLY = frozenset(
 METHOD_PARAMS: dict[str, frozenset[str]] = {
     "moments": MOMENTS_ONLY,
     "marginals": frozenset({"bins", "bound_atoms"}),
-    "tree": frozenset({"bins", "bound_atoms", "pair_bins"}),
+    "tree": frozenset({"bins", "bound_atoms", "pair_bins", "pair_grouping"}),
 }
 
 
@@ -349,6 +356,7 @@ class SmoothSynthetic(registry.Mechanism):
                 bins=params.bins,
                 bound_atoms=params.bound_atoms,
                 pair_bins=params.pair_bins,
+                grouping=params.pair_grouping,
             )
             return Measured(
                 payload=pack(tree.to_dict()),
@@ -447,7 +455,7 @@ def default_method(d: int, delta: float) -> Literal["marginals", "tree"]:
     """The method of a request that names none: ``"tree"`` when ``delta > 0`` and
     ``d >= 2`` (it needs zCDP and a pair of columns; on the paper-000 protocol it is level
     with ``"marginals"`` on the uniform-centre queries and better on the row-centred ones:
-    ``bench/results/smooth_marginals_tree.md``), ``"marginals"`` otherwise."""
+    ``bench/results/smooth_marginals.md``), ``"marginals"`` otherwise."""
     return "tree" if delta > 0 and d >= 2 else "marginals"
 
 
@@ -456,7 +464,7 @@ def payload_method(payload: Mapping[str, Any]) -> Literal["marginals", "tree", "
     fmt = payload.get("format")
     if fmt == marginals.FORMAT:
         return "marginals"
-    if fmt == marginal_tree.FORMAT:
+    if fmt in marginal_tree.FORMATS:
         return "tree"
     if fmt == ss.FORMAT:
         return "moments"
@@ -513,7 +521,14 @@ def _tree_plan(
         raise InvalidRequest("method 'tree' is accounted in zCDP and needs delta > 0")
     try:
         return marginal_tree.plan(
-            info.n_rows, info.d, epsilon, delta, params.bins, params.bound_atoms, params.pair_bins
+            info.n_rows,
+            info.d,
+            epsilon,
+            delta,
+            params.bins,
+            params.bound_atoms,
+            params.pair_bins,
+            params.pair_grouping,
         )
     except MechanismError as exc:
         raise InvalidRequest(f"method 'tree': {exc}") from None
