@@ -154,10 +154,7 @@ class ExactTree:
     ) -> None:
         source = as_source(X)
         p = marginals.exact_histograms(source, bins, atoms)
-        if grouping == "quantile":
-            group = marginal_tree.quantile_groups(p, pair_bins)
-        else:
-            group = np.tile(marginal_tree.groups(p.shape[1], pair_bins), (X.shape[1], 1))
+        group = marginal_tree.column_groups(p, pair_bins, grouping)
         P = marginal_tree.group_sums(p, group, pair_bins)
         codes = marginal_tree.coarse_codes(source, bins, atoms, group)
         pairs, scores = marginal_tree.pair_scores(codes, P)

@@ -133,7 +133,9 @@ STEPS = ("one_way", "select", "pairs")
 #: the error at sigma >= 4 on CTG from 0.051-0.053x to 0.040-0.047x the baseline (two runs,
 #: 8 and 12 rounds) and on CRM, equal groups, from 0.20-0.22x to 0.13-0.15x (10 rounds;
 #: CRM sigma = 2 went 0.29x -> 0.32x); PKS did not move beyond the round noise and WDBC's
-#: round noise (+-0.03) hid any change (epsilon = 1, delta = 1e-9).
+#: round noise (+-0.03) hid any change (epsilon = 1, delta = 1e-9). The CRM gain did not
+#: show in the 5-round benchmarks (sigma >= 6: 0.18x with the old share in
+#: ``smooth_marginals_tree.md``, 0.19-0.22x with this one), so it is at least partly noise.
 SHARES = {"one_way": 0.5, "select": 0.03, "pairs": 0.47}
 #: Coarse groups per column in the pair tables (``b``).
 DEFAULT_PAIR_BINS = 4
@@ -183,16 +185,21 @@ def default_grouping(pair_scale: float, pair_bins: int) -> str:
     return "quantile" if pair_scale > 1.0 / pair_bins**2 else "equal"
 
 
-def column_groups(
-    one_way: marginals.MarginalMeasurements, pair_bins: int, grouping: str
-) -> NDArray[np.int64]:
-    """``(d, cells)``: the coarse group of every fine cell of every column, from public
-    values only (the released marginals for ``"quantile"``, positions for ``"equal"``)."""
+def check_grouping(grouping: str) -> None:
+    """Refuse a grouping that is not one of :data:`GROUPINGS`."""
+    if grouping not in GROUPINGS:
+        raise MechanismError(f"grouping ({grouping!r}) must be one of {', '.join(GROUPINGS)}")
+
+
+def column_groups(p: NDArray[np.float64], pair_bins: int, grouping: str) -> NDArray[np.int64]:
+    """``(d, cells)``: the coarse group of every fine cell of every column, given the
+    columns' ``(d, cells)`` marginals ``p`` (for ``"quantile"``; ``"equal"`` uses only
+    their shape). The release passes step 1's released marginals: public values only."""
+    check_grouping(grouping)
     if grouping == "quantile":
-        return quantile_groups(one_way.marginals(), pair_bins)
-    if grouping == "equal":
-        return np.tile(groups(one_way.cells, pair_bins), (one_way.d, 1))
-    raise MechanismError(f"grouping ({grouping!r}) must be one of {', '.join(GROUPINGS)}")
+        return quantile_groups(p, pair_bins)
+    d, cells = p.shape
+    return np.tile(groups(cells, pair_bins), (d, 1))
 
 
 def group_sums(cell_values: NDArray[np.float64], group: NDArray[np.int64], b: int) -> Any:
@@ -278,8 +285,8 @@ def plan(
     b = DEFAULT_PAIR_BINS if pair_bins is None else pair_bins
     if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16:
         raise MechanismError(f"pair_bins ({pair_bins!r}) must be an integer in [2, 16]")
-    if grouping is not None and grouping not in GROUPINGS:
-        raise MechanismError(f"grouping ({grouping!r}) must be one of {', '.join(GROUPINGS)}")
+    if grouping is not None:
+        check_grouping(grouping)
     B, atoms = marginals.resolve(n, d, epsilon, delta, bins, bound_atoms)
     if b > B + 2 * atoms:
         raise MechanismError(
@@ -321,8 +328,7 @@ class TreeMeasurements:
     grouping: str = "equal"
 
     def __post_init__(self) -> None:
-        if self.grouping not in GROUPINGS:
-            raise MechanismError(f"grouping must be one of {', '.join(GROUPINGS)}")
+        check_grouping(self.grouping)
         d, b = self.one_way.d, self.pair_bins
         tables = np.array(self.tables, dtype=np.float64, copy=True)
         if tables.shape != (max(d - 1, 0), b, b):
@@ -378,7 +384,7 @@ class TreeMeasurements:
     @functools.cached_property
     def group(self) -> NDArray[np.int64]:
         """``(d, cells)``: every fine cell's coarse group (:func:`column_groups`)."""
-        return column_groups(self.one_way, self.pair_bins, self.grouping)
+        return column_groups(self.one_way.marginals(), self.pair_bins, self.grouping)
 
     @functools.cached_property
     def model(self) -> TreeModel:
@@ -645,7 +651,7 @@ def measure(
         frequencies=noise.sample(law_1, h).reshape(d, cells),
         calibration=law_1,
     )
-    group = column_groups(one_way, b, fixed.grouping)  # post-processing of step 1
+    group = column_groups(one_way.marginals(), b, fixed.grouping)  # post-processing of step 1
     P = group_sums(one_way.marginals(), group, b)
     # 2. selection, d - 1 noisy-max rounds over the pairs that join two components
     codes = coarse_codes(source, B, atoms, group)
