@@ -49,11 +49,9 @@ def test_pair_table_and_score_sensitivity_brute_force() -> None:
         X = rng.uniform(-1, 1, size=(n, d))
         Y = X.copy()
         Y[rng.integers(n)] = rng.choice([-0.99, 0.99], size=d) * rng.uniform(0.5, 1, size=d)
-        # the grouping is public (released marginals): equal, or any quantile grouping
-        if trial % 2:
-            group = np.tile(marginal_tree.groups(bins, b), (d, 1))
-        else:
-            group = marginal_tree.quantile_groups(rng.dirichlet(np.ones(bins), size=d), b)
+        # the grouping is public (released marginals): any of the groupings
+        grouping = marginal_tree.GROUPINGS[trial % len(marginal_tree.GROUPINGS)]
+        group = marginal_tree.column_groups(rng.dirichlet(np.ones(bins), size=(d,)), b, grouping)
         cx = marginal_tree.coarse_codes(as_source(X), bins, False, group)
         cy = marginal_tree.coarse_codes(as_source(Y), bins, False, group)
         tx = np.stack([marginal_tree.pair_table(cx, i, j, b) for i, j in edges])
@@ -223,10 +221,36 @@ def test_grouping_is_recorded_and_version_one_records_load_as_equal_groups() -> 
         marginal_tree.measure(X, 1.0, 1e-6, grouping="median")
 
 
+def test_blend_groups_sit_between_equal_width_and_equal_mass() -> None:
+    """On a column with all but a sliver of its mass in the first cells, equal mass puts three of four groups into that bulk and equal
+    width one, and the blend (quantiles of ``(p + u) / 2``) two of them; on a uniform
+    marginal all three groupings agree; an explicit grouping wins."""
+    cells, b = 8, 4
+    skewed = np.array([[0.45, 0.45, 0.02, 0.02, 0.02, 0.02, 0.01, 0.01]])
+    bulk = {
+        grouping: len(set(marginal_tree.column_groups(skewed, b, grouping)[0, :2]))
+        for grouping in marginal_tree.GROUPINGS
+    }
+    assert bulk == {"quantile": 2, "blend": 2, "equal": 1}
+    # the tails: equal mass merges the last six cells into two groups, the blend keeps
+    # cells 2-7 in two groups of three, as equal width does for cells 4-7
+    np.testing.assert_array_equal(
+        marginal_tree.blend_groups(skewed, b)[0], [0, 1, 2, 2, 2, 3, 3, 3]
+    )
+    np.testing.assert_array_equal(
+        marginal_tree.quantile_groups(skewed, b)[0], [0, 1, 2, 3, 3, 3, 3, 3]
+    )
+    uniform = np.full((2, cells), 1.0 / cells)
+    for grouping in marginal_tree.GROUPINGS:
+        np.testing.assert_array_equal(
+            marginal_tree.column_groups(uniform, b, grouping)[0], marginal_tree.groups(cells, b)
+        )
+
+
 def test_default_grouping_compares_the_pair_noise_with_an_average_cell() -> None:
-    """``quantile`` exactly when ``s_2 > 1 / b^2``: at epsilon = 1, delta = 1e-9 the WDBC
-    size (569 x 30, s_2 ~ 0.12) gets quantile groups, the PKS size (5875 x 22, ~ 0.01)
-    equal ones; an explicit grouping always wins."""
+    """``quantile`` exactly when ``s_2 > 1 / b^2``, else ``equal``: at epsilon = 1,
+    delta = 1e-9 the WDBC size (569 x 30, s_2 ~ 0.11) gets quantile groups, the PKS size
+    (5875 x 22, ~ 0.01) equal ones; an explicit grouping always wins."""
     assert marginal_tree.default_grouping(1 / 16 + 1e-9, 4) == "quantile"
     assert marginal_tree.default_grouping(1 / 16, 4) == "equal"
     small = marginal_tree.plan(569, 30, 1.0, 1e-9)
@@ -235,5 +259,6 @@ def test_default_grouping_compares_the_pair_noise_with_an_average_cell() -> None
     assert small.grouping == "quantile"
     assert large.pair_scale < 1 / 16
     assert large.grouping == "equal"
-    assert marginal_tree.plan(569, 30, 1.0, 1e-9, grouping="equal").grouping == "equal"
+    assert marginal_tree.plan(569, 30, 1.0, 1e-9, grouping="blend").grouping == "blend"
     assert small.as_dict()["pair_grouping"] == "quantile"
+    assert large.as_dict()["pair_grouping"] == "equal"

@@ -410,7 +410,7 @@ def test_smooth_synthetic_refuses_the_other_methods_params(
     assert services_of(client).queue.pending() == 0
 
 
-@pytest.mark.parametrize("grouping", [None, "quantile"])
+@pytest.mark.parametrize("grouping", [None, "quantile", "blend"])
 def test_smooth_synthetic_tree_end_to_end(
     client: TestClient, curator: Caller, grouping: str | None
 ) -> None:

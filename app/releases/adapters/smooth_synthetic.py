@@ -137,11 +137,13 @@ class SyntheticParams(BaseModel):
         description="coarse groups per column in the two-way tables (None: "
         f"{marginal_tree.DEFAULT_PAIR_BINS}; tree only)",
     )
-    pair_grouping: Literal["quantile", "equal"] | None = Field(
+    pair_grouping: Literal["blend", "quantile", "equal"] | None = Field(
         default=None,
         description="how a column's cells merge into its coarse groups: 'quantile' (equal "
-        "mass, from the released one-way marginal) or 'equal' (equal width); None: "
-        "'quantile' when a pair table's per-cell noise exceeds 1 / pair_bins^2; tree only",
+        "mass under the released one-way marginal), 'equal' (equal width) or 'blend' "
+        "(equal mass under the half-and-half mixture of the released marginal and the "
+        "uniform law); None: 'quantile' when a pair table's per-cell noise exceeds "
+        "1 / pair_bins^2, else 'equal'; tree only",
     )
     # moments only
     smoothness: int = Field(default=4, ge=1, le=100, description="K of paper 000")
