@@ -13,14 +13,14 @@ our replace-one accounting, our fine one-way histograms, and exact answers for s
 queries.
 
 What it buys at ``epsilon = 1, delta = 1e-9`` (``bench/results/smooth_marginals.md`` and
-``smooth_marginals_crm.md``, 5 rounds, the default grouping of each dataset): on the
-row-centred ``sigma = 1`` queries the error drops from 0.29x to 0.15x the baseline on PKS
-(5875 rows, 21 columns; MST: 0.22x) and from 0.46x to 0.38x on CTG (2126 x 21; MST:
-0.29x); on the uniform-centre queries at ``sigma >= 4`` it is at 0.21x on WDBC (569 x 30;
-marginals 0.23-0.24x, MST 0.35x, AIM 0.21-0.24x), level with
+``smooth_marginals_crm.md``, 5 rounds of ours and of the peers, the default grouping of
+each dataset): on the row-centred ``sigma = 1`` queries the error drops from 0.28x to
+0.15x the baseline on PKS (5875 rows, 21 columns; MST: 0.21x) and from 0.48x to 0.36x on
+CTG (2126 x 21; MST: 0.27x); on the uniform-centre queries at ``sigma >= 4`` it is at
+0.20-0.21x on WDBC (569 x 30; marginals 0.20-0.23x, MST 0.31x, AIM 0.25x), level with
 :mod:`~app.mechanisms.marginals` on CTG and PKS (the halved one-way budget is won back by
 the coarse margins the tables also measure) and at 0.16-0.21x on CRM (1994 x 100; MST
-0.15-0.21x). It is the default of ``smooth_synthetic`` when ``delta > 0``.
+0.16-0.20x). It is the default of ``smooth_synthetic`` when ``delta > 0``.
 
 Mechanism (three data-dependent steps, accounted in zCDP, converted once)
 --------------------------------------------------------------------------
