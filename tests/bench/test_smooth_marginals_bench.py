@@ -20,6 +20,8 @@ def test_bench_runs_and_renders_without_peers() -> None:
         "marginals (eps), support",
         "marginals (eps, delta), answers",
         "marginals (eps, delta), support",
+        "tree of pairs (eps, delta), blend groups",
+        "tree of pairs, blend groups, exact tables (not private)",
         "tree of pairs (eps, delta), quantile groups",
         "tree of pairs, quantile groups, exact tables (not private)",
         "tree of pairs (eps, delta), equal groups",
