@@ -222,9 +222,10 @@ def test_grouping_is_recorded_and_version_one_records_load_as_equal_groups() -> 
 
 
 def test_blend_groups_sit_between_equal_width_and_equal_mass() -> None:
-    """On a column with all but a sliver of its mass in the first cells, equal mass puts three of four groups into that bulk and equal
-    width one, and the blend (quantiles of ``(p + u) / 2``) two of them; on a uniform
-    marginal all three groupings agree; an explicit grouping wins."""
+    """On a column with 90 % of its mass in the first two cells, equal mass and the blend
+    (quantiles of ``(p + u) / 2``) give each of those cells its own group where equal
+    width merges them; in the tail, equal mass merges cells 3-7 into one group where the
+    blend keeps two groups of three; on a uniform marginal all three groupings agree."""
     cells, b = 8, 4
     skewed = np.array([[0.45, 0.45, 0.02, 0.02, 0.02, 0.02, 0.01, 0.01]])
     bulk = {
@@ -232,8 +233,6 @@ def test_blend_groups_sit_between_equal_width_and_equal_mass() -> None:
         for grouping in marginal_tree.GROUPINGS
     }
     assert bulk == {"quantile": 2, "blend": 2, "equal": 1}
-    # the tails: equal mass merges the last six cells into two groups, the blend keeps
-    # cells 2-7 in two groups of three, as equal width does for cells 4-7
     np.testing.assert_array_equal(
         marginal_tree.blend_groups(skewed, b)[0], [0, 1, 2, 2, 2, 3, 3, 3]
     )
@@ -259,6 +258,7 @@ def test_default_grouping_compares_the_pair_noise_with_an_average_cell() -> None
     assert small.grouping == "quantile"
     assert large.pair_scale < 1 / 16
     assert large.grouping == "equal"
+    assert marginal_tree.plan(569, 30, 1.0, 1e-9, grouping="equal").grouping == "equal"
     assert marginal_tree.plan(569, 30, 1.0, 1e-9, grouping="blend").grouping == "blend"
     assert small.as_dict()["pair_grouping"] == "quantile"
     assert large.as_dict()["pair_grouping"] == "equal"

@@ -410,6 +410,19 @@ def test_smooth_synthetic_refuses_the_other_methods_params(
     assert services_of(client).queue.pending() == 0
 
 
+def test_pair_grouping_choices_are_the_mechanisms_groupings() -> None:
+    """The API's ``pair_grouping`` Literal spells out :data:`marginal_tree.GROUPINGS`
+    (a type checker needs the literal values); they must not drift apart."""
+    from typing import get_args
+
+    from app.mechanisms import marginal_tree
+    from app.releases.adapters.smooth_synthetic import SyntheticParams
+
+    annotation = SyntheticParams.model_fields["pair_grouping"].annotation
+    choices = {value for arg in get_args(annotation) for value in get_args(arg)}
+    assert choices == set(marginal_tree.GROUPINGS)
+
+
 @pytest.mark.parametrize("grouping", [None, "quantile", "blend"])
 def test_smooth_synthetic_tree_end_to_end(
     client: TestClient, curator: Caller, grouping: str | None
