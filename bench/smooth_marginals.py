@@ -39,6 +39,11 @@ Releases:
   there). MST spends ``rho / 3`` on selection and ``2 rho / 3`` on measurements, so its
   replace-one cost is ``8 rho / 3``; AIM spends 10 % on selection, ``2.2 rho``
   (:data:`REPLACE_ONE_FACTOR`). That is the comparison at equal privacy.
+* ``--peers-from FILE``: the peer rows are copied from an earlier results JSON of this
+  benchmark instead of being run again (a 5-round peer run takes 1-2 hours here; the peers
+  do not change when our release does). The copy is refused unless the dataset's ``n``,
+  ``d`` and every family's 0-DP baseline equal this run's (the same queries); the table
+  names the file and the date of the run the rows come from.
 * ``independent columns (not private)``: each column's exact values, shuffled
   independently: the best any product-of-marginals synthesizer can do.
 """
@@ -46,6 +51,8 @@ Releases:
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -208,7 +215,10 @@ def run(
     log: Any = print,
     peer_timeout: float | None = None,
     peer_privacy: str = "same",
+    peers_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Every release of the module doc on every dataset; ``peers_from``: an earlier
+    result (its JSON) whose peer rows are copied instead of running the peers."""
     result: dict[str, Any] = {"datasets": {}}
     for name, X in data.items():
         n, d = X.shape
@@ -296,7 +306,12 @@ def run(
                 runs.append(per)
                 seconds.append(elapsed)
             record(label, runs, seconds)
-        if peers_python:
+        if peers_from is not None:
+            copied = copied_peer_rows(peers_from, name, entry)
+            entry["rows"] |= copied
+            for label, row in copied.items():
+                log(f"{name} {label}: copied ({row['rounds']} rounds)")
+        elif peers_python:
             with tempfile.TemporaryDirectory() as tmp:
                 for method in peers:
                     runs, seconds = [], []
@@ -317,6 +332,28 @@ def run(
                     record(label, runs, seconds)
         result["datasets"][name] = entry
     return result
+
+
+PEER_LABELS = ("MST ", "AIM ")
+
+
+def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) -> Any:
+    """The peer rows of dataset ``name`` in the result ``earlier``, refused (``ValueError``)
+    unless that run had the same ``n``, ``d`` and 0-DP baselines (the same queries)."""
+    before = earlier.get("datasets", {}).get(name)
+    if before is None:
+        raise ValueError(f"{name} is not in the earlier result")
+    if (before["n"], before["d"]) != (entry["n"], entry["d"]):
+        raise ValueError(f"{name}: the earlier result has another shape")
+    keys = entry["baseline"].keys()
+    if set(before["baseline"]) != set(keys) or not all(
+        math.isclose(before["baseline"][k], entry["baseline"][k], rel_tol=1e-9) for k in keys
+    ):
+        raise ValueError(f"{name}: the earlier result used other queries (baselines differ)")
+    rows = {k: v for k, v in before["rows"].items() if k.startswith(PEER_LABELS)}
+    if not rows:
+        raise ValueError(f"{name}: the earlier result has no peer rows")
+    return rows
 
 
 def render_markdown(result: dict[str, Any]) -> str:
@@ -346,6 +383,12 @@ def render_markdown(result: dict[str, Any]) -> str:
         + ". Per-column min/max normalisation (benchmark only).",
         "",
     ]
+    if s.get("peers_from"):
+        lines += [
+            f"Peer rows copied from `{s['peers_from']}` (the run of {s['peers_from_date']} "
+            "UTC, same queries: n, d and every baseline checked equal), not re-run.",
+            "",
+        ]
     for name, entry in result["datasets"].items():
         lines += [f"## {name} (n = {entry['n']}, d = {entry['d']})", ""]
         head = ["release", *keys, "s"]
@@ -395,8 +438,17 @@ def main(argv: list[str] | None = None) -> None:
         help="peers at epsilon = 1 (their add/remove accounting) or at the epsilon whose "
         "replace-one cost equals ours (module doc)",
     )
+    parser.add_argument(
+        "--peers-from",
+        type=Path,
+        default=None,
+        help="copy the peer rows from an earlier results JSON instead of running the peers",
+    )
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     args = parser.parse_args(argv)
+    earlier = json.loads(args.peers_from.read_text()) if args.peers_from else None
+    if earlier is not None and earlier["settings"]["peer_privacy"] != args.peer_privacy:
+        parser.error("--peers-from: that run's --peer-privacy differs from this one's")
     name = "smooth_marginals" + (f"_{args.tag}" if args.tag else "")
     command = "python -m bench.smooth_marginals " + " ".join(sys.argv[1:] if argv is None else argv)
     bench = Run(name, command)
@@ -411,6 +463,7 @@ def main(argv: list[str] | None = None) -> None:
         [p for p in args.peers.split(",") if p],
         peer_timeout=args.peer_timeout,
         peer_privacy=args.peer_privacy,
+        peers_from=earlier,
     )
     result["settings"] = {
         "queries": args.queries,
@@ -420,6 +473,18 @@ def main(argv: list[str] | None = None) -> None:
         "peer_timeout": args.peer_timeout,
         "peer_privacy": args.peer_privacy,
     }
+    if earlier is not None:
+        peer_rounds = {
+            row["rounds"]
+            for entry in result["datasets"].values()
+            for label, row in entry["rows"].items()
+            if label.startswith(PEER_LABELS)
+        }
+        result["settings"] |= {
+            "peer_rounds": max(peer_rounds, default=0),
+            "peers_from": str(args.peers_from),
+            "peers_from_date": earlier["machine"]["date_utc"],
+        }
     bench.write(render_markdown(result), result)
 
 

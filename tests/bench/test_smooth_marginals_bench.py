@@ -104,3 +104,25 @@ def test_replace_one_epsilon_gives_the_peers_our_replace_one_cost() -> None:
         eps = bench.replace_one_epsilon(method)
         assert 0.5 < eps < 1.0
         assert noise.rho_budget(eps, bench.DELTA) * factor == pytest.approx(ours, rel=1e-4)
+
+
+def test_peer_rows_are_copied_only_from_a_run_with_the_same_queries() -> None:
+    """``peers_from`` copies the MST/AIM rows of an earlier result when its n, d and
+    baselines equal this run's, and refuses otherwise (other queries, other data)."""
+    X = np.clip(np.random.default_rng(77).normal(0.1, 0.3, size=(300, 2)), -1, 1)
+    earlier = bench.run({"TINY": X}, 1, 0, 1, 20, None, [], log=lambda *args: None)
+    mst = {"ratio": {"rows sigma=1": 0.5}, "seconds": 60.0, "rounds": 5}
+    earlier["datasets"]["TINY"]["rows"]["MST (eps, delta; smartnoise)"] = mst
+    again = bench.run({"TINY": X}, 1, 0, 1, 20, None, [], log=lambda *a: None, peers_from=earlier)
+    rows = again["datasets"]["TINY"]["rows"]
+    assert rows["MST (eps, delta; smartnoise)"] == mst
+    assert rows["tree of pairs (eps, delta), equal groups"]["rounds"] == 1  # ours re-run
+    with pytest.raises(ValueError, match="other queries"):
+        bench.run({"TINY": X}, 1, 0, 1, 30, None, [], log=lambda *a: None, peers_from=earlier)
+    earlier["datasets"]["TINY"]["n"] = 301
+    with pytest.raises(ValueError, match="shape"):
+        bench.run({"TINY": X}, 1, 0, 1, 20, None, [], log=lambda *a: None, peers_from=earlier)
+    earlier["datasets"]["TINY"]["n"] = 300
+    del earlier["datasets"]["TINY"]["rows"]["MST (eps, delta; smartnoise)"]
+    with pytest.raises(ValueError, match="no peer rows"):
+        bench.run({"TINY": X}, 1, 0, 1, 20, None, [], log=lambda *a: None, peers_from=earlier)
