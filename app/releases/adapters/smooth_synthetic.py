@@ -21,10 +21,10 @@ same histograms with half the budget (in zCDP), selects a spanning tree of colum
 with OpenDP's noisy max (MST's select step) and releases the selected pairs' coarse
 two-way tables; synthesis and answers use the Markov-tree law that joins them, with each
 column's coarse margin estimated from its histogram and its tables together. On the same
-protocol (``bench/results/smooth_marginals.md``, 5 rounds) it is level with or better than
-``marginals`` on the uniform-centre queries (WDBC ``sigma >= 4``: 0.23x -> 0.21x the 0-DP
-baseline) and better on the row-centred ones, which test joint structure (``sigma = 1``:
-PKS 0.29x -> 0.15x, CTG 0.46x -> 0.38x; MST 0.22x and 0.29x).
+protocol (``bench/results/smooth_marginals.md``, 10 rounds) it is level with or better than
+``marginals`` on the uniform-centre queries (WDBC ``sigma >= 4``: 0.22-0.24x ->
+0.22-0.23x the 0-DP baseline) and better on the row-centred ones, which test joint
+structure (``sigma = 1``: PKS 0.28x -> 0.13x, CTG 0.46x -> 0.31x; MST 0.21x and 0.27x).
 
 ``method="moments"``: paper 000 (:func:`app.mechanisms.smooth_synthetic.measure`): noisy
 Chebyshev moments, an LP fit over candidate points, sampled rows.
