@@ -337,7 +337,7 @@ def run(
 PEER_LABELS = ("MST ", "AIM ")
 
 
-def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) -> Any:
+def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) -> dict[str, Any]:
     """The peer rows of dataset ``name`` in the result ``earlier``, refused (``ValueError``)
     unless that run had the same ``n``, ``d`` and 0-DP baselines (the same queries)."""
     before = earlier.get("datasets", {}).get(name)

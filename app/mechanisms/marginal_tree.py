@@ -106,26 +106,25 @@ Post-processing (free):
   consistency Private-PGM gets from all measurements at once; here it cut the worst-case
   error on CRM at ``sigma >= 4`` by about a third (``bench/results/smooth_marginals_tree.md``).
 * **Denoising by thresholds.** Where the data has no mass, a noisy cell is pure noise, and
-  the simplex projection keeps the noisy cells that land above its cut, spreading mass
-  where there is none: the law becomes more diffuse than the data, and every row-centred
-  query is underestimated (all 1000 of them on CTG, median -21 % to -28 %). So the fine
-  marginal ``p_i`` is step 1's with cells below :data:`ONE_WAY_THRESHOLD` ``= 1.5`` noise
-  standard deviations set to 0 (``MarginalMeasurements.marginals``; the grouping keeps
-  the 1 standard deviation it was measured with), and each pair table keeps only the
-  cells at or above :data:`TABLE_THRESHOLD` ``= 3`` times ``s_2`` before its projection
-  (:func:`denoise_table`). Paired side runs (each release read with both settings; 12
-  rounds, CRM 6; ``epsilon = 1, delta = 1e-9``), the plain projections (version 2) ->
-  these thresholds: CTG rows ``sigma = 1`` 0.375x -> 0.325x the baseline, ``sigma = 2``
-  0.103x -> 0.088x, uniform 0.040-0.048x -> 0.038-0.045x; PKS rows 0.153x -> 0.138x and
-  0.039x -> 0.036x, uniform ``sigma >= 4`` 0.018-0.021x -> 0.017-0.019x; WDBC uniform
-  ``sigma >= 4`` 0.199-0.213x -> 0.192-0.201x, rows 0.734x -> 0.718x; CRM uniform
-  ``sigma = 4`` 0.203x -> 0.195x, ``sigma = 6`` 0.181x -> 0.171x, rows ``sigma = 2``
-  0.731x -> 0.713x, the rest within 0.005x. A one-way threshold of 2 did better still
-  on CTG, PKS and WDBC but cost CRM (``sigma = 2, 4``: 0.528x, 0.229x); thresholds
-  chosen per column by Stein's unbiased risk estimate won only on CRM; with the
-  thresholds, finer tables (``b = 6, 8``) still did not beat ``b = 4`` on CTG. Records
-  of version 1 and 2 keep the plain projections (:data:`LEGACY_THRESHOLDS`), so a stored
-  release answers as it did.
+  the simplex projection keeps the noisy cells that land above its cut, spreading mass where
+  there is none: the law becomes more diffuse than the data, and every row-centred query is
+  underestimated (all 1000 of them on CTG, median -21 % to -28 %). So the fine marginal
+  ``p_i`` is step 1's with cells below :data:`ONE_WAY_THRESHOLD` ``= 1.5`` noise standard
+  deviations set to 0 (``MarginalMeasurements.marginals``; the grouping keeps the 1 standard
+  deviation it was measured with), and each pair table keeps only the cells at or above
+  :data:`TABLE_THRESHOLD` ``= 3`` times ``s_2`` before its projection
+  (:func:`~app.mechanisms.marginals.denoise`). Paired side runs (each release read with both
+  settings; 12 rounds, CRM 6; ``epsilon = 1, delta = 1e-9``), the plain projections
+  (version 2) -> these thresholds: CTG rows ``sigma = 1`` 0.375x -> 0.325x the baseline,
+  ``sigma = 2`` 0.103x -> 0.088x, uniform 0.040-0.048x -> 0.038-0.045x; PKS rows 0.153x ->
+  0.138x and 0.039x -> 0.036x, uniform ``sigma >= 4`` 0.018-0.021x -> 0.017-0.019x; WDBC
+  uniform ``sigma >= 4`` 0.199-0.213x -> 0.192-0.201x, rows 0.734x -> 0.718x; CRM uniform
+  ``sigma = 4`` 0.203x -> 0.195x, ``sigma = 6`` 0.181x -> 0.171x, rows ``sigma = 2`` 0.731x
+  -> 0.713x, the rest within 0.005x. A one-way threshold of 2 did better still on CTG, PKS
+  and WDBC but cost CRM (``sigma = 2, 4``: 0.528x, 0.229x); thresholds chosen per column by
+  Stein's unbiased risk estimate won only on CRM; with the thresholds, finer tables
+  (``b = 6, 8``) still did not beat ``b = 4`` on CTG. Records of version 1 and 2 keep the
+  plain projections (:data:`LEGACY_THRESHOLDS`), so a stored release answers as it did.
 * Each denoised table is raked (iterative proportional fitting) to ``P_i``, ``P_j``, so
   that the tree model
 
@@ -192,7 +191,7 @@ SCORE_SENSITIVITY = 2.0
 #: "Post-processing"). The grouping keeps ``marginals.THRESHOLD``, as measured.
 ONE_WAY_THRESHOLD = 1.5
 #: Denoising of the pair tables: cells below this many noise standard deviations are
-#: empty before the projection (:func:`denoise_table`; module doc, "Post-processing").
+#: empty before the projection (``marginals.denoise``; module doc, "Post-processing").
 TABLE_THRESHOLD = 3.0
 #: ``(one-way, table)`` thresholds of records made before version 3 (``None``: the plain
 #: projection of each table).
@@ -291,24 +290,6 @@ def rake(table: NDArray[np.float64], rows: NDArray[np.float64], cols: NDArray[np
         c = t.sum(axis=0)
         t *= np.where(c > 0, cols / np.where(c > 0, c, 1.0), 0.0)[None, :]
     return t
-
-
-def denoise_table(
-    noisy: NDArray[np.float64], scale: float, threshold: float | None
-) -> NDArray[np.float64]:
-    """A noisy frequency table made a probability table: the cells at or above
-    ``threshold * scale`` projected onto the simplex, the others 0 (``scale``: the noise
-    standard deviation of a cell). ``threshold=None``, or no cell above it: the plain
-    projection of every cell (:func:`app.mechanisms.marginals.project_to_simplex`). A
-    function of the noisy table and public values only."""
-    values = np.asarray(noisy, dtype=np.float64).ravel()
-    if threshold is not None:
-        keep = values >= threshold * scale
-        if np.any(keep):
-            out = np.zeros_like(values)
-            out[keep] = marginals.project_to_simplex(values[keep])
-            return out.reshape(np.shape(noisy))
-    return marginals.project_to_simplex(values).reshape(np.shape(noisy))
 
 
 @dataclass(frozen=True)
@@ -486,7 +467,7 @@ class TreeMeasurements:
             p = np.where(inside, share * P[:, k : k + 1], p)
         joint = []
         for (i, j), noisy in zip(self.edges, self.tables, strict=True):
-            table = denoise_table(noisy, self.pair_scale, self.table_threshold)
+            table = marginals.denoise(noisy, self.pair_scale, self.table_threshold)
             joint.append(rake(table, P[i], P[j]))
         return TreeModel(p=p, P=P, group=g, edges=self.edges, joint=tuple(joint))
 

@@ -173,6 +173,23 @@ def project_to_simplex(v: ArrayLike) -> NDArray[np.float64]:
     return out
 
 
+def denoise(values: ArrayLike, scale: float, threshold: float | None) -> NDArray[np.float64]:
+    """Noisy frequencies (any shape, one law) made a probability law: the cells at or above
+    ``threshold * scale`` projected onto the simplex (:func:`project_to_simplex`), the
+    others 0 (``scale``: the noise standard deviation of a cell; an empty cell passes with
+    probability ``Phi(-threshold)`` under Gaussian noise). ``threshold=None``, or no cell
+    above it: the plain projection of every cell. Post-processing of public values only."""
+    v = np.asarray(values, dtype=np.float64)
+    flat = v.ravel()
+    if threshold is not None:
+        keep = flat >= threshold * scale
+        if np.any(keep):
+            out = np.zeros_like(flat)
+            out[keep] = project_to_simplex(flat[keep])
+            return out.reshape(v.shape)
+    return project_to_simplex(flat).reshape(v.shape)
+
+
 @dataclass(frozen=True, eq=False)
 class MarginalMeasurements:
     """The noisy histograms (``frequencies``, ``d x (B + 2)``) and how they were made."""
@@ -206,21 +223,10 @@ class MarginalMeasurements:
         """Each column's noisy histogram, denoised and projected onto the simplex.
 
         Cells whose noisy frequency is below ``threshold`` noise standard deviations are
-        set to 0 (an empty cell passes with probability ``Phi(-threshold)`` under
-        Gaussian noise), then the column is projected onto the simplex; if no cell
-        passes, the plain projection is used. Post-processing of public values only.
+        set to 0, then the column is projected onto the simplex (:func:`denoise`).
         """
         tau = self.calibration.stddev
-        out = []
-        for row in self.frequencies:
-            keep = row >= threshold * tau
-            if not np.any(keep):
-                out.append(project_to_simplex(row))
-                continue
-            p = np.zeros_like(row)
-            p[keep] = project_to_simplex(row[keep])
-            out.append(p)
-        return np.stack(out)
+        return np.stack([denoise(row, tau, threshold) for row in self.frequencies])
 
     def chebyshev_moments(self, length: int) -> NDArray[np.float64]:
         """``m[i, k] = E T_k(X_i)``, ``k < length``, under column ``i``'s estimated marginal:

@@ -264,7 +264,7 @@ def test_default_grouping_compares_the_pair_noise_with_an_average_cell() -> None
     assert large.as_dict()["pair_grouping"] == "equal"
 
 
-def test_denoise_table_projects_the_cells_above_the_threshold_brute_force() -> None:
+def test_denoise_projects_the_cells_above_the_threshold_brute_force() -> None:
     """Cells below ``threshold * scale`` are 0 and the others are the simplex projection
     of those cells alone; ``None``, or nothing above the threshold, is the plain
     projection (random tables, some all below the threshold)."""
@@ -273,7 +273,7 @@ def test_denoise_table_projects_the_cells_above_the_threshold_brute_force() -> N
         scale = float(rng.uniform(0.01, 0.2))
         noisy = rng.normal(0.05 if trial % 5 else -0.5, scale, size=(3, 3))
         for threshold in (None, 1.5, 3.0):
-            out = marginal_tree.denoise_table(noisy, scale, threshold)
+            out = marginals.denoise(noisy, scale, threshold)
             assert out.shape == noisy.shape
             np.testing.assert_allclose(out.sum(), 1.0)
             keep = noisy >= (threshold or 0.0) * scale
