@@ -20,11 +20,11 @@ Releases:
   ``support``, the same queries on the downloadable weighted support (``C = 10^4`` points
   sampled from that law, so with its sampling error on top).
 * ``tree of pairs``: :mod:`app.mechanisms.marginal_tree` with its defaults (fine one-way
-  histograms, an MST-like private tree of 4 x 4 coarse two-way tables, answers exact under
-  the tree law); ``(eps, delta)`` only (it is accounted in zCDP). ``tree of pairs, exact
-  tables (not private)``: the same model from the exact histograms and tables, the tree
-  chosen by the largest exact score (:class:`ExactTree`): what the tree could give
-  without noise.
+  histograms, an MST-like private tree of 4 x 4 coarse two-way tables joined inside the
+  groups by a Gaussian copula fitted to each, answers exact under the tree law);
+  ``(eps, delta)`` only (it is accounted in zCDP). ``tree of pairs, exact tables (not
+  private)``: the same model from the exact histograms and tables, the tree chosen by the
+  largest exact score (:class:`ExactTree`): what the tree could give without noise.
 * ``moment LP``: ``smooth_synthetic.synthesize`` with its library defaults and
   ``smoothness = sigma^2`` (one release per sigma, as in paper 000).
 * ``MST`` / ``AIM``: smartnoise-synth 1.0.8 on 8 equal-width bins per column, ``n`` rows
@@ -106,6 +106,20 @@ def _families(X: np.ndarray, n_queries: int) -> dict[str, GaussianMixtureBatch]:
     return out
 
 
+def _scored_families(
+    X: np.ndarray, n_queries: int
+) -> tuple[dict[str, GaussianMixtureBatch], dict[str, np.ndarray], dict[str, float]]:
+    """The query families, their exact answers on ``X`` and each family's 0-DP uniform
+    baseline (worst-case relative error of the uniform law)."""
+    batches = _families(X, n_queries)
+    truth = {k: b.answers(X) for k, b in batches.items()}
+    base = {
+        k: float(np.max(np.abs(b.uniform_expectations() - truth[k]) / truth[k]))
+        for k, b in batches.items()
+    }
+    return batches, truth, base
+
+
 def _ratios(
     batches: dict[str, GaussianMixtureBatch],
     truth: dict[str, np.ndarray],
@@ -154,10 +168,18 @@ def _product_law_ratios(
 class ExactTree:
     """The tree law from the *exact* tables (not private): fine one-way histograms, the
     tree picked by the largest exact score (``marginal_tree.pair_scores``), exact coarse
-    pair tables. The ceiling of what the tree of pairs can give at these bins."""
+    pair tables, joined as the release joins them (``joint_model``: the Gaussian copula
+    fitted to each exact table, or blocks). The ceiling of what the tree of pairs can give
+    at these bins."""
 
     def __init__(
-        self, X: np.ndarray, bins: int, atoms: bool, pair_bins: int, grouping: str
+        self,
+        X: np.ndarray,
+        bins: int,
+        atoms: bool,
+        pair_bins: int,
+        grouping: str,
+        joint_model: str = "copula",
     ) -> None:
         source = as_source(X)
         p = marginals.exact_histograms(source, bins, atoms)
@@ -168,6 +190,13 @@ class ExactTree:
         edges = marginal_tree.spanning_tree(pairs, scores, X.shape[1], lambda v: int(np.argmax(v)))
         joint = tuple(marginal_tree.pair_table(codes, i, j, pair_bins) for i, j in edges)
         self.model = marginal_tree.TreeModel(p, P, group, tuple(edges), joint)
+        if joint_model == "copula":
+            fine = tuple(
+                marginal_tree.fit_copula_table(p[i], p[j], group[i], group[j], T)[1]
+                for (i, j), T in zip(edges, joint, strict=True)
+            )
+            identity = np.tile(np.arange(p.shape[1]), (p.shape[0], 1))
+            self.model = marginal_tree.TreeModel(p, p, identity, tuple(edges), fine)
         self.bins, self.atoms, self.d = bins, atoms, X.shape[1]
 
     def expectations(self, expansion: Any) -> np.ndarray:
@@ -222,12 +251,7 @@ def run(
     result: dict[str, Any] = {"datasets": {}}
     for name, X in data.items():
         n, d = X.shape
-        batches = _families(X, n_queries)
-        truth = {k: b.answers(X) for k, b in batches.items()}
-        base = {
-            k: float(np.max(np.abs(b.uniform_expectations() - truth[k]) / truth[k]))
-            for k, b in batches.items()
-        }
+        batches, truth, base = _scored_families(X, n_queries)
         entry: dict[str, Any] = {"n": n, "d": d, "baseline": base, "rows": {}}
 
         def record(
@@ -278,7 +302,9 @@ def run(
             record(label, runs, seconds)
             entry["rows"][label]["bins"] = tree.one_way.bins
             entry["rows"][label]["bound_atoms"] = tree.one_way.atoms
-            ceiling = ExactTree(X, tree.one_way.bins, tree.one_way.atoms, tree.pair_bins, grouping)
+            ceiling = ExactTree(
+                X, tree.one_way.bins, tree.one_way.atoms, tree.pair_bins, grouping, tree.joint_model
+            )
             record(
                 f"tree of pairs, {grouping} groups, exact tables (not private)",
                 [_product_law_ratios(batches, truth, base, ceiling)],

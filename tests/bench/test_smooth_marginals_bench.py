@@ -73,7 +73,8 @@ def test_lp_rounds_zero_leaves_the_moment_lp_out() -> None:
     assert not any(label.startswith("moment LP") for label in rows)
 
 
-def test_exact_tree_beats_independence_on_dependent_columns() -> None:
+@pytest.mark.parametrize("joint_model", ["copula", "blocks"])
+def test_exact_tree_beats_independence_on_dependent_columns(joint_model: str) -> None:
     """Two equal columns: the exact tree keeps them together, the product does not; a
     kernel centred on the diagonal sees the difference (and the test could fail)."""
     rng = np.random.default_rng(76)
@@ -81,7 +82,7 @@ def test_exact_tree_beats_independence_on_dependent_columns() -> None:
     X = np.column_stack([z, z, rng.uniform(-1, 1, size=4000)])
     from app.mechanisms.chebyshev import gaussian_expansion
 
-    ceiling = bench.ExactTree(X, 16, False, 8, "equal")
+    ceiling = bench.ExactTree(X, 16, False, 8, "equal", joint_model)
     assert ceiling.model.edges[0] == (0, 1)
     expansion = gaussian_expansion(np.array([[[0.5, 0.5, 0.0]]]), np.ones((1, 1)), 0.2)
     truth = float(np.mean(np.exp(-np.sum((X - [0.5, 0.5, 0.0]) ** 2, axis=1) / 0.08)))

@@ -20,7 +20,10 @@ the joint distribution see the product of the marginals.
 same histograms with half the budget (in zCDP), selects a spanning tree of column pairs
 with OpenDP's noisy max (MST's select step) and releases the selected pairs' coarse
 two-way tables; synthesis and answers use the Markov-tree law that joins them, with each
-column's coarse margin estimated from its histogram and its tables together. On the same
+column's coarse margin estimated from its histogram and its tables together, and inside a
+pair of coarse groups the shape of a Gaussian copula fitted to the pair's table
+(post-processing; releases stored before version 4 of the record keep the law that is
+uniform inside a pair of groups, and answer as they did). On the same
 protocol (``bench/results/smooth_marginals.md``, 10 rounds) it is level with or better than
 ``marginals`` on the uniform-centre queries (WDBC ``sigma >= 4``: 0.22-0.24x ->
 0.22-0.23x the 0-DP baseline) and better on the row-centred ones, which test joint
