@@ -14,13 +14,14 @@ queries.
 
 What it buys at ``epsilon = 1, delta = 1e-9`` (``bench/results/smooth_marginals.md`` and
 ``smooth_marginals_crm.md``, 10 rounds of ours, 5 of the peers, the default grouping of
-each dataset): on the row-centred ``sigma = 1`` queries the error drops from 0.28x to
-0.13x the baseline on PKS (5875 rows, 21 columns; MST: 0.21x) and from 0.46x to 0.31x on
-CTG (2126 x 21; MST: 0.27x); on the uniform-centre queries at ``sigma >= 4`` it is at
-0.22-0.23x on WDBC (569 x 30; marginals 0.22-0.24x, MST 0.31x, AIM 0.25x), level with
-:mod:`~app.mechanisms.marginals` on CTG and PKS (the halved one-way budget is won back by
-the coarse margins the tables also measure) and at 0.19-0.20x on CRM (1994 x 100; MST
-0.16-0.20x). It is the default of ``smooth_synthetic`` when ``delta > 0``.
+each dataset, version 4's copula law): on the row-centred ``sigma = 1`` queries the error
+drops from 0.29x to 0.10x the baseline on PKS (5875 rows, 21 columns; MST: 0.21x) and from
+0.46x to 0.25x on CTG (2126 x 21; MST: 0.27x); on the uniform-centre queries at
+``sigma >= 4`` it is at 0.18-0.19x on WDBC (569 x 30; marginals 0.19-0.21x, MST 0.31x, AIM
+0.25x), level with :mod:`~app.mechanisms.marginals` on CTG and below it on PKS (the halved
+one-way budget is won back by the coarse margins the tables also measure) and at
+0.19x on CRM (1994 x 100; marginals 0.17-0.20x, MST 0.16-0.20x). It is the default of
+``smooth_synthetic`` when ``delta > 0``.
 
 Mechanism (three data-dependent steps, accounted in zCDP, converted once)
 --------------------------------------------------------------------------
@@ -71,14 +72,29 @@ a skewed column they put nearly all the mass in one group and leave the other ce
 signal; equal-mass groups split the bulk and merge the tails; the blend does some of both.
 :func:`default_grouping` takes ``"quantile"`` when a pair table's per-cell noise exceeds
 the mass of an average cell (``s_2 > 1 / b^2``): there only groups of equal mass rise above
-the noise. Otherwise it takes ``"equal"``. At ``epsilon = 1, delta = 1e-9`` only WDBC
-(``s_2 = 0.11``) is on the quantile side; CRM (0.060), CTG (0.025) and PKS (0.009) stay
-equal. The blend is offered but not the default: it won on CTG and PKS in the long side
-runs below and lost on CRM in both CRM runs, and in the 5-round benchmark
-(``bench/results/smooth_marginals.md``) it was level with equal groups on CTG and PKS.
+the noise. Otherwise the choice is between groups that do not move with the noise
+(``"equal"``) and blend groups, whose boundaries are drawn from step 1's released marginal:
+the blend when that marginal is precise, its per-cell noise below half an average fine
+cell's mass (``s_1 (B + 2 atoms) <`` :data:`BLEND_NOISE_LIMIT` ``= 1/2``), equal groups
+otherwise. At ``epsilon = 1, delta = 1e-9``: WDBC (``s_2 = 0.11``) quantile; CTG
+(``s_1 (B + 2) = 0.42``) and PKS (0.28) blend; CRM (0.81) equal. The limit sits between
+CTG and CRM, chosen on these four datasets.
 
-Measured (side runs, paper-000 protocol, the three groupings on the same data; the
-releases are not paired, so differences of a few hundredths are within the round noise):
+Why the blend became the default with the copula law (version 4, "Joint law inside the
+groups"): each table now also sets the shape of its fine table through the correlation
+fitted to it, and a group holding nearly all of a skewed column's mass tells it little.
+In ``bench/results/smooth_marginals.md`` (10 rounds each, not paired), blend against equal
+groups: CTG row-centred ``sigma = 1`` 0.318x -> 0.247x the baseline, ``sigma = 2`` 0.094x
+-> 0.061x, uniform level (0.038-0.047x); PKS uniform ``sigma = 2`` 0.031x -> 0.022x, rows
+0.124x -> 0.101x and 0.035x -> 0.027x; the equal-privacy run agrees (CTG rows 0.279x ->
+0.258x, PKS 0.124x -> 0.090x). On CRM the blend was better at ``sigma = 2, 4`` (0.475x,
+0.191x -> 0.456x, 0.184x) but worse at ``sigma >= 6``, 0.186-0.194x -> 0.202-0.223x, and
+0.202-0.218x -> 0.253-0.277x in the equal-privacy run (``smooth_marginals_crm.md``,
+``smooth_marginals_equal_privacy_crm.md``), as it was under the block law.
+
+Measured under the block law (versions 1-3, when equal groups were the default; side
+runs, paper-000 protocol, the three groupings on the same data; the releases are not
+paired, so differences of a few hundredths are within the round noise):
 
 * WDBC (10 and 20 rounds; equal only in the first), uniform ``sigma >= 4``: quantile
   0.19-0.21x the baseline, blend 0.19-0.22x, equal 0.23-0.25x; rows ``sigma = 1``:
@@ -171,13 +187,16 @@ tables as post-processing, not measured). Dependence that is not Gaussian inside
 groups is still held to the measured coarse table.
 
 Measured on the same releases read both ways (``bench/results/tree_postprocessing.md``:
-10 releases per dataset, ``epsilon = 1, delta = 1e-9``; blocks -> copula, x the 0-DP
-baseline, paired standard errors <= 0.005x): row-centred ``sigma = 1``, PKS 0.145x ->
-0.117x, CTG 0.304x -> 0.286x, WDBC 0.735x -> 0.732x; row-centred ``sigma = 2``, CRM 0.703x
--> 0.694x, PKS 0.041x -> 0.036x, CTG 0.071x -> 0.067x; uniform ``sigma = 2``, PKS 0.034x ->
-0.027x, CRM 0.468x -> 0.464x; every other cell within 0.002x. The fit takes 0.06-0.33 s
-per release here (CRM, 99 edges of 14 x 14 cells, the slowest), next to 0.1-0.6 s for the
-measurement.
+10 releases per dataset, ``epsilon = 1, delta = 1e-9``, the default groupings; blocks ->
+copula, x the 0-DP baseline, paired standard errors <= 0.002x): row-centred
+``sigma = 1``, PKS 0.122x -> 0.101x, CTG 0.305x -> 0.281x, WDBC 0.715x -> 0.712x;
+row-centred ``sigma = 2``, CRM 0.705x -> 0.699x, PKS 0.030x -> 0.027x, CTG 0.084x ->
+0.079x; uniform ``sigma = 2``, CRM 0.494x -> 0.483x, PKS 0.026x -> 0.022x; the one loss,
+CRM uniform ``sigma >= 6``, 0.191-0.209x -> 0.195-0.212x (+0.003-0.004x; within 0.002x
+in an earlier run of the harness); every other cell within 0.001x. With equal groups on
+CTG and PKS (the earlier default) the gains were alike (rows ``sigma = 1``: CTG 0.304x ->
+0.286x, PKS 0.145x -> 0.117x). The fit takes 0.06-0.33 s per release here (CRM, 99 edges
+of 14 x 14 cells, the slowest), next to 0.1-0.6 s for the measurement.
 
 Answers: a separable query ``sum_j w_j prod_i g_ji(x_i)`` has the exact expectation under
 the tree law by belief propagation over the tree (leaves to root):
@@ -233,10 +252,13 @@ SHARES = {"one_way": 0.5, "select": 0.03, "pairs": 0.47}
 DEFAULT_PAIR_BINS = 4
 #: How a column's fine cells are merged into its ``b`` coarse groups (module doc,
 #: "Coarse groups"): ``"blend"`` and ``"quantile"`` from step 1's released marginal,
-#: ``"equal"`` by position alone; :func:`default_grouping` picks one from the noise level.
+#: ``"equal"`` by position alone; :func:`default_grouping` picks one from the noise levels.
 GROUPINGS = ("blend", "quantile", "equal")
 #: Weight ``lambda`` of the uniform law in the ``"blend"`` grouping (module doc).
 BLEND = 0.5
+#: :func:`default_grouping` takes the blend (when the tables do not call for quantile
+#: groups) while step 1's per-cell noise times the number of fine cells is below this.
+BLEND_NOISE_LIMIT = 0.5
 #: L-infinity sensitivity of the selection scores, in counts (module doc, step 2).
 SCORE_SENSITIVITY = 2.0
 #: Denoising of the fine one-way histograms in the tree law: cells below this many noise
@@ -307,11 +329,16 @@ def blend_groups(p: NDArray[np.float64], pair_bins: int) -> NDArray[np.int64]:
     )
 
 
-def default_grouping(pair_scale: float, pair_bins: int) -> str:
+def default_grouping(pair_scale: float, pair_bins: int, one_way_scale: float, cells: int) -> str:
     """``"quantile"`` when a pair table's per-cell noise exceeds the mass of an average
-    cell, ``pair_scale > 1 / b^2`` (then only groups of equal mass carry signal), else
-    ``"equal"`` (module doc, "Coarse groups"). Public values only."""
-    return "quantile" if pair_scale > 1.0 / pair_bins**2 else "equal"
+    cell, ``pair_scale > 1 / b^2`` (then only groups of equal mass carry signal); else
+    ``"blend"`` when step 1's per-cell noise is below :data:`BLEND_NOISE_LIMIT` times an
+    average fine cell's mass, ``one_way_scale * cells < BLEND_NOISE_LIMIT`` (the blend's
+    boundaries are drawn from step 1's released marginal); else ``"equal"`` (module doc,
+    "Coarse groups"). Public values only."""
+    if pair_scale > 1.0 / pair_bins**2:
+        return "quantile"
+    return "blend" if one_way_scale * cells < BLEND_NOISE_LIMIT else "equal"
 
 
 def check_grouping(grouping: str) -> None:
@@ -512,6 +539,11 @@ def plan(
     pair_scale = noise.gaussian_scale_for_rho(
         pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]
     )
+    one_way_scale = noise.gaussian_scale_for_rho(
+        marginals.histogram_sensitivity(n, d)["l2"], rho * SHARES["one_way"]
+    )
+    if grouping is None:
+        grouping = default_grouping(pair_scale, b, one_way_scale, B + 2 * atoms)
     return TreePlan(
         n=n,
         d=d,
@@ -519,12 +551,10 @@ def plan(
         atoms=atoms,
         pair_bins=b,
         rho=rho,
-        one_way_scale=noise.gaussian_scale_for_rho(
-            marginals.histogram_sensitivity(n, d)["l2"], rho * SHARES["one_way"]
-        ),
+        one_way_scale=one_way_scale,
         selection_scale=noise.noisy_max_scale(SCORE_SENSITIVITY, rho * SHARES["select"] / (d - 1)),
         pair_scale=pair_scale,
-        grouping=default_grouping(pair_scale, b) if grouping is None else grouping,
+        grouping=grouping,
     )
 
 

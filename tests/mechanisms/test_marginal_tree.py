@@ -251,22 +251,30 @@ def test_blend_groups_sit_between_equal_width_and_equal_mass() -> None:
         )
 
 
-def test_default_grouping_compares_the_pair_noise_with_an_average_cell() -> None:
-    """``quantile`` exactly when ``s_2 > 1 / b^2``, else ``equal``: at epsilon = 1,
-    delta = 1e-9 the WDBC size (569 x 30, s_2 ~ 0.11) gets quantile groups, the PKS size
-    (5875 x 22, ~ 0.01) equal ones; an explicit grouping always wins."""
-    assert marginal_tree.default_grouping(1 / 16 + 1e-9, 4) == "quantile"
-    assert marginal_tree.default_grouping(1 / 16, 4) == "equal"
+def test_default_grouping_compares_the_noise_with_an_average_cell() -> None:
+    """``quantile`` exactly when ``s_2 > 1 / b^2``; else ``blend`` exactly when
+    ``s_1 cells < 1/2``, else ``equal``: at epsilon = 1, delta = 1e-9 the WDBC size
+    (569 x 30, s_2 ~ 0.11) gets quantile groups, the PKS size (5875 x 21, s_1 cells ~
+    0.28) blend groups and the CRM size (1994 x 100, ~ 0.81) equal ones; an explicit
+    grouping always wins."""
+    assert marginal_tree.default_grouping(1 / 16 + 1e-9, 4, 0.0, 8) == "quantile"
+    assert marginal_tree.default_grouping(1 / 16, 4, 0.5 / 8 - 1e-9, 8) == "blend"
+    assert marginal_tree.default_grouping(1 / 16, 4, 0.5 / 8, 8) == "equal"
     small = marginal_tree.plan(569, 30, 1.0, 1e-9)
-    large = marginal_tree.plan(5875, 22, 1.0, 1e-9)
+    large = marginal_tree.plan(5875, 21, 1.0, 1e-9)
+    wide = marginal_tree.plan(1994, 100, 1.0, 1e-9)
     assert small.pair_scale > 1 / 16
     assert small.grouping == "quantile"
     assert large.pair_scale < 1 / 16
-    assert large.grouping == "equal"
+    assert large.one_way_scale * large.cells < 0.5
+    assert large.grouping == "blend"
+    assert wide.pair_scale < 1 / 16
+    assert wide.one_way_scale * wide.cells > 0.5
+    assert wide.grouping == "equal"
     assert marginal_tree.plan(569, 30, 1.0, 1e-9, grouping="equal").grouping == "equal"
     assert marginal_tree.plan(569, 30, 1.0, 1e-9, grouping="blend").grouping == "blend"
     assert small.as_dict()["pair_grouping"] == "quantile"
-    assert large.as_dict()["pair_grouping"] == "equal"
+    assert large.as_dict()["pair_grouping"] == "blend"
 
 
 def test_denoise_projects_the_cells_above_the_threshold_brute_force() -> None:

@@ -423,7 +423,7 @@ def test_pair_grouping_choices_are_the_mechanisms_groupings() -> None:
     assert choices == set(marginal_tree.GROUPINGS)
 
 
-@pytest.mark.parametrize("grouping", [None, "quantile", "blend"])
+@pytest.mark.parametrize("grouping", [None, "quantile", "equal"])
 def test_smooth_synthetic_tree_end_to_end(
     client: TestClient, curator: Caller, grouping: str | None
 ) -> None:
@@ -438,8 +438,8 @@ def test_smooth_synthetic_tree_end_to_end(
     preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
     assert preview.status_code == 200, preview.text
     fixed = marginal_tree.plan(n, 3, 2.0, 1e-6, grouping=grouping)
-    # the default here (little noise: s_2 < 1 / 16) keeps equal-width groups
-    assert fixed.grouping == (grouping or "equal")
+    # the default here (little noise: s_2 < 1 / 16, s_1 cells < 1/2) is the blend
+    assert fixed.grouping == (grouping or "blend")
     assert preview.json()["resolved"] == {
         **fixed.as_dict(),
         "d": 3,

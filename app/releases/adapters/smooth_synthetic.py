@@ -25,9 +25,9 @@ pair of coarse groups the shape of a Gaussian copula fitted to the pair's table
 (post-processing; releases stored before version 4 of the record keep the law that is
 uniform inside a pair of groups, and answer as they did). On the same
 protocol (``bench/results/smooth_marginals.md``, 10 rounds) it is level with or better than
-``marginals`` on the uniform-centre queries (WDBC ``sigma >= 4``: 0.22-0.24x ->
-0.22-0.23x the 0-DP baseline) and better on the row-centred ones, which test joint
-structure (``sigma = 1``: PKS 0.28x -> 0.13x, CTG 0.46x -> 0.31x; MST 0.21x and 0.27x).
+``marginals`` on the uniform-centre queries (WDBC ``sigma >= 4``: 0.19-0.21x ->
+0.18-0.19x the 0-DP baseline) and better on the row-centred ones, which test joint
+structure (``sigma = 1``: PKS 0.29x -> 0.10x, CTG 0.46x -> 0.25x; MST 0.21x and 0.27x).
 
 ``method="moments"``: paper 000 (:func:`app.mechanisms.smooth_synthetic.measure`): noisy
 Chebyshev moments, an LP fit over candidate points, sampled rows.
@@ -146,7 +146,8 @@ class SyntheticParams(BaseModel):
         "mass under the released one-way marginal), 'equal' (equal width) or 'blend' "
         "(equal mass under the half-and-half mixture of the released marginal and the "
         "uniform law); None: 'quantile' when a pair table's per-cell noise exceeds "
-        "1 / pair_bins^2, else 'equal'; tree only",
+        "1 / pair_bins^2, else 'blend' when a one-way cell's noise is below half an "
+        "average cell's mass, else 'equal'; tree only",
     )
     # moments only
     smoothness: int = Field(default=4, ge=1, le=100, description="K of paper 000")
