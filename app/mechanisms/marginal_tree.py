@@ -198,6 +198,14 @@ CTG and PKS (the earlier default) the gains were alike (rows ``sigma = 1``: CTG 
 0.286x, PKS 0.145x -> 0.117x). The fit takes 0.06-0.33 s per release here (CRM, 99 edges
 of 14 x 14 cells, the slowest), next to 0.1-0.6 s for the measurement.
 
+Tried on the same releases and not taken (8 rounds each): fitting ``r`` to the raw noisy
+table instead of the denoised one (level or worse everywhere, CTG rows ``sigma = 1``
++0.009x); and leaving out step 3's rake to ``T_ij`` (a pure copula tree with the fine
+margins): better on CTG (uniform -0.003-0.004x, rows ``sigma = 1`` -0.013x) and CRM (up to
+-0.008x) and on the row-centred queries of WDBC (-0.018x) and PKS (-0.007x), but worse on
+the uniform-centre queries of WDBC (+0.005-0.008x) and PKS (+0.001x), where the measured
+coarse tables carry what the one-parameter copula misses.
+
 Answers: a separable query ``sum_j w_j prod_i g_ji(x_i)`` has the exact expectation under
 the tree law by belief propagation over the tree (leaves to root):
 ``V_i(g) = E[g_i(x_i) | group g]`` from the cells' Chebyshev means, message
