@@ -255,6 +255,10 @@ STEPS = ("one_way", "select", "pairs")
 #: round noise (+-0.03) hid any change (epsilon = 1, delta = 1e-9). The CRM gain did not
 #: show in the 5-round benchmarks (sigma >= 6: 0.18x with the old share in
 #: ``smooth_marginals_tree.md``, 0.19-0.22x with this one), so it is at least partly noise.
+#: With the copula law (version 4) a selection share of 0.06 or 0.1 (the other two scaled
+#: down) showed no consistent gain (8-10 rounds, not paired): on CRM 0.1 beat 0.03 in one run
+#: (``sigma = 2, 4``: 0.49x, 0.20x -> 0.46x, 0.16x) and not in a second (0.47x, 0.18x ->
+#: 0.48x, 0.20x); WDBC got worse (``sigma >= 4`` 0.19x -> 0.21x), PKS a little better.
 SHARES = {"one_way": 0.5, "select": 0.03, "pairs": 0.47}
 #: Coarse groups per column in the pair tables (``b``).
 DEFAULT_PAIR_BINS = 4
