@@ -71,6 +71,8 @@ from bench._common import Run
 from bench.smooth_synthetic import DATA_DIR, QUERY_SEED, SIGMAS, load_datasets
 
 JOINT_SIGMAS = (1, 2)
+#: The query families, in table order: uniform centres, then centres at real rows.
+FAMILY_KEYS = [f"uniform sigma={s}" for s in SIGMAS] + [f"rows sigma={s}" for s in JOINT_SIGMAS]
 DELTA = 1e-9
 #: Replace-one zCDP of each peer as a multiple of its add/remove ``rho`` (module doc).
 REPLACE_ONE_FACTOR = {"mst": 8.0 / 3.0, "aim": 0.9 * 2.0 + 0.1 * 4.0}
@@ -191,12 +193,7 @@ class ExactTree:
         joint = tuple(marginal_tree.pair_table(codes, i, j, pair_bins) for i, j in edges)
         self.model = marginal_tree.TreeModel(p, P, group, tuple(edges), joint)
         if joint_model == "copula":
-            fine = tuple(
-                marginal_tree.fit_copula_table(p[i], p[j], group[i], group[j], T)[1]
-                for (i, j), T in zip(edges, joint, strict=True)
-            )
-            identity = np.tile(np.arange(p.shape[1]), (p.shape[0], 1))
-            self.model = marginal_tree.TreeModel(p, p, identity, tuple(edges), fine)
+            self.model = marginal_tree.copula_tree(self.model)
         self.bins, self.atoms, self.d = bins, atoms, X.shape[1]
 
     def expectations(self, expansion: Any) -> np.ndarray:
@@ -383,7 +380,7 @@ def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) 
 
 
 def render_markdown(result: dict[str, Any]) -> str:
-    keys = [f"uniform sigma={s}" for s in SIGMAS] + [f"rows sigma={s}" for s in JOINT_SIGMAS]
+    keys = FAMILY_KEYS
     s = result["settings"]
     lines = [
         "# Issue 7: smooth-query accuracy of the marginals release vs the moment LP, MST, AIM",

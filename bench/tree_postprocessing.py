@@ -39,11 +39,11 @@ from app.mechanisms import marginal_tree
 from bench._common import Run
 from bench.smooth_marginals import (
     DELTA,
-    JOINT_SIGMAS,
+    FAMILY_KEYS,
     _product_law_ratios,
     _scored_families,
 )
-from bench.smooth_synthetic import DATA_DIR, SIGMAS, load_datasets
+from bench.smooth_synthetic import DATA_DIR, load_datasets
 
 Setting = tuple[float, float | None, str]
 
@@ -111,7 +111,7 @@ def run(
         raise ValueError("a paired standard error needs at least 2 rounds")
     if len({label(s) for s in settings}) != len(settings):
         raise ValueError("a setting is listed twice (the same label)")
-    keys = [f"uniform sigma={s}" for s in SIGMAS] + [f"rows sigma={s}" for s in JOINT_SIGMAS]
+    keys = FAMILY_KEYS
     result: dict[str, Any] = {"datasets": {}}
     for name, X in data.items():
         n, d = X.shape
@@ -155,7 +155,7 @@ def run(
 
 def render_markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
-    keys = [f"uniform sigma={k}" for k in SIGMAS] + [f"rows sigma={k}" for k in JOINT_SIGMAS]
+    keys = FAMILY_KEYS
     lines = [
         "# Issue 7: the marginal tree's post-processing, paired",
         "",
@@ -180,11 +180,11 @@ def render_markdown(result: dict[str, Any]) -> str:
         ]
         head = ["one-way : table : joint", *keys]
         lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-        for row_label, row in entry["rows"].items():
+        for position, (row_label, row) in enumerate(entry["rows"].items()):
             cells = []
             for k in keys:
                 cell = f"x{row['ratio'][k]:.3f}"
-                if row is not next(iter(entry["rows"].values())):
+                if position > 0:  # the first row is the reference
                     cell += f" ({row['difference'][k]:+.3f} +- {row['stderr'][k]:.3f})"
                 cells.append(cell)
             lines.append(f"| {row_label} | " + " | ".join(cells) + " |")

@@ -484,6 +484,20 @@ def fit_copula_table(
     return float(COPULA_CORRELATIONS[best]), table
 
 
+def copula_tree(coarse: TreeModel) -> TreeModel:
+    """The ``"copula"`` law from a block law (module doc, "Joint law inside the groups"):
+    the same fine marginals and edges, each edge's table from :func:`fit_copula_table` on
+    its coarse table, as a Markov tree over the fine cells (each cell its own group)."""
+    d, cells = coarse.p.shape
+    p, g = coarse.p, coarse.group
+    joint = tuple(
+        fit_copula_table(p[i], p[j], g[i], g[j], T)[1]
+        for (i, j), T in zip(coarse.edges, coarse.joint, strict=True)
+    )
+    identity = np.tile(np.arange(cells), (d, 1))
+    return TreeModel(p=p, P=p, group=identity, edges=coarse.edges, joint=joint)
+
+
 @dataclass(frozen=True)
 class TreePlan:
     """Everything :func:`measure` fixes before it reads a row (public values only)."""
@@ -662,16 +676,9 @@ class TreeMeasurements:
         :attr:`coarse_model` itself under ``"blocks"``; under ``"copula"``, a Markov tree
         over the fine cells with the same one-column marginals, each edge's fine table
         from :func:`fit_copula_table` (with coarse sums equal to the coarse model's)."""
-        coarse = self.coarse_model
         if self.joint_model == "blocks":
-            return coarse
-        d, cells = coarse.p.shape
-        joint = tuple(
-            fit_copula_table(coarse.p[i], coarse.p[j], coarse.group[i], coarse.group[j], T)[1]
-            for (i, j), T in zip(self.edges, coarse.joint, strict=True)
-        )
-        identity = np.tile(np.arange(cells), (d, 1))
-        return TreeModel(p=coarse.p, P=coarse.p, group=identity, edges=self.edges, joint=joint)
+            return self.coarse_model
+        return copula_tree(self.coarse_model)
 
     @functools.cached_property
     def coarse_model(self) -> TreeModel:

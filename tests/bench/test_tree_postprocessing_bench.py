@@ -8,6 +8,8 @@ import pytest
 
 from app.mechanisms import marginal_tree
 from bench import tree_postprocessing as bench
+from bench.smooth_marginals import JOINT_SIGMAS
+from bench.smooth_synthetic import SIGMAS
 
 
 def _sparse(n: int = 600, seed: int = 80) -> np.ndarray:
@@ -89,7 +91,8 @@ def test_run_pairs_the_settings_and_renders(monkeypatch: pytest.MonkeyPatch) -> 
     assert list(entry["rows"]) == labels
     first, other = entry["rows"].values()
     keys = first["ratio"].keys()
-    assert len(keys) == len(bench.SIGMAS) + len(bench.JOINT_SIGMAS)
+    assert len(keys) == len(SIGMAS) + len(JOINT_SIGMAS)
+    assert list(keys) == bench.FAMILY_KEYS
     assert all(first["difference"][k] == 0.0 and first["stderr"][k] == 0.0 for k in keys)
     # no denoising at all moves the answers on sparse data (the comparison can fail)
     assert any(abs(other["difference"][k]) > 1e-6 for k in keys)
