@@ -206,6 +206,22 @@ margins): better on CTG (uniform -0.003-0.004x, rows ``sigma = 1`` -0.013x) and 
 the uniform-centre queries of WDBC (+0.005-0.008x) and PKS (+0.001x), where the measured
 coarse tables carry what the one-parameter copula misses.
 
+Beyond a tree (tried, not taken). On CTG the row-centred ``sigma = 1`` error of the tree
+from the *exact* tables is 0.245x the baseline, close to the private tree's, so what is
+left there is the tree model, not the noise. Without noise, more pair tables would
+close much of that gap. Take 50 000 points drawn from the exact tree law and reweight them
+by iterative proportional fitting to *every* exact coarse ``4 x 4`` pair table (210
+tables); the error falls to 0.07x (``sigma = 2``: 0.040x -> 0.009x). With noise it does not
+pay at ``epsilon = 1``. The test (a side script, 3 rounds per setting): the private tree at
+0.8 or 0.9 of ``rho``, plus ``K`` extra ``2 x 2`` tables measured with the rest
+(``K = d - 1`` or ``(d - 1) / 2``, on the tree's two-hop pairs ranked by the dependence
+the tree implies, a choice that reads no data). Each noisy table was projected, raked to
+the tree law's margins and fitted onto a sample of that law by iterative proportional
+fitting. Rows ``sigma = 1`` went from 0.24-0.30x (the full tree, same rounds) to
+0.30-0.34x, and uniform from 0.04-0.05x to 0.06x. Pairs chosen by their exact misfit
+(not private) did no better than the full tree (0.27-0.29x). The tree loses more from
+the budget taken away than the extra tables win back.
+
 Answers: a separable query ``sum_j w_j prod_i g_ji(x_i)`` has the exact expectation under
 the tree law by belief propagation over the tree (leaves to root):
 ``V_i(g) = E[g_i(x_i) | group g]`` from the cells' Chebyshev means, message
@@ -259,6 +275,12 @@ STEPS = ("one_way", "select", "pairs")
 #: down) showed no consistent gain (8-10 rounds, not paired): on CRM 0.1 beat 0.03 in one run
 #: (``sigma = 2, 4``: 0.49x, 0.20x -> 0.46x, 0.16x) and not in a second (0.47x, 0.18x ->
 #: 0.48x, 0.20x); WDBC got worse (``sigma >= 4`` 0.19x -> 0.21x), PKS a little better.
+#: Moving one-way budget to the tables (one_way 0.35 or 0.25, pairs 0.62 or 0.72; 10
+#: rounds per dataset, not paired) gave no consistent gain either. CTG rows ``sigma = 2``
+#: went 0.080x -> 0.097x and 0.083x; PKS rows ``sigma = 1`` went 0.103x -> 0.108x and
+#: 0.111x; CRM ``sigma >= 6`` went 0.16-0.17x -> 0.17-0.18x. WDBC at 0.35 read 0.17-0.19x
+#: against 0.21x at ``sigma >= 4``, inside its round noise (standard errors 0.018-0.024x),
+#: and at 0.25 it was level.
 SHARES = {"one_way": 0.5, "select": 0.03, "pairs": 0.47}
 #: Coarse groups per column in the pair tables (``b``).
 DEFAULT_PAIR_BINS = 4
