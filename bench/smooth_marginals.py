@@ -249,7 +249,13 @@ def run(
     for name, X in data.items():
         n, d = X.shape
         batches, truth, base = _scored_families(X, n_queries)
-        entry: dict[str, Any] = {"n": n, "d": d, "baseline": base, "rows": {}}
+        entry: dict[str, Any] = {
+            "n": n,
+            "d": d,
+            "baseline": base,
+            "rows": {},
+            "default_grouping": marginal_tree.plan(n, d, 1.0, DELTA).grouping,
+        }
 
         def record(
             label: str,
@@ -265,7 +271,13 @@ def run(
                 "ratio": {k: float(np.mean([r[k] for r in runs])) for k in keys},
                 "seconds": float(np.mean(seconds)),
                 "rounds": len(runs),
+                "per_round": {k: [float(r[k]) for r in runs] for k in keys},
             }
+            if len(runs) >= 2:
+                entry["rows"][label]["stderr"] = {
+                    k: float(np.std([r[k] for r in runs], ddof=1) / math.sqrt(len(runs)))
+                    for k in keys
+                }
             cells = " ".join(f"{entry['rows'][label]['ratio'][k]:.2f}" for k in keys)
             log(f"{name} {label:34s} {cells}  {np.mean(seconds):.2f}s")
 
@@ -379,6 +391,32 @@ def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) 
     return rows
 
 
+def _cell(value: float, stderr: float | None, prefix: str = "x") -> str:
+    """``x0.29 ±0.01``: the mean over rounds and its standard error (one digit)."""
+    return f"{prefix}{value:.2f}" + ("" if stderr is None else f" ±{stderr:.1g}")
+
+
+def versus_better_peer(entry: dict[str, Any]) -> dict[str, tuple[float, float | None]] | None:
+    """Per family: the default tree's error divided by the better peer's (the peer with
+    the lower mean in that family), and the ratio's standard error from both rows'
+    standard errors (first-order, unpaired; ``None`` when a row has a single round or
+    predates per-round records). ``None`` when the run has no peer or no default tree."""
+    rows = entry["rows"]
+    ours = rows.get(f"tree of pairs (eps, delta), {entry.get('default_grouping')} groups")
+    peers = [row for label, row in rows.items() if label.startswith(PEER_LABELS)]
+    if ours is None or not peers:
+        return None
+    out: dict[str, tuple[float, float | None]] = {}
+    for k in ours["ratio"]:
+        peer = min(peers, key=lambda row: row["ratio"][k])
+        a, b = ours["ratio"][k], peer["ratio"][k]
+        ratio = a / b
+        sa, sb = ours.get("stderr", {}).get(k), peer.get("stderr", {}).get(k)
+        se = None if sa is None or sb is None else ratio * math.hypot(sa / a, sb / b)
+        out[k] = (ratio, se)
+    return out
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     keys = FAMILY_KEYS
     s = result["settings"]
@@ -387,8 +425,13 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         "Produced by `python -m bench.smooth_marginals` (protocol in its docstring). Cells: "
         "worst-case relative error over the queries as a multiple of the 0-DP uniform "
-        "baseline's (mean over rounds); `uniform`: paper-000 queries (centres uniform in "
+        "baseline's (mean over rounds, then ± its standard error where the row has "
+        "more than one round: the worst case over the queries varies a lot from one "
+        "release to the next, so differences within two standard errors are noise); "
+        "`uniform`: paper-000 queries (centres uniform in "
         "the cube); `rows`: centres at real rows + N(0, 0.1^2) jitter. "
+        "The last row divides the default tree (the grouping `marginal_tree.plan` picks "
+        "for this dataset) by the better of MST and AIM in each column. "
         f"{s['queries']} queries per family; epsilon = 1, delta = {DELTA} for the "
         "(eps, delta) rows and the peers. Rounds: marginals "
         f"{s['rounds']}, moment LP {s['lp_rounds']}, peers {s['peer_rounds']}. `s`: "
@@ -427,8 +470,16 @@ def render_markdown(result: dict[str, Any]) -> str:
                 if "bins" in row
                 else ""
             )
-            cells = [f"x{row['ratio'][k]:.2f}" for k in keys]
+            se = row.get("stderr", {})
+            cells = [_cell(row["ratio"][k], se.get(k)) for k in keys]
             lines.append(f"| {label}{extra} | " + " | ".join(cells) + f" | {row['seconds']:.2f} |")
+        versus = versus_better_peer(entry)
+        if versus is not None:
+            lines.append(
+                f"| **default tree ({entry['default_grouping']} groups) / better peer** | "
+                + " | ".join(_cell(*versus[k], prefix="") for k in keys)
+                + " | - |"
+            )
         for label in entry.get("unfinished", []):
             lines.append(
                 f"| {label} | "

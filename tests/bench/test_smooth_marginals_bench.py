@@ -127,3 +127,45 @@ def test_peer_rows_are_copied_only_from_a_run_with_the_same_queries() -> None:
     del earlier["datasets"]["TINY"]["rows"]["MST (eps, delta; smartnoise)"]
     with pytest.raises(ValueError, match="no peer rows"):
         bench.run({"TINY": X}, 1, 0, 1, 20, None, [], log=lambda *a: None, peers_from=earlier)
+
+
+def test_rows_keep_their_rounds_and_the_summary_divides_by_the_better_peer() -> None:
+    """Each row keeps its per-round values and their standard error; the summary row is
+    the default tree over the peer with the lower mean in each family, with the ratio's
+    first-order standard error (checked by hand on made-up peer rows)."""
+    X = np.clip(np.random.default_rng(78).normal(0.1, 0.3, size=(300, 2)), -1, 1)
+    result = bench.run({"TINY": X}, 3, 0, 1, 20, None, [], log=lambda *args: None)
+    entry = result["datasets"]["TINY"]
+    assert entry["default_grouping"] in bench.marginal_tree.GROUPINGS
+    ours = entry["rows"][f"tree of pairs (eps, delta), {entry['default_grouping']} groups"]
+    for k in bench.FAMILY_KEYS:
+        values = ours["per_round"][k]
+        assert len(values) == 3
+        assert ours["ratio"][k] == pytest.approx(np.mean(values))
+        assert ours["stderr"][k] == pytest.approx(np.std(values, ddof=1) / np.sqrt(3))
+    assert bench.versus_better_peer(entry) is None  # no peer in this run
+    keys = bench.FAMILY_KEYS
+    entry["rows"]["MST (eps, delta; smartnoise)"] = {
+        "ratio": dict.fromkeys(keys, 0.5),
+        "stderr": dict.fromkeys(keys, 0.05),
+        "seconds": 1.0,
+        "rounds": 5,
+    }
+    entry["rows"]["AIM (eps, delta; smartnoise)"] = {
+        "ratio": {k: (0.4 if k == keys[0] else 0.8) for k in keys},
+        "seconds": 1.0,
+        "rounds": 1,
+    }
+    versus = bench.versus_better_peer(entry)
+    assert versus is not None
+    first, se_first = versus[keys[0]]  # AIM is better here, and has no standard error
+    assert first == pytest.approx(ours["ratio"][keys[0]] / 0.4)
+    assert se_first is None
+    last, se_last = versus[keys[-1]]  # MST is better here
+    a, sa = ours["ratio"][keys[-1]], ours["stderr"][keys[-1]]
+    assert last == pytest.approx(a / 0.5)
+    assert se_last == pytest.approx(a / 0.5 * np.hypot(sa / a, 0.05 / 0.5))
+    result["settings"] = {"queries": 20, "rounds": 3, "lp_rounds": 0, "peer_rounds": 5}
+    text = bench.render_markdown(result)
+    assert f"**default tree ({entry['default_grouping']} groups) / better peer**" in text
+    assert " ±" in text
