@@ -12,15 +12,19 @@ PKS 0.19 -> 0.11; ``bench/results/smooth_marginals_tree.md``, "exact tables"), a
 our replace-one accounting, our fine one-way histograms, and exact answers for separable
 queries.
 
-What it buys at ``epsilon = 1, delta = 1e-9`` (``bench/results/smooth_marginals.md`` and
-``smooth_marginals_crm.md``, 10 rounds of ours, 5 of the peers, the default grouping of
-each dataset, version 4's copula law): on the row-centred ``sigma = 1`` queries the error
-drops from 0.29x to 0.10x the baseline on PKS (5875 rows, 21 columns; MST: 0.21x) and from
-0.46x to 0.25x on CTG (2126 x 21; MST: 0.27x); on the uniform-centre queries at
-``sigma >= 4`` it is at 0.18-0.19x on WDBC (569 x 30; marginals 0.19-0.21x, MST 0.31x, AIM
-0.25x), level with :mod:`~app.mechanisms.marginals` on CTG and below it on PKS (the halved
-one-way budget is won back by the coarse margins the tables also measure) and at
-0.19x on CRM (1994 x 100; marginals 0.17-0.20x, MST 0.16-0.20x). It is the default of
+What it buys at ``epsilon = 1, delta = 1e-9`` (``bench/results/smooth_marginals.md``: 20
+rounds of ours, 3 of the peers, in one run; the default grouping of each dataset, version
+4's copula law; +- standard errors over the rounds): on the row-centred ``sigma = 1``
+queries the error drops from 0.28x to 0.10x the baseline on PKS (5875 rows, 21 columns;
+MST and AIM: 0.21x) and from 0.46x to 0.26x +- 0.01x on CTG (2126 x 21; MST: 0.23x +-
+0.03x); on the uniform-centre queries at ``sigma >= 4`` it is at 0.18-0.19x on WDBC (569 x
+30; marginals 0.21-0.23x, MST 0.24-0.25x, AIM 0.37-0.38x), level with
+:mod:`~app.mechanisms.marginals` on CTG and below it on PKS (the halved one-way budget is
+won back by the coarse margins the tables also measure) and at 0.19x on CRM (1994 x 100;
+marginals 0.17-0.20x, MST 0.16-0.20x; ``smooth_marginals_crm.md``). The worst case over a
+family's queries varies widely from one release to the next: on CTG row-centred
+``sigma = 1``, 40 releases ranged 0.17-0.38x (mean 0.286x +- 0.008x), so one 10-round run
+can read 0.25x and the next 0.29x. It is the default of
 ``smooth_synthetic`` when ``delta > 0``.
 
 Mechanism (three data-dependent steps, accounted in zCDP, converted once)
