@@ -20,8 +20,10 @@ MST and AIM: 0.21x) and from 0.46x to 0.26x +- 0.01x on CTG (2126 x 21; MST: 0.2
 0.03x); on the uniform-centre queries at ``sigma >= 4`` it is at 0.18-0.19x on WDBC (569 x
 30; marginals 0.21-0.23x, MST 0.24-0.25x, AIM 0.37-0.38x), level with
 :mod:`~app.mechanisms.marginals` on CTG and below it on PKS (the halved one-way budget is
-won back by the coarse margins the tables also measure) and at 0.19x on CRM (1994 x 100;
-marginals 0.17-0.20x, MST 0.16-0.20x; ``smooth_marginals_crm.md``). The worst case over a
+won back by the coarse margins the tables also measure), and on CRM (1994 x 100;
+``smooth_marginals_crm.md``, 20 rounds) at 0.20-0.24x, behind both
+:mod:`~app.mechanisms.marginals` (0.18-0.21x) and MST (0.16-0.20x, 5 rounds of an earlier
+run). The worst case over a
 family's queries varies widely from one release to the next: on CTG row-centred
 ``sigma = 1``, 40 releases ranged 0.17-0.38x (mean 0.286x +- 0.008x), so one 10-round run
 can read 0.25x and the next 0.29x. It is the default of
