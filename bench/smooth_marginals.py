@@ -266,19 +266,18 @@ def run(
         ) -> None:
             if not runs:  # a release skipped in this run (e.g. --lp-rounds 0)
                 return
-            keys = runs[0].keys()
+            per_round = {k: [float(r[k]) for r in runs] for k in runs[0]}
             entry["rows"][label] = {
-                "ratio": {k: float(np.mean([r[k] for r in runs])) for k in keys},
+                "ratio": {k: float(np.mean(v)) for k, v in per_round.items()},
                 "seconds": float(np.mean(seconds)),
                 "rounds": len(runs),
-                "per_round": {k: [float(r[k]) for r in runs] for k in keys},
+                "per_round": per_round,
             }
             if len(runs) >= 2:
                 entry["rows"][label]["stderr"] = {
-                    k: float(np.std([r[k] for r in runs], ddof=1) / math.sqrt(len(runs)))
-                    for k in keys
+                    k: float(np.std(v, ddof=1) / math.sqrt(len(v))) for k, v in per_round.items()
                 }
-            cells = " ".join(f"{entry['rows'][label]['ratio'][k]:.2f}" for k in keys)
+            cells = " ".join(f"{v:.2f}" for v in entry["rows"][label]["ratio"].values())
             log(f"{name} {label:34s} {cells}  {np.mean(seconds):.2f}s")
 
         rng = np.random.default_rng(7)
@@ -307,7 +306,7 @@ def run(
                 tree = marginal_tree.measure(X, 1.0, DELTA, grouping=grouping)
                 seconds.append(time.perf_counter() - started)
                 runs.append(_product_law_ratios(batches, truth, base, tree))
-            label = f"tree of pairs (eps, delta), {grouping} groups"
+            label = tree_label(grouping)
             record(label, runs, seconds)
             entry["rows"][label]["bins"] = tree.one_way.bins
             entry["rows"][label]["bound_atoms"] = tree.one_way.atoms
@@ -391,6 +390,11 @@ def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) 
     return rows
 
 
+def tree_label(grouping: str | None) -> str:
+    """The row label of the private tree with ``grouping``."""
+    return f"tree of pairs (eps, delta), {grouping} groups"
+
+
 def _cell(value: float, stderr: float | None, prefix: str = "x") -> str:
     """``x0.29 ±0.01``: the mean over rounds and its standard error (one digit)."""
     return f"{prefix}{value:.2f}" + ("" if stderr is None else f" ±{stderr:.1g}")
@@ -402,7 +406,7 @@ def versus_better_peer(entry: dict[str, Any]) -> dict[str, tuple[float, float | 
     standard errors (first-order, unpaired; ``None`` when a row has a single round or
     predates per-round records). ``None`` when the run has no peer or no default tree."""
     rows = entry["rows"]
-    ours = rows.get(f"tree of pairs (eps, delta), {entry.get('default_grouping')} groups")
+    ours = rows.get(tree_label(entry.get("default_grouping")))
     peers = [row for label, row in rows.items() if label.startswith(PEER_LABELS)]
     if ours is None or not peers:
         return None

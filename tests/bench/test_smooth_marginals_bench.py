@@ -137,7 +137,7 @@ def test_rows_keep_their_rounds_and_the_summary_divides_by_the_better_peer() -> 
     result = bench.run({"TINY": X}, 3, 0, 1, 20, None, [], log=lambda *args: None)
     entry = result["datasets"]["TINY"]
     assert entry["default_grouping"] in bench.marginal_tree.GROUPINGS
-    ours = entry["rows"][f"tree of pairs (eps, delta), {entry['default_grouping']} groups"]
+    ours = entry["rows"][bench.tree_label(entry["default_grouping"])]
     for k in bench.FAMILY_KEYS:
         values = ours["per_round"][k]
         assert len(values) == 3
