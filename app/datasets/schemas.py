@@ -37,6 +37,14 @@ class ContinuousColumn(BaseModel):
     def _bounds(self) -> ContinuousColumn:
         if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
             raise ValueError(f"column {self.name!r}: lower and upper must be finite numbers")
+        if not math.isfinite(self.upper - self.lower):
+            # 2 (x - lower) / (upper - lower) would be inf / inf = NaN for large x: the
+            # stored column would mark which rows lie above a threshold (a data-dependent
+            # failure at measure time), so such bounds are refused up front.
+            raise ValueError(
+                f"column {self.name!r}: upper - lower must be a finite number "
+                "(the bounds are too far apart for double precision)"
+            )
         if not self.lower < self.upper:
             raise ValueError(
                 f"column {self.name!r}: lower ({self.lower}) must be < upper ({self.upper})"
@@ -78,7 +86,9 @@ class BinaryColumn(BaseModel):
 class PublicColumn(BaseModel):
     """A column the curator declares public (an identifier such as a movie id): stored as
     text and released unperturbed by mechanisms that use it (``randomized_response``'s
-    heterogeneous queries). Declaring a column public is the curator's decision."""
+    heterogeneous queries). Declaring a column public is the curator's decision, and it
+    narrows the guarantee: the column is released row by row, so differential privacy then
+    holds between datasets that agree on it (the release's ``guarantee`` says so)."""
 
     model_config = ConfigDict(extra="forbid")
 

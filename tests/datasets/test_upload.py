@@ -285,6 +285,11 @@ def test_headerless_file_is_not_quoted_back(client: TestClient, curator: Caller)
             id="non-finite-bound",
         ),
         pytest.param(
+            with_columns({**CONTINUOUS, "lower": -1e308, "upper": 1e308}),
+            "upper - lower must be a finite number",
+            id="bound-width-overflows",
+        ),
+        pytest.param(
             with_columns(CONTINUOUS, CONTINUOUS),
             "duplicate column names in the schema: ['age']",
             id="duplicate-names",
