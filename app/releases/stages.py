@@ -219,7 +219,11 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
         mechanism = registry.get(claim.mechanism)
         info = dataset_info(dataset, mechanism, claim.columns)
         path = services.settings.datasets_dir / dataset.storage_name
-        stored_rows = dataset.n_rows  # for progress only (a graph's edge count is private)
+        stored_rows = dataset.n_rows
+        # Progress is rows read over stored rows. A graph's row count is its edge count,
+        # which is private: published fractions of whole batches would give it exactly,
+        # so a graph's read reports no progress.
+        count_rows = dataset.kind != "graph"
     eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
     with Heartbeat(services, claim) as heartbeat:
         try:
@@ -229,7 +233,11 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
                 services.data_key,
                 info.names,
                 stored_rows,
-                on_rows=lambda rows: heartbeat.set_progress(0.99 * min(1.0, rows / stored_rows)),
+                on_rows=(
+                    (lambda rows: heartbeat.set_progress(0.99 * min(1.0, rows / stored_rows)))
+                    if count_rows
+                    else None
+                ),
             )
             measured = mechanism.measure(source, info, eps_value, delta_value_, params)
             if not measured.privacy_cost.within(eps_value, delta_value_):

@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+import pytest
 from fastapi.testclient import TestClient
 
+from app.releases import stages
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
 from tests.datasets.test_graphs import upload_graph
@@ -278,3 +280,38 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     summary = budget(client, curator, dataset_id)
     assert [e["kind"] for e in summary["entries"]] == ["non_dp"]
     assert summary["epsilon_spent"] == 0.0
+
+
+def test_graph_read_publishes_no_row_progress(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Progress while measuring is rows read / stored rows, published every heartbeat. For a
+    # graph the stored rows are its edges, a private count that whole-batch fractions would
+    # give exactly; a table's row count is public and keeps its progress.
+    sources: dict[str, Any] = {}
+    original = stages.EncryptedTableSource
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        source = original(*args, **kwargs)
+        sources[str(args[0])] = source
+        return source
+
+    monkeypatch.setattr(stages, "EncryptedTableSource", spy)
+    content = b"0 1\n1 2\n2 3\n0 3\n"
+    graph_id = upload_graph(
+        client,
+        curator,
+        content,
+        {"name": "g", "kind": "graph", "vertices": 5, "budget": {"epsilon": 5}},
+    ).json()["id"]
+    table_id, _ = _table(client, curator, n=50)
+    for dataset_id, mechanism in ((graph_id, "graph_cuts"), (table_id, "randomized_response")):
+        release_id = request_release(
+            client, curator, dataset_id, {"mechanism": mechanism, "epsilon": 1}
+        ).json()["id"]
+        run_all(client, release_id)
+        done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+        assert done["status"] == "succeeded", done
+    assert len(sources) == 2
+    kinds = {source.on_rows is None for source in sources.values()}
+    assert kinds == {True, False}  # the graph's read has no progress callback, the table's has
