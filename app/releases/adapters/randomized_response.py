@@ -105,6 +105,13 @@ class RandomizedResponse(registry.Mechanism):
     column_kinds: ClassVar[frozenset[str]] = frozenset(
         {"categorical", "binary", "continuous", "public"}
     )
+    #: A public column is released row by row as stored: the epsilon-DP guarantee is over
+    #: neighbours that replace one row's perturbed values and agree on the public column
+    #: (paper 004's public attributes). Stated with every release of this type.
+    guarantee: ClassVar[str] = (
+        "differential privacy (epsilon-DP, replace-one) of the perturbed columns; a column "
+        "declared public is released as stored, so neighbouring datasets agree on it"
+    )
     Params: ClassVar[type[BaseModel]] = RRParams
 
     # -- the domain
