@@ -51,7 +51,8 @@ zCDP composes additively, also when a step is chosen adaptively from earlier out
    ``T_ij`` the exact ``b x b`` coarse table of columns ``i, j`` and ``P_i (x) P_j`` the
    product of step 1's released coarse marginals (fixed given step 1). Replace-one moves
    one count of ``n T_ij`` out of a cell and one into another, so each score moves by at
-   most 2: L-infinity sensitivity 2 (counts), and each round is
+   most 2: L-infinity sensitivity 2 (counts; :func:`score_sensitivity` adds a bound on
+   the floating-point rounding of the scores, ``~1e-10``), and each round is
    ``rho_s / (d - 1)``-zCDP (:func:`app.mechanisms.noise.noisy_max_scale`).
 3. **Pair tables** (share ``rho_2``): the ``d - 1`` selected coarse tables ``T_ij``,
    vector Gaussian; a replaced row leaves one cell and enters another in every table, so
@@ -299,7 +300,8 @@ BLEND = 0.5
 #: :func:`default_grouping` takes the blend (when the tables do not call for quantile
 #: groups) while step 1's per-cell noise times the number of fine cells is below this.
 BLEND_NOISE_LIMIT = 0.5
-#: L-infinity sensitivity of the selection scores, in counts (module doc, step 2).
+#: L-infinity sensitivity of the selection scores, in counts, in exact arithmetic (module
+#: doc, step 2); :func:`score_sensitivity` adds the floating-point rounding.
 SCORE_SENSITIVITY = 2.0
 #: Denoising of the fine one-way histograms in the tree law: cells below this many noise
 #: standard deviations are empty (``MarginalMeasurements.marginals``; module doc,
@@ -606,7 +608,9 @@ def plan(
         pair_bins=b,
         rho=rho,
         one_way_scale=one_way_scale,
-        selection_scale=noise.noisy_max_scale(SCORE_SENSITIVITY, rho * SHARES["select"] / (d - 1)),
+        selection_scale=noise.noisy_max_scale(
+            score_sensitivity(n, b), rho * SHARES["select"] / (d - 1)
+        ),
         pair_scale=pair_scale,
         grouping=grouping,
     )
@@ -910,25 +914,46 @@ def coarse_codes(source: RowSource, bins: int, atoms: bool, group: NDArray[np.in
     )
 
 
+def pair_counts(codes: NDArray[np.int64], i: int, j: int, pair_bins: int) -> Any:
+    """Exact coarse two-way count table of columns ``i``, ``j`` (integers)."""
+    flat = codes[:, i].astype(np.int64) * pair_bins + codes[:, j]
+    return np.bincount(flat, minlength=pair_bins * pair_bins).reshape(pair_bins, pair_bins)
+
+
 def pair_table(codes: NDArray[np.int64], i: int, j: int, pair_bins: int) -> Any:
     """Exact coarse two-way frequency table of columns ``i``, ``j``."""
-    flat = codes[:, i].astype(np.int64) * pair_bins + codes[:, j]
-    counts = np.bincount(flat, minlength=pair_bins * pair_bins)
-    return (counts / codes.shape[0]).reshape(pair_bins, pair_bins)
+    return pair_counts(codes, i, j, pair_bins) / codes.shape[0]
 
 
 def pair_scores(
     codes: NDArray[np.int64], P: NDArray[np.float64]
 ) -> tuple[list[tuple[int, int]], NDArray[np.float64]]:
     """Every pair ``(i, j)``, ``i < j``, and its score ``n ||T_ij - P_i (x) P_j||_1``
-    (module doc, step 2; ``codes`` from :func:`coarse_codes`, ``P`` the coarse marginals)."""
+    (module doc, step 2; ``codes`` from :func:`coarse_codes`, ``P`` the coarse marginals),
+    computed as ``sum |C_ij - n P_i (x) P_j|`` from the integer counts ``C_ij`` (the
+    rounding :func:`score_sensitivity` bounds)."""
     n, d = codes.shape
     b = P.shape[1]
     pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
     scores = np.array(
-        [n * np.abs(pair_table(codes, i, j, b) - np.outer(P[i], P[j])).sum() for i, j in pairs]
+        [np.abs(pair_counts(codes, i, j, b) - n * np.outer(P[i], P[j])).sum() for i, j in pairs]
     )
     return pairs, scores
+
+
+def score_sensitivity(n: int, pair_bins: int) -> float:
+    """L-infinity sensitivity of the selection scores *as computed in floating point*:
+    :data:`SCORE_SENSITIVITY` (2, exact arithmetic; module doc, step 2) plus a bound on the
+    rounding, ``(b^2 + 1) n 2^-50``.
+
+    Each of the ``K = b^2`` terms ``|C - Q|`` (``Q = n P_i(g) P_j(h)``, the same float for
+    both neighbours) is computed with relative error ``<= u = 2^-53`` and their sum adds
+    at most ``(K - 1) u`` times the sum of the terms, which is ``<= 2 n (1 + K u)``; so a
+    computed score is within ``~2 K u n`` of the exact one and two neighbours' computed
+    scores differ by at most ``2 + 4 K u n < 2 + (K + 1) n 2^-50``. The noisy max is
+    calibrated to this (about ``2 + 1e-10`` at ``n = 6000``, ``b = 4``), so its guarantee
+    does not rest on exact real arithmetic."""
+    return SCORE_SENSITIVITY + (pair_bins * pair_bins + 1) * n * 2.0**-50
 
 
 def spanning_tree(

@@ -61,8 +61,36 @@ def test_pair_table_and_score_sensitivity_brute_force() -> None:
             sx = n * np.abs(marginal_tree.pair_table(cx, i, j, b) - np.outer(P[i], P[j])).sum()
             sy = n * np.abs(marginal_tree.pair_table(cy, i, j, b) - np.outer(P[i], P[j])).sum()
             assert abs(sx - sy) <= 2.0 + 1e-9
+        # the scores as the mechanism computes them, against the float-aware bound
+        _, sx_all = marginal_tree.pair_scores(cx, P)
+        _, sy_all = marginal_tree.pair_scores(cy, P)
+        assert np.max(np.abs(sx_all - sy_all)) <= marginal_tree.score_sensitivity(n, b)
     assert worst <= bound + 1e-12
     assert worst == pytest.approx(bound)  # a row moved to the other end of every column
+
+
+def test_score_sensitivity_covers_rounding_and_sets_the_selection_scale() -> None:
+    """The rounding margin is positive, tiny, grows with n and b, and is what the plan's
+    noisy max is calibrated to (2 alone would rest on exact arithmetic)."""
+    small = marginal_tree.score_sensitivity(100, 4)
+    large = marginal_tree.score_sensitivity(10**9, 16)
+    assert 2.0 < small < large < 2.0 + 1e-3
+    assert marginal_tree.score_sensitivity(10**6, 4) > marginal_tree.score_sensitivity(10**6, 3)
+    fixed = marginal_tree.plan(5000, 10, 1.0, 1e-9)
+    rho_round = fixed.rho * marginal_tree.SHARES["select"] / 9
+    expected = noise.noisy_max_scale(marginal_tree.score_sensitivity(5000, 4), rho_round)
+    assert fixed.selection_scale == expected
+    assert expected > noise.noisy_max_scale(2.0, rho_round)
+    # near-worst rounding: scores ~ n apart from Q in every cell, replaced row counted twice
+    rng = np.random.default_rng(5)
+    n, b = 2**20, 4
+    P = rng.dirichlet(np.ones(b), size=2)
+    codes = rng.integers(0, b, size=(n, 2))
+    other = codes.copy()
+    other[0] = (codes[0] + 1) % b
+    _, sx = marginal_tree.pair_scores(codes, P)
+    _, sy = marginal_tree.pair_scores(other, P)
+    assert abs(float(sx[0] - sy[0])) <= marginal_tree.score_sensitivity(n, b)
 
 
 def test_rake_matches_the_margins() -> None:
