@@ -338,7 +338,11 @@ def resynthesize(
     release_id: uuid.UUID,
     raw_params: dict[str, Any],
 ) -> ReleaseOut:
-    """Run the post-processing again on the stored measurements: no budget is spent."""
+    """Run the post-processing again on the stored measurements: no budget is spent.
+
+    Any release that has measurements and has ended can be re-synthesised: succeeded,
+    failed, or cancelled after measuring (its epsilon stays spent, so its output must stay
+    reachable; the cancellation flag is cleared for the new run)."""
     owned_release(session, user, release_id)
     release = lock_release(session, release_id)
     assert release is not None
@@ -352,13 +356,14 @@ def resynthesize(
     mechanism.check_post_processing(release.params, raw_params)
     if session.get(ReleaseMeasurement, release.id) is None:
         raise Conflict("the release has no measurements yet; nothing to re-synthesise")
-    if release.status not in ("succeeded", "failed"):
+    if release.status not in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the release is {release.status}; wait for it to finish")
     merged = {**release.params, **release.synthesis_params, **raw_params}
     checked = mechanism.parse_params(merged).model_dump(mode="json")
     release.synthesis_params = {k: checked[k] for k in mechanism.post_processing if k in checked}
     release.synthesis_version += 1
     release.status = "synthesizing"
+    release.cancel_requested = False
     release.progress = 0.0
     release.message = None
     release.finished_at = None

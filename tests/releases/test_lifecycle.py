@@ -245,6 +245,31 @@ def test_cancel_after_measuring_keeps_the_spend(client: TestClient, curator: Cal
         == "cancelled"
     )
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    # the epsilon is spent, so the output stays reachable: a free re-synthesis runs
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize", headers=curator.headers, json={"params": {}}
+    )
+    assert again.status_code == 202, again.text
+    assert again.json()["cancel_requested"] is False
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+
+
+def test_cancelled_resynthesis_can_be_run_again(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    url = f"/v1/releases/{release_id}/resynthesize"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert cancelled["status"] == "cancelled"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
 
 
 def test_measure_failure_refunds_without_leaking(client: TestClient, curator: Caller) -> None:
