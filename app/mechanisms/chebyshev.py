@@ -739,6 +739,10 @@ class TruncationEstimate:
     cross_scale: NDArray[np.float64]
 
 
+#: Elements of one ``(queries, J, J)`` working array of :func:`truncation_estimate`.
+_PAIR_ELEMENTS = 1 << 21
+
+
 def truncation_estimate(
     expansion: TensorExpansion,
     index_set: IndexSet,
@@ -797,17 +801,22 @@ def truncation_estimate(
     axis_coef = np.einsum("qj,qjik,qji->qik", w, a, others)
     axis_tail = np.where(axis_in[None], 0.0, np.abs(axis_coef)).sum(axis=(1, 2))
     rest = a[..., 1:] * np.sqrt(mu[None, None, :, 1:])
-    g = np.einsum("qji,qli->qjli", a0, a0)
-    h = np.einsum("qjik,qlik->qjli", rest, rest)
-    p0 = np.ones((Q, J, J))
-    p1 = np.zeros((Q, J, J))
-    p2 = np.zeros((Q, J, J))
-    for i in range(d):
-        gi, hi = g[..., i], h[..., i]
-        p2 = p2 * (gi + hi) + p1 * hi
-        p1 = p1 * gi + p0 * hi
-        p0 = p0 * gi
-    total = np.einsum("qj,qjl,ql->q", w, p2, w)
+    total = np.empty(Q)
+    # a few queries at a time, g_i and h_i one column at a time: memory O(chunk J^2),
+    # not O(Q J^2 d), whatever the number of centres
+    chunk = max(1, _PAIR_ELEMENTS // (J * J))
+    for start in range(0, Q, chunk):
+        part = slice(start, start + chunk)
+        p0 = np.ones((len(range(Q)[part]), J, J))
+        p1 = np.zeros_like(p0)
+        p2 = np.zeros_like(p0)
+        for i in range(d):
+            gi = a0[part, :, None, i] * a0[part, None, :, i]
+            hi = np.einsum("qjk,qlk->qjl", rest[part, :, i], rest[part, :, i])
+            p2 = p2 * (gi + hi) + p1 * hi
+            p1 = p1 * gi + p0 * hi
+            p0 = p0 * gi
+        total[part] = np.einsum("qj,qjl,ql->q", w[part], p2, w[part])
     inside = (coefficients[:, cross] ** 2) @ mu_cross
     cross_scale = np.sqrt(np.maximum(total - inside, 0.0))
     return TruncationEstimate(axis_tail=axis_tail, cross_scale=cross_scale)

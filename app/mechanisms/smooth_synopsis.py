@@ -1305,6 +1305,10 @@ def noise_quantile_factor(
         return out
     if distribution != "laplace":
         raise MechanismError(f"noise distribution ({distribution!r}) must be laplace or gaussian")
+    # the factor depends on each row's direction only: scale rows to max |c| = 1 first, so
+    # that c^4 cannot overflow (a polynomial in original units can have |c| ~ 1e70)
+    top = np.abs(c).max(axis=1, keepdims=True)
+    c = c / np.where(top > 0, top, 1.0)
     sq = c * c
     s2 = sq.sum(axis=1)
     s4 = (sq * sq).sum(axis=1)

@@ -354,13 +354,20 @@ def test_clear_errors_for_queries_the_evaluator_cannot_handle() -> None:
         ch.interpolate(smooth_3d, full_tensor(3, 3), smoothness=2, damping="fejer")
 
 
-def test_truncation_estimate_against_brute_force_enumeration() -> None:
+@pytest.mark.parametrize("pair_elements", [None, 1])
+def test_truncation_estimate_against_brute_force_enumeration(
+    pair_elements: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Axis tail and weighted interaction energy against all multi-indices of a 3-D mixture.
 
     The expansion is exact at length 12 (degree < 12 per column), so enumerating
     ``{0..11}^3`` gives every coefficient ``c_r``; the estimate must match to rounding.
+    ``pair_elements=1``: one query per working array (the chunking of large ``J``).
     """
     from app.mechanisms.basis import axis_total_degree
+
+    if pair_elements is not None:
+        monkeypatch.setattr(ch, "_PAIR_ELEMENTS", pair_elements)
 
     rng = np.random.default_rng(7)
     d, L, J = 3, 12, 4

@@ -164,6 +164,12 @@ def test_randomized_response_discretises_continuous_columns(
         [{"type": "conjunction", "where": {"age": {"between": [0, 50]}}}],
     ).json()["answers"][0]
     assert abs(answer["value"] - float(np.mean(data["age"] < 50))) < 5 * answer["stderr"]
+    for between in ([10], [1, 2, 3], ["a", 2], [True, 2], {"low": 1}):
+        where = {"age": {"between": between}}
+        refused = _answers(client, curator, release_id, [{"type": "conjunction", "where": where}])
+        assert refused.status_code == 422, (between, refused.text)
+        if isinstance(between, list) and len(between) != 2:  # the others fail the schema
+            assert "two finite numbers" in refused.json()["error"]["message"]
 
 
 def test_randomized_response_warns_when_useless(client: TestClient, curator: Caller) -> None:

@@ -740,6 +740,49 @@ def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst
     )
     assert bad.status_code == 422
     assert "3 coordinates" in bad.json()["error"]["message"]
+    # a polynomial with huge coefficients in normalised units (200^30 ~ 1e69) answers
+    # (its error-bar factor overflowed: a 500)
+    huge = {
+        "type": "polynomial",
+        "space": "original",
+        "terms": [{"coefficient": 1, "powers": {"x": 30, "y": 30, "z": 30}}],
+    }
+    answered = client.post(
+        f"/v1/releases/{release_id}/answers", headers=analyst.headers, json={"queries": [huge]}
+    )
+    assert answered.status_code == 200, answered.text
+    # refused before any array is built or expanded (these were 500s or ran out of memory)
+    mixture = {"type": "gaussian_mixture", "weights": [1, 1], "sigma": 1}
+    for queries, fragment in (
+        ([{**mixture, "centers": [[0, 0, 0], [0]]}], "3 coordinates"),  # ragged
+        (
+            [
+                {
+                    "type": "polynomial",
+                    "space": "original",
+                    "terms": [{"coefficient": 1, "powers": {"x": 30, "y": 30, "z": 30}}] * 4,
+                }
+            ],
+            "expands to 119164 monomials",
+        ),
+        (
+            [
+                {
+                    "type": "gaussian_mixture",
+                    "centers": [[0, 0, 0]] * 2500,
+                    "weights": [1] * 2500,
+                    "sigma": 1,
+                }
+            ]
+            * 2,
+            "12500000 pairs of centres",
+        ),
+    ):
+        refused = client.post(
+            f"/v1/releases/{release_id}/answers", headers=analyst.headers, json={"queries": queries}
+        )
+        assert refused.status_code == 422, refused.text
+        assert fragment in refused.json()["error"]["message"]
     code = client.post(
         f"/v1/releases/{release_id}/answers",
         headers=analyst.headers,

@@ -351,7 +351,19 @@ class RandomizedResponse(registry.Mechanism):
                     raise InvalidRequest(
                         f'column {name!r} is continuous: use {{"between": [low, high]}}'
                     )
-                low, high = condition["between"]
+                bounds = condition["between"]
+                if (
+                    not isinstance(bounds, list)
+                    or len(bounds) != 2
+                    or not all(
+                        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                        for v in bounds
+                    )
+                ):
+                    raise InvalidRequest(
+                        f'column {name!r}: "between" takes two finite numbers [low, high]'
+                    )
+                low, high = bounds
                 original = column.to_original(rr.cell_midpoints(np.arange(1 << bits), bits))
                 cells = [int(k) for k in np.flatnonzero((original >= low) & (original <= high))]
                 if not cells:

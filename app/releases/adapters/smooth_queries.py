@@ -20,6 +20,7 @@ objects on the normalised scale, where ``x' = 2 (x - lower) / (upper - lower) - 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -43,6 +44,13 @@ from app.releases.registry import DatasetInfo
 Space = Literal["normalized", "original"]
 MAX_DEGREE = 30
 MAX_CENTERS = 10_000
+#: Monomials a polynomial query in original units may expand to (each term gives up to
+#: ``prod_i (p_i + 1)``); beyond it the expansion alone would exhaust memory.
+MAX_MONOMIALS = 100_000
+#: Sum over a request's Gaussian mixtures of (centres)^2: a synopsis's error bar costs
+#: ``O(J^2 d L)`` per query (:func:`app.mechanisms.chebyshev.truncation_estimate`), so
+#: this bounds one request's work (1000 queries of 100 centres, or one of 3162).
+MAX_CENTER_PAIRS = 10_000_000
 
 
 class GaussianMixtureForm(BaseModel):
@@ -124,6 +132,8 @@ def _column_index(info: DatasetInfo, name: str) -> int:
 
 def _gaussian_mixture(form: GaussianMixtureForm, info: DatasetInfo) -> Any:
     d = info.d
+    if any(len(center) != d for center in form.centers):  # before a ragged array is built
+        raise InvalidRequest(f"centers must be a list of points with {d} coordinates each")
     centers = np.asarray(form.centers, dtype=np.float64)
     if centers.ndim != 2 or centers.shape[1] != d:
         raise InvalidRequest(f"centers must be a list of points with {d} coordinates each")
@@ -154,7 +164,16 @@ def _affine(info: DatasetInfo, i: int, space: Space) -> tuple[float, float]:
 
 
 def _polynomial(form: PolynomialForm, info: DatasetInfo) -> Polynomial:
-    """Expand ``sum_j a_j prod_i (a_i + b_i x'_i)^(p_ji)`` into monomials of ``x'``."""
+    """Expand ``sum_j a_j prod_i (a_i + b_i x'_i)^(p_ji)`` into monomials of ``x'``
+    (refused before expanding when the terms would give more than :data:`MAX_MONOMIALS`:
+    a term in original units has up to ``prod_i (p_ji + 1)`` monomials)."""
+    if form.space == "original":
+        size = sum(math.prod(p + 1 for p in term.powers.values()) for term in form.terms)
+        if size > MAX_MONOMIALS:
+            raise InvalidRequest(
+                f"this polynomial expands to {size} monomials in normalised units; at most "
+                f"{MAX_MONOMIALS} (use lower powers or fewer columns per term)"
+            )
     total: dict[tuple[int, ...], float] = {}
     for term in form.terms:
         # per column: power-basis coefficients of (a + b x')^p, in x'
@@ -209,6 +228,12 @@ def _product(form: ProductForm, info: DatasetInfo) -> ProductQuery:
 def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
     """The library query objects (normalised scale) for a batch of JSON queries, or 422."""
     forms = registry.validate_queries(_QUERIES, queries)
+    pairs = sum(len(f.centers) ** 2 for f in forms if isinstance(f, GaussianMixtureForm))
+    if pairs > MAX_CENTER_PAIRS:
+        raise InvalidRequest(
+            f"these queries have {pairs} pairs of centres (sum of centres^2); at most "
+            f"{MAX_CENTER_PAIRS} per request: split the batch or use fewer centres"
+        )
     out = []
     for position, form in enumerate(forms):
         try:
