@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     data_key: SecretStr | None = None
     max_upload_bytes: int = Field(default=1 << 30, gt=0)
+    #: Largest body of every request but the dataset upload (JSON: releases, answers).
+    max_json_bytes: int = Field(default=64 << 20, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     worker_threads: int = Field(default=1, ge=1, le=64)
     queue_name: str = Field(default="curator", pattern=r"^[A-Za-z0-9_.-]{1,64}$")

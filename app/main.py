@@ -31,30 +31,67 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyLimit:
-    """Refuse request bodies larger than ``limit`` bytes with 413 (by Content-Length up
-    front; uploads are also counted as they stream, see :mod:`app.datasets.upload`)."""
+    """Refuse request bodies over their route's limit with 413: ``upload_limit`` for the
+    dataset upload (``POST /v1/datasets``, also counted as it streams, see
+    :mod:`app.datasets.upload`), ``json_limit`` for every other request. The limit is
+    checked on Content-Length up front and, for the JSON routes, on the bytes actually
+    received (a chunked body has no Content-Length): such a body is read into memory up to
+    the limit and handed to the route only when it fits."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, upload_limit: int, json_limit: int) -> None:
         self.app = app
-        self.limit = limit
+        self.upload_limit = upload_limit
+        self.json_limit = json_limit
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        setting = (
+            "CURATOR_MAX_UPLOAD_BYTES" if limit == self.upload_limit else "CURATOR_MAX_JSON_BYTES"
+        )
+        response = JSONResponse(
+            {
+                "error": {
+                    "code": "payload_too_large",
+                    "message": f"the request body is larger than {limit} bytes ({setting})",
+                }
+            },
+            status_code=413,
+        )
+        await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope.get("headers", []):
-                if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                    response = JSONResponse(
-                        {
-                            "error": {
-                                "code": "payload_too_large",
-                                "message": f"the request body is larger than {self.limit} bytes "
-                                "(CURATOR_MAX_UPLOAD_BYTES)",
-                            }
-                        },
-                        status_code=413,
-                    )
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        upload = scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == (
+            "/v1/datasets"
+        )
+        limit = self.upload_limit if upload else self.json_limit
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._refuse(scope, receive, send, limit)
+                return
+        if upload:
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > limit:
+                await self._refuse(scope, receive, send, limit)
+                return
+            if not message.get("more_body", False):
+                break
+        pending = iter(messages)
+
+        async def replay() -> Message:
+            return next(pending, None) or await receive()
+
+        await self.app(scope, replay, send)
 
 
 def create_app(settings: Settings | None = None, *, embedded_worker: bool = False) -> FastAPI:
@@ -117,5 +154,9 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
             status_code=200 if ready else 503,
         )
 
-    app.add_middleware(BodyLimit, limit=settings.max_upload_bytes + (8 << 20))
+    app.add_middleware(
+        BodyLimit,
+        upload_limit=settings.max_upload_bytes + (8 << 20),
+        json_limit=settings.max_json_bytes,
+    )
     return app

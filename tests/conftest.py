@@ -95,6 +95,7 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
         database_url=database_url,
         redis_url=None,
         max_upload_bytes=2 << 20,
+        max_json_bytes=1 << 20,
         queue_name=f"test-{uuid.uuid4().hex[:12]}",
     )
 

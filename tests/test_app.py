@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+from collections.abc import Iterator
+
 from fastapi.testclient import TestClient
 
 from app.core.services import Services
@@ -58,6 +62,38 @@ def test_body_limit_by_content_length(client: TestClient, curator: Caller) -> No
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_json_routes_have_their_own_limit_also_when_chunked(
+    client: TestClient, curator: Caller, admin: Caller
+) -> None:
+    """Every route but the upload takes at most max_json_bytes, counted on Content-Length
+    and on the bytes received (a chunked body declares no length)."""
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    limit = services.settings.max_json_bytes
+    assert limit < services.settings.max_upload_bytes
+    url = f"/v1/releases/{uuid.uuid4()}/answers"
+    body = b'{"queries": [' + b"0," * limit + b"0]}"
+
+    def chunks(data: bytes) -> Iterator[bytes]:
+        for start in range(0, len(data), 65536):
+            yield data[start : start + 65536]
+
+    headers = {**curator.headers, "Content-Type": "application/json"}
+    for content in (body, chunks(body)):
+        response = client.post(url, headers=headers, content=content)
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == "payload_too_large"
+        assert "CURATOR_MAX_JSON_BYTES" in response.json()["error"]["message"]
+    # a chunked body under the limit reaches its route whole
+    small = json.dumps({"name": "chunked", "role": "analyst"}).encode()
+    created = client.post(
+        "/v1/users",
+        headers={**admin.headers, "Content-Type": "application/json"},
+        content=chunks(small),
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["name"] == "chunked"
 
 
 def test_openapi_documents_the_upload(client: TestClient) -> None:
