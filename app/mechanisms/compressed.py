@@ -295,10 +295,8 @@ def _normalised_covariance(source: RowSource) -> tuple[NDArray[np.float64], NDAr
         gram += batch.T @ batch
     norms2 = np.diag(gram).copy()
     zero = np.flatnonzero(norms2 <= 0.0)
-    if zero.size:
-        raise MechanismError(
-            f"{zero.size} columns are zero in every row, so eq. (4) cannot normalise them"
-        )
+    if zero.size:  # no count or names: the message reaches the release's status
+        raise MechanismError("a column is zero in every row, so eq. (4) cannot normalise it")
     scale = np.sqrt(source.n_rows / norms2)
     sigma = gram * np.outer(scale, scale) / source.n_rows
     np.fill_diagonal(sigma, 1.0)
