@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.answers.endpoints import router as answers_router
 from app.config import Settings, load_settings
-from app.core.errors import install_error_handlers
+from app.core.errors import ErrorBarrier, install_error_handlers
 from app.core.services import Services, set_current
 from app.datasets.endpoints import router as datasets_router
 from app.releases.endpoints import router as releases_router
@@ -159,4 +159,5 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
         upload_limit=settings.max_upload_bytes + (8 << 20),
         json_limit=settings.max_json_bytes,
     )
+    app.add_middleware(ErrorBarrier)  # last added, so outermost
     return app

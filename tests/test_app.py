@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.core.services import Services
+from app.storage.source import EncryptedTableSource
 from tests.conftest import Caller
 
 
@@ -100,3 +104,32 @@ def test_openapi_documents_the_upload(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     body = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert body["schema"]["required"] == ["file", "schema"]
+
+
+def test_unhandled_errors_are_answered_and_logged_without_their_message(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Starlette re-raises an exception after its 500 handler, and the server would log it
+    with its message; the error barrier answers and logs by type and frames only, and
+    nothing escapes (TestClient re-raises anything that does)."""
+    secret = "alice,52,s3cr3t-diagnosis"
+
+    def boom() -> None:
+        raise ValueError(f"could not parse {secret}") from KeyError(secret)
+
+    client.app.add_api_route("/boom", boom)  # type: ignore[attr-defined]
+    with caplog.at_level(logging.DEBUG):
+        response = client.get("/boom")
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    assert secret not in response.text
+    assert "unhandled ValueError on GET /boom" in caplog.text
+    assert secret not in caplog.text
+
+
+def test_keys_and_sql_parameters_stay_out_of_messages(client: TestClient) -> None:
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    assert services.data_key not in repr(services).encode()
+    assert services.db.engine.hide_parameters
+    source = EncryptedTableSource(Path("x.parquet"), services.data_key, ["a"], 1)
+    assert services.data_key not in repr(source).encode()

@@ -33,7 +33,10 @@ _ON_ROLLBACK = "curator_on_rollback"
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine configured for this service (see the module docstring)."""
+    """Create an engine configured for this service (see the module docstring). Its
+    errors never carry the statement's parameters (``hide_parameters``): they can be data
+    values, and an error's message can end up in a log."""
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs

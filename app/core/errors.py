@@ -141,13 +141,47 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        frames = "".join(traceback.format_tb(exc.__traceback__))
-        log.error(
-            "unhandled %s on %s %s\n%s",
-            type(exc).__name__,
-            request.method,
-            request.url.path,
-            frames,
-        )
-        body = {"error": {"code": "internal_error", "message": "internal error; this is a bug"}}
-        return JSONResponse(body, status_code=500)
+        log_unexpected(exc, request.method, request.url.path)
+        return internal_error_response()
+
+
+def log_unexpected(exc: BaseException, method: str, path: str) -> None:
+    """Log an unhandled exception by type and frames only: its message (and a chained
+    cause's) can quote data values, e.g. a database error's parameters."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    log.error("unhandled %s on %s %s\n%s", type(exc).__name__, method, path, frames)
+
+
+def internal_error_response() -> JSONResponse:
+    body = {"error": {"code": "internal_error", "message": "internal error; this is a bug"}}
+    return JSONResponse(body, status_code=500)
+
+
+class ErrorBarrier:
+    """Outermost ASGI guard. Starlette's ``ServerErrorMiddleware`` re-raises every
+    exception after its 500 handler has answered, and the server (uvicorn) then logs it
+    with its message and chained causes, which can carry data values (privacy rule 5). This
+    middleware, added last (so it runs first), answers the generic 500 itself, logs the
+    exception by type and frames only (:func:`log_unexpected`), and does not re-raise."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            log_unexpected(exc, str(scope.get("method", "")), str(scope.get("path", "")))
+            if not started:
+                await internal_error_response()(scope, receive, send)

@@ -3,7 +3,7 @@ that the worker builds the same thing the API does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.config import Settings
 from app.core.db import Database
@@ -14,7 +14,7 @@ from app.worker.queue import Queue
 class Services:
     settings: Settings
     db: Database
-    data_key: bytes
+    data_key: bytes = field(repr=False)  # never in a repr that a log line could format
     queue: Queue
 
     @classmethod

@@ -26,7 +26,7 @@ class EncryptedTableSource:
     """Stream ``columns`` of an encrypted table as float64 ``(b, len(columns))`` batches."""
 
     path: Path
-    key: bytes
+    key: bytes = field(repr=False)  # never in a repr that a log line could format
     columns: Sequence[str]
     n_rows: int
     batch_rows: int = ROW_GROUP_ROWS

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,29 @@ class TaskSpec:
 
 
 _REGISTRY: dict[str, TaskSpec] = {}
+
+
+class TaskFailed(RuntimeError):
+    """What a failed task raises to Huey: the original exception's type only."""
+
+
+def guarded(name: str, fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` with its failures logged by type and frames only and re-raised as
+    :class:`TaskFailed` without the original attached: Huey logs a task's exception with
+    its message, which can carry data values (privacy rule 5). Task arguments are ids."""
+
+    def run(*args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            frames = "".join(traceback.format_tb(exc.__traceback__))
+            log.error("task %s%r failed with %s\n%s", name, args, type(exc).__name__, frames)
+            raise TaskFailed(f"task {name} failed with {type(exc).__name__}") from None
+
+    run.__name__ = getattr(fn, "__name__", name)
+    run.__qualname__ = getattr(fn, "__qualname__", name)
+    run.__module__ = getattr(fn, "__module__", __name__)
+    return run
 
 
 def task(
@@ -72,7 +96,7 @@ class Queue:
         self._tasks: dict[str, Any] = {
             spec.name: self.huey.task(
                 name=spec.name, retries=spec.retries, retry_delay=spec.retry_delay
-            )(spec.fn)
+            )(guarded(spec.name, spec.fn))
             for spec in _REGISTRY.values()
         }
 

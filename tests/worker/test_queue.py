@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from app.config import Settings
 from app.worker import queue as queue_module
-from app.worker.queue import Queue
+from app.worker.queue import Queue, TaskFailed, guarded
 
 _seen: dict[str, threading.Event] = {}
 
@@ -44,3 +45,23 @@ def test_enqueued_task_runs_and_consumer_stops_cleanly(queue: Queue) -> None:
     assert queue.pending() == 0
     assert all(not t.is_alive() for _, t in consumer.worker_threads)
     queue.huey.storage.flush_all()
+
+
+def test_a_failing_task_reaches_huey_without_its_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Huey logs a task's exception with its message; a guarded task logs the type and
+    frames and hands Huey a TaskFailed that carries neither the message nor the cause."""
+    secret = "bob,41,s3cr3t-value"
+
+    def failing(release_id: str) -> None:
+        raise ValueError(f"bad row {secret}")
+
+    with caplog.at_level(logging.DEBUG), pytest.raises(TaskFailed) as info:
+        guarded("measure", failing)("0000-id")
+    assert str(info.value) == "task measure failed with ValueError"
+    assert info.value.__suppress_context__
+    assert info.value.__cause__ is None
+    assert "failed with ValueError" in caplog.text
+    assert "0000-id" in caplog.text
+    assert secret not in caplog.text
