@@ -66,8 +66,8 @@ into its edge bin. Without atoms, the heavy columns' bound mass smeared over the
 the sum over columns; keeping the heavy atoms removes only the first. Measured again
 (exact rows, each value placed uniformly in its bin, the joint law kept): without atoms
 the binning alone overestimates every worst-case query at ``sigma >= 4`` by 0.12-0.13x
-the baseline at ``B = 14`` (0.26-0.28x at ``B = 8``), with atoms by 0.02-0.04x
-(0.04-0.06x). A shape-constrained denoiser (each column's bins projected onto the
+the baseline at ``B = 14`` (0.26-0.28x at ``B = 8``), with atoms by 0.02-0.03x
+(0.05-0.06x). A shape-constrained denoiser (each column's bins projected onto the
 unimodal laws, by isotonic regression from every candidate mode) to remove the noise
 spread tails did not rescue the atoms in the private tree (8 paired rounds on CRM;
 atoms with it 0.22-0.29x at ``sigma >= 4`` against 0.19-0.22x for the default, and
