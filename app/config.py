@@ -100,8 +100,11 @@ class Settings(BaseSettings):
         Raises :class:`ConfigError` with a message that says what to fix.
         """
         try:
+            # owner-only (0700) where we create them: raw tables are encrypted, but the
+            # database, the queue and the release artifacts are not, and the default key
+            # file sits here too. An existing directory keeps the mode it was given.
             for path in (self.data_dir, self.datasets_dir, self.releases_dir, self.tmp_dir):
-                path.mkdir(parents=True, exist_ok=True)
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(
                 f"CURATOR_DATA_DIR ({self.data_dir}) cannot be created: {exc.strerror}"

@@ -29,6 +29,9 @@ def test_key_is_generated_once_with_mode_0600(tmp_path: Path) -> None:
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     Fernet(key)
     assert Settings(data_dir=tmp_path / "d").prepare() == key
+    # the directories it creates are the owner's only (database, queue, artifacts, key)
+    for path in (settings.data_dir, settings.datasets_dir, settings.releases_dir, settings.tmp_dir):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
 
 
 def test_explicit_key_wins(tmp_path: Path) -> None:
