@@ -61,11 +61,14 @@ _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bea
 
 
 def current_user(
+    request: Request,
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> User:
     """The caller, looked up in a short read-only transaction of its own, so that a request
-    holds no database lock before its endpoint runs (an upload may stream for minutes)."""
+    holds no database lock before its endpoint runs (an upload may stream for minutes).
+    The key's id is kept on ``request.state.api_key_id``
+    (:func:`app.users.service.ensure_key_active`)."""
     if credentials is None or not credentials.credentials:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     with services.db.transaction(read_only=True) as session:
@@ -75,6 +78,7 @@ def current_user(
         user = session.get(User, key.user_id) if key is not None else None
         if key is None or key.revoked_at is not None or user is None:
             raise Unauthorized("invalid or revoked API key")
+        request.state.api_key_id = key.id
         return user
 
 

@@ -77,7 +77,13 @@ async def create_dataset(
     try:
         declaration = service.parse_declaration(upload.fields.get("schema"))
         return await run_in_threadpool(
-            service.create_dataset, session, services, curator, declaration, upload
+            service.create_dataset,
+            session,
+            services,
+            curator,
+            declaration,
+            upload,
+            request.state.api_key_id,
         )
     finally:
         upload.discard()

@@ -39,6 +39,7 @@ from app.datasets.validation import validate_and_store
 from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
 from app.models import Dataset, Grant, Role, User
+from app.users.service import ensure_key_active
 
 Declaration = DatasetDeclaration | GraphDeclaration
 
@@ -66,11 +67,14 @@ def create_dataset(
     curator: User,
     declaration: Declaration,
     upload: ReceivedUpload,
+    key_id: uuid.UUID | None = None,
 ) -> DatasetOut:
     """Validate the uploaded file against the declaration, store it encrypted, record it.
 
     Nothing is left behind on failure: the stored file is removed if validation fails or
-    the transaction rolls back.
+    the transaction rolls back. With ``key_id`` (the request's API key), the key is checked
+    again just before the dataset is recorded: an upload streams and validates for
+    minutes, and a key revoked meanwhile must not create a dataset.
     """
     if upload.file is None:
         raise InvalidRequest("the 'file' part is missing")
@@ -123,6 +127,8 @@ def create_dataset(
                 allow_non_dp_releases=declaration.allow_non_dp_releases,
                 validation=report.model_dump(),
             )
+    if key_id is not None:
+        ensure_key_active(session, key_id)
     session.add(dataset)
     session.flush()
     record(

@@ -10,9 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
+from app.core.security import hash_api_key
 from app.core.services import Services
-from app.models import AuditEvent, Dataset
+from app.models import ApiKey, AuditEvent, Dataset
+from app.models.base import utcnow
 from app.storage.tables import open_table
 from tests.conftest import Caller
 from tests.datasets.helpers import (
@@ -388,6 +391,36 @@ def test_streamed_upload_without_length_is_counted(client: TestClient, curator: 
         content=chunks(),
     )
     assert response.status_code == 413
+    assert_nothing_stored(client)
+
+
+def test_key_revoked_while_the_file_streams_creates_nothing(
+    client: TestClient, curator: Caller
+) -> None:
+    """The key is checked when the request starts and again just before the dataset is
+    recorded: revoking it while the upload streams leaves nothing behind."""
+    boundary = "b0undary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="schema"\r\n\r\n{json.dumps(SCHEMA)}\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="d.csv"\r\n\r\n'
+    ).encode()
+    tail = csv_bytes(rows=["50,60,A,1"] * 200) + f"\r\n--{boundary}--\r\n".encode()
+
+    def chunks() -> Any:
+        yield head
+        with _services(client).db.transaction() as session:
+            key = session.scalars(
+                select(ApiKey).where(ApiKey.key_hash == hash_api_key(curator.key))
+            ).one()
+            key.revoked_at = utcnow()
+        yield tail
+
+    response = client.post(
+        "/v1/datasets",
+        headers={**curator.headers, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        content=chunks(),
+    )
+    assert response.status_code == 401, response.text
     assert_nothing_stored(client)
 
 
