@@ -227,7 +227,11 @@ the tree law's margins and fitted onto a sample of that law by iterative proport
 fitting. Rows ``sigma = 1`` went from 0.24-0.30x (the full tree, same rounds) to
 0.30-0.34x, and uniform from 0.04-0.05x to 0.06x. Pairs chosen by their exact misfit
 (not private) did no better than the full tree (0.27-0.29x). The tree loses more from
-the budget taken away than the extra tables win back.
+the budget taken away than the extra tables win back. Within trees, the best ceiling
+measured on CTG rows ``sigma = 1`` is 0.169x (equal groups, ``b = 6``, copula; ``b = 4``
+blend 0.243x, ``b = 8`` blend 0.227x) and MST's own model from exact tables (8 equal bins,
+``8 x 8`` tables, blocks) reads 0.201x (``sigma = 2``: 0.028x, ours 0.031-0.040x): no tree
+of pairs reaches half of MST's 0.23x there even without noise.
 
 Answers: a separable query ``sum_j w_j prod_i g_ji(x_i)`` has the exact expectation under
 the tree law by belief propagation over the tree (leaves to root):
