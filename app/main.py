@@ -30,6 +30,10 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+#: The one route whose body is a dataset file (``upload_limit``); every other body is JSON.
+UPLOAD_PATH = "/v1/datasets"
+
+
 class BodyLimit:
     """Refuse request bodies over their route's limit with 413: ``upload_limit`` for the
     dataset upload (``POST /v1/datasets``, also counted as it streams, see
@@ -62,9 +66,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        upload = scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == (
-            "/v1/datasets"
-        )
+        # the upload route, also under a proxy's path prefix (root_path)
+        path = str(scope.get("path", "")).rstrip("/")
+        upload = scope.get("method") == "POST" and path.endswith(UPLOAD_PATH)
         limit = self.upload_limit if upload else self.json_limit
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.core.services import Services
+from app.main import BodyLimit
 from app.storage.source import EncryptedTableSource
 from tests.conftest import Caller
 
@@ -98,6 +101,39 @@ def test_json_routes_have_their_own_limit_also_when_chunked(
     )
     assert created.status_code == 201, created.text
     assert created.json()["name"] == "chunked"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "upload"),
+    [
+        ("POST", "/v1/datasets", True),
+        ("POST", "/v1/datasets/", True),
+        ("POST", "/curator/v1/datasets", True),  # under a proxy's path prefix
+        ("GET", "/v1/datasets", False),
+        ("POST", "/v1/datasets/abc/releases", False),
+        ("POST", "/v1/releases/abc/answers", False),
+    ],
+)
+def test_body_limit_tells_the_upload_route(method: str, path: str, upload: bool) -> None:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append("app")
+
+    limit = BodyLimit(app, upload_limit=100, json_limit=10)
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"x" * 50, "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": []}
+    asyncio.run(limit(scope, receive, send))
+    # 50 bytes: over the JSON limit, under the upload limit
+    assert (seen == ["app"]) is upload
+    assert (not sent) is upload
 
 
 def test_openapi_documents_the_upload(client: TestClient) -> None:
