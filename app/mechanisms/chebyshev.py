@@ -807,7 +807,7 @@ def truncation_estimate(
     chunk = max(1, _PAIR_ELEMENTS // (J * J))
     for start in range(0, Q, chunk):
         part = slice(start, start + chunk)
-        p0 = np.ones((len(range(Q)[part]), J, J))
+        p0 = np.ones((min(chunk, Q - start), J, J))
         p1 = np.zeros_like(p0)
         p2 = np.zeros_like(p0)
         for i in range(d):
