@@ -172,12 +172,16 @@ class BudgetSummary(BaseModel):
 
 
 class ValidationReport(BaseModel):
-    """What validation found. Shown to the dataset's curator only: clip counts are
-    exact statistics of the data."""
+    """What validation found, shown to the dataset's curator only. ``clipped`` (values
+    clipped per column) is an exact statistic of the data: it is in the upload's own
+    response, a report on the file the curator just sent, and is never stored or shown
+    again (``None`` afterwards; privacy rule 5)."""
 
     format: Literal["csv", "parquet", "edge_list"]
     n_rows: int | None
-    clipped: dict[str, int]
+    clipped: dict[str, int] | None = Field(
+        default=None, description="values clipped per column; in the upload response only"
+    )
 
 
 class DatasetOut(BaseModel):

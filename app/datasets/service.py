@@ -104,7 +104,7 @@ def create_dataset(
                 n_vertices=declaration.vertices,
                 out_of_bounds="reject",
                 allow_non_dp_releases=False,
-                validation=report.model_dump(),
+                validation=report.model_copy(update={"clipped": None}).model_dump(),
             )
         else:
             stored = validate_and_store(
@@ -125,7 +125,7 @@ def create_dataset(
                 n_rows=stored.n_rows,
                 out_of_bounds=declaration.out_of_bounds,
                 allow_non_dp_releases=declaration.allow_non_dp_releases,
-                validation=report.model_dump(),
+                validation=report.model_copy(update={"clipped": None}).model_dump(),
             )
     if key_id is not None:
         ensure_key_active(session, key_id)
@@ -143,7 +143,10 @@ def create_dataset(
         epsilon_total=declaration.budget.epsilon,
         delta_total=declaration.budget.delta,
     )
-    return to_out(session, dataset, curator)
+    out = to_out(session, dataset, curator)
+    if dataset.kind == "table":  # the clip counts go back with this response only
+        out = out.model_copy(update={"validation": report})
+    return out
 
 
 def update_dataset(
@@ -216,7 +219,12 @@ def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
         "allow_non_dp_releases": dataset.allow_non_dp_releases,
         "budget": budget_summary(ledger.balance(session, dataset)),
         "created_at": dataset.created_at,
-        "validation": dataset.validation if is_owner and dataset.kind == "table" else None,
+        # records made before clip counts stopped being stored may still hold them
+        "validation": (
+            {**dataset.validation, "clipped": None}
+            if is_owner and dataset.kind == "table" and dataset.validation
+            else None
+        ),
     }
     return DatasetOut.model_validate(data)
 

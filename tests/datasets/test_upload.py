@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,14 @@ def test_clip_reports_counts_per_column(client: TestClient, curator: Caller) -> 
     response = upload(client, curator, csv_bytes(rows=rows))
     assert response.status_code == 201, response.text
     assert response.json()["validation"]["clipped"] == {"age": 3, "weight": 1}
+    # an exact statistic: reported once, to the uploader, and neither stored nor served again
+    dataset_id = response.json()["id"]
+    later = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()
+    assert later["validation"] == {"format": "csv", "n_rows": 4, "clipped": None}
+    listed = client.get("/v1/datasets", headers=curator.headers).json()
+    assert all(d["validation"]["clipped"] is None for d in listed)
+    with _services(client).db.transaction() as session:
+        assert session.get(Dataset, uuid.UUID(dataset_id)).validation["clipped"] is None
     stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
     out = open_table(stored, _services(client).data_key).read()
     assert out["age"].to_pylist() == [-1.0, 1.0, 1.0, 0.0]
