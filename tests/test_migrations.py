@@ -216,3 +216,41 @@ def test_0004_records_the_method_of_earlier_smooth_synthetic_releases(
     assert back[old] == {"grid_size": 500}
     assert back[marg] == {"method": "marginals"}
     assert back[other] == {"basis": "auto"}
+
+
+def test_0005_scrubs_stored_clip_counts(empty_database: str) -> None:
+    """Reports stored before 0005 held exact clip counts; 0005 sets them to null and leaves
+    the rest of the report (and reports without counts) as they were."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from sqlalchemy import MetaData, select
+
+    url = empty_database
+    migrations.upgrade(url, "0004")
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    user, dataset = uuid.uuid4(), uuid.uuid4()
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        users, datasets = meta.tables["users"], meta.tables["datasets"]
+        with engine.begin() as connection:
+            _owner_and_dataset(connection, users, datasets, user, dataset, now)
+            report = {"format": "csv", "n_rows": 3, "clipped": {"age": 2}}
+            connection.execute(
+                datasets.update().where(datasets.c.id == dataset.hex).values(validation=report)
+            )
+    finally:
+        engine.dispose()
+    migrations.upgrade(url, "0005")
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        with engine.connect() as connection:
+            stored = connection.execute(select(meta.tables["datasets"].c.validation)).scalar_one()
+    finally:
+        engine.dispose()
+    assert stored == {"format": "csv", "n_rows": 3, "clipped": None}
+    migrations.downgrade(url, "0004")
