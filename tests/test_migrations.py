@@ -59,6 +59,21 @@ def _owner_and_dataset(
     )
 
 
+def _scalar(url: str, table: str, column: str) -> Any:
+    """The one value of ``table.column`` (reflected: the models may be ahead of the
+    revision under test)."""
+    from sqlalchemy import MetaData, select
+
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        with engine.connect() as connection:
+            return connection.execute(select(meta.tables[table].c[column])).scalar_one()
+    finally:
+        engine.dispose()
+
+
 def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
     url = empty_database
     assert _tables(url) == set()
@@ -137,16 +152,7 @@ def test_upgrade_and_downgrade_with_data_in_place(empty_database: str) -> None:
     finally:
         engine.dispose()
     migrations.downgrade(url, "0001")
-    engine = make_engine(url)
-    try:
-        meta = MetaData()
-        meta.reflect(engine)
-        with engine.connect() as connection:
-            assert (
-                connection.execute(select(meta.tables["releases"].c.mechanism)).scalar_one() == "m"
-            )
-    finally:
-        engine.dispose()
+    assert _scalar(url, "releases", "mechanism") == "m"
 
 
 def test_0004_records_the_method_of_earlier_smooth_synthetic_releases(
@@ -224,7 +230,7 @@ def test_0005_scrubs_stored_clip_counts(empty_database: str) -> None:
     import uuid
     from datetime import UTC, datetime
 
-    from sqlalchemy import MetaData, select
+    from sqlalchemy import MetaData
 
     url = empty_database
     migrations.upgrade(url, "0004")
@@ -244,13 +250,6 @@ def test_0005_scrubs_stored_clip_counts(empty_database: str) -> None:
     finally:
         engine.dispose()
     migrations.upgrade(url, "0005")
-    engine = make_engine(url)
-    try:
-        meta = MetaData()
-        meta.reflect(engine)
-        with engine.connect() as connection:
-            stored = connection.execute(select(meta.tables["datasets"].c.validation)).scalar_one()
-    finally:
-        engine.dispose()
+    stored = _scalar(url, "datasets", "validation")
     assert stored == {"format": "csv", "n_rows": 3, "clipped": None}
     migrations.downgrade(url, "0004")
