@@ -293,7 +293,7 @@ STEPS = ("one_way", "select", "pairs")
 #: against 0.21x at ``sigma >= 4``, inside its round noise (standard errors 0.018-0.024x),
 #: and at 0.25 it was level. The other way, on CRM alone (10 rounds each, not paired, equal
 #: groups forced: with less for the tables the default turns to quantile groups, which
-#: cost CRM 0.26-0.36x at ``sigma >= 4``): one_way 0.7 or 0.85 read 0.17-0.22x at
+#: cost CRM 0.25-0.36x at ``sigma >= 4``): one_way 0.7 or 0.85 read 0.17-0.22x at
 #: ``sigma >= 4`` against 0.20-0.24x at 0.5, rows ``sigma = 2`` 0.70x and 0.71x against
 #: 0.68x, ``sigma = 2`` 0.46x against 0.45x: within one or two standard errors (0.01-0.02x)
 #: and still behind MST (0.16-0.20x), so the shares stay.
