@@ -95,7 +95,7 @@ def create_dataset(
             graph = validate_graph_and_store(
                 reader, upload.file.size, declaration.vertices, destination, services.data_key
             )
-            report = ValidationReport(format="edge_list", n_rows=None, clipped={})
+            report = ValidationReport(format="edge_list", n_rows=None)
             dataset = Dataset(
                 **common,
                 kind="graph",
@@ -104,7 +104,7 @@ def create_dataset(
                 n_vertices=declaration.vertices,
                 out_of_bounds="reject",
                 allow_non_dp_releases=False,
-                validation=report.model_copy(update={"clipped": None}).model_dump(),
+                validation=report.model_dump(),
             )
         else:
             stored = validate_and_store(
@@ -219,12 +219,8 @@ def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
         "allow_non_dp_releases": dataset.allow_non_dp_releases,
         "budget": budget_summary(ledger.balance(session, dataset)),
         "created_at": dataset.created_at,
-        # records made before clip counts stopped being stored may still hold them
-        "validation": (
-            {**dataset.validation, "clipped": None}
-            if is_owner and dataset.kind == "table" and dataset.validation
-            else None
-        ),
+        # stored without clip counts (migration 0005 removed the ones stored before)
+        "validation": dataset.validation if is_owner and dataset.kind == "table" else None,
     }
     return DatasetOut.model_validate(data)
 
