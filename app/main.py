@@ -47,10 +47,8 @@ class BodyLimit:
         self.upload_limit = upload_limit
         self.json_limit = json_limit
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        setting = (
-            "CURATOR_MAX_UPLOAD_BYTES" if limit == self.upload_limit else "CURATOR_MAX_JSON_BYTES"
-        )
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:
         response = JSONResponse(
             {
                 "error": {
@@ -69,10 +67,14 @@ class BodyLimit:
         # the upload route, also under a proxy's path prefix (root_path)
         path = str(scope.get("path", "")).rstrip("/")
         upload = scope.get("method") == "POST" and path.endswith(UPLOAD_PATH)
-        limit = self.upload_limit if upload else self.json_limit
+        limit, setting = (
+            (self.upload_limit, "CURATOR_MAX_UPLOAD_BYTES")
+            if upload
+            else (self.json_limit, "CURATOR_MAX_JSON_BYTES")
+        )
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await self._refuse(scope, receive, send, limit)
+                await self._refuse(scope, receive, send, limit, setting)
                 return
         if upload:
             await self.app(scope, receive, send)
@@ -86,7 +88,7 @@ class BodyLimit:
                 break
             size += len(message.get("body", b""))
             if size > limit:
-                await self._refuse(scope, receive, send, limit)
+                await self._refuse(scope, receive, send, limit, setting)
                 return
             if not message.get("more_body", False):
                 break

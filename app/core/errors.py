@@ -139,30 +139,16 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log_unexpected(exc, request.method, request.url.path)
-        return internal_error_response()
-
-
-def log_unexpected(exc: BaseException, method: str, path: str) -> None:
-    """Log an unhandled exception by type and frames only: its message (and a chained
-    cause's) can quote data values, e.g. a database error's parameters."""
-    frames = "".join(traceback.format_tb(exc.__traceback__))
-    log.error("unhandled %s on %s %s\n%s", type(exc).__name__, method, path, frames)
-
-
-def internal_error_response() -> JSONResponse:
-    body = {"error": {"code": "internal_error", "message": "internal error; this is a bug"}}
-    return JSONResponse(body, status_code=500)
+    # Any other exception is answered by ErrorBarrier (an exception handler for Exception
+    # would run in Starlette's ServerErrorMiddleware, which re-raises after it).
 
 
 class ErrorBarrier:
-    """Outermost ASGI guard. Starlette's ``ServerErrorMiddleware`` re-raises every
-    exception after its 500 handler has answered, and the server (uvicorn) then logs it
-    with its message and chained causes, which can carry data values (privacy rule 5). This
-    middleware, added last (so it runs first), answers the generic 500 itself, logs the
-    exception by type and frames only (:func:`log_unexpected`), and does not re-raise."""
+    """Outermost ASGI guard for unhandled exceptions. Starlette's ``ServerErrorMiddleware``
+    re-raises every exception after its 500 handler has answered, and the server (uvicorn)
+    then logs it with its message and chained causes, which can carry data values (privacy
+    rule 5). This middleware, added last (so it runs first), answers the generic 500
+    itself, logs the exception by type and frames only, and does not re-raise."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -182,6 +168,11 @@ class ErrorBarrier:
         try:
             await self.app(scope, receive, watched)
         except Exception as exc:
-            log_unexpected(exc, str(scope.get("method", "")), str(scope.get("path", "")))
+            frames = "".join(traceback.format_tb(exc.__traceback__))
+            method, path = scope.get("method", ""), scope.get("path", "")
+            log.error("unhandled %s on %s %s\n%s", type(exc).__name__, method, path, frames)
             if not started:
-                await internal_error_response()(scope, receive, send)
+                body = {
+                    "error": {"code": "internal_error", "message": "internal error; this is a bug"}
+                }
+                await JSONResponse(body, status_code=500)(scope, receive, send)

@@ -7,6 +7,7 @@ instance. Jobs carry ids only; a task re-reads its rows in its own transaction.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import traceback
@@ -46,6 +47,7 @@ def guarded(name: str, fn: Callable[..., None]) -> Callable[..., None]:
     :class:`TaskFailed` without the original attached: Huey logs a task's exception with
     its message, which can carry data values (privacy rule 5). Task arguments are ids."""
 
+    @functools.wraps(fn)
     def run(*args: Any) -> None:
         try:
             fn(*args)
@@ -54,9 +56,6 @@ def guarded(name: str, fn: Callable[..., None]) -> Callable[..., None]:
             log.error("task %s%r failed with %s\n%s", name, args, type(exc).__name__, frames)
             raise TaskFailed(f"task {name} failed with {type(exc).__name__}") from None
 
-    run.__name__ = getattr(fn, "__name__", name)
-    run.__qualname__ = getattr(fn, "__qualname__", name)
-    run.__module__ = getattr(fn, "__module__", __name__)
     return run
 
 

@@ -351,15 +351,8 @@ class RandomizedResponse(registry.Mechanism):
                     raise InvalidRequest(
                         f'column {name!r} is continuous: use {{"between": [low, high]}}'
                     )
-                bounds = condition["between"]
-                if (
-                    not isinstance(bounds, list)
-                    or len(bounds) != 2
-                    or not all(
-                        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                        for v in bounds
-                    )
-                ):
+                bounds = condition["between"]  # floats already (the Condition schema)
+                if len(bounds) != 2 or not all(math.isfinite(v) for v in bounds):
                     raise InvalidRequest(
                         f'column {name!r}: "between" takes two finite numbers [low, high]'
                     )
