@@ -211,7 +211,15 @@ table instead of the denoised one (level or worse everywhere, CTG rows ``sigma =
 margins): better on CTG (uniform -0.003-0.004x, rows ``sigma = 1`` -0.013x) and CRM (up to
 -0.008x) and on the row-centred queries of WDBC (-0.018x) and PKS (-0.007x), but worse on
 the uniform-centre queries of WDBC (+0.005-0.008x) and PKS (+0.001x), where the measured
-coarse tables carry what the one-parameter copula misses.
+coarse tables carry what the one-parameter copula misses. Nor do finer tables pay with
+the copula (CTG, 9 rounds, the same releases read raked / pure copula; rows ``sigma =
+1``, ``sigma = 2``): ``b = 4`` blend (the default) 0.252x / 0.251x, 0.062x / 0.061x;
+``b = 4`` equal 0.291x / 0.309x, 0.081x / 0.090x; ``b = 6`` equal 0.314x / 0.315x,
+0.105x / 0.106x; ``b = 8`` equal 0.389x / 0.371x, 0.132x / 0.128x. From the exact tables
+the pure copula tree reads 0.253x, 0.198x, 0.180x and 0.245x there (raked: 0.243x,
+0.186x, 0.169x, 0.241x), so its one correlation per edge carries nearly all the tree's
+joint structure, and the finer tables lose it to noise in the selection and the coarse
+margins, not to the rake (``b = 3`` and ``b = 5`` blend, 3 rounds: 0.29x and 0.34x).
 
 Beyond a tree (tried, not taken). On CTG the row-centred ``sigma = 1`` error of the tree
 from the *exact* tables is 0.245x the baseline, close to the private tree's, so what is
@@ -232,6 +240,18 @@ measured on CTG rows ``sigma = 1`` is 0.169x (equal groups, ``b = 6``, copula; `
 blend 0.243x, ``b = 8`` blend 0.227x) and MST's own model from exact tables (8 equal bins,
 ``8 x 8`` tables, blocks) reads 0.201x (``sigma = 2``: 0.028x, ours 0.031-0.040x): no tree
 of pairs reaches half of MST's 0.23x there even without noise.
+
+On CRM (``d = 100``, where the tree trails MST at ``sigma >= 4``) neither fewer nor
+finer tables help (side scripts, ``epsilon = 1, delta = 1e-9``, equal groups, not
+paired). A forest of the ``k`` best edges (the noisy max stopped after ``k`` rounds, each
+round and table given ``rho_s / k`` and the whole ``rho_2``; unmeasured columns joined
+by product tables, which is post-processing), 5 rounds, uniform ``sigma = 4, 6, 8, 10``:
+``k = 99`` (the tree) 0.18x, 0.16x, 0.17x, 0.17x; ``k = 50`` 0.16x, 0.20x, 0.22x,
+0.22x; ``k = 25`` 0.22-0.26x; ``k = 12`` 0.19-0.24x: at ``sigma >= 6`` each table's row
+and column sums, which sharpen the coarse margins, are worth more than the lower noise
+per table. Finer tables, 6 rounds (``b = 4, 7, 14``, ``b = 14`` a table over the fine
+cells themselves): uniform ``sigma >= 6`` 0.14x, 0.19x, 0.21x; rows ``sigma = 2`` 0.70x,
+0.76x, 0.83x.
 
 Answers: a separable query ``sum_j w_j prod_i g_ji(x_i)`` has the exact expectation under
 the tree law by belief propagation over the tree (leaves to root):
