@@ -26,7 +26,10 @@ won back by the coarse margins the tables also measure), and on CRM (1994 x 100;
 run). The worst case over a
 family's queries varies widely from one release to the next: on CTG row-centred
 ``sigma = 1``, 40 releases ranged 0.17-0.38x (mean 0.286x +- 0.008x), so one 10-round run
-can read 0.25x and the next 0.29x. It is the default of
+can read 0.25x and the next 0.29x. With 10 rounds of MST beside 20 of ours
+(``smooth_marginals_mst10.md``) the CTG row-centred gap is plain: 0.28x +- 0.009x
+against MST's 0.22x +- 0.01x (``sigma = 2``: 0.08x against 0.06x); on WDBC the tree is
+below MST everywhere (rows ``sigma = 1`` 0.69x against 0.73x). It is the default of
 ``smooth_synthetic`` when ``delta > 0``.
 
 Mechanism (three data-dependent steps, accounted in zCDP, converted once)
@@ -218,8 +221,10 @@ the copula (CTG, 9 rounds, the same releases read raked / pure copula; rows ``si
 0.105x / 0.106x; ``b = 8`` equal 0.389x / 0.371x, 0.132x / 0.128x. From the exact tables
 the pure copula tree reads 0.253x, 0.198x, 0.180x and 0.245x there (raked: 0.243x,
 0.186x, 0.169x, 0.241x), so its one correlation per edge carries nearly all the tree's
-joint structure, and the finer tables lose it to noise in the selection and the coarse
-margins, not to the rake (``b = 3`` and ``b = 5`` blend, 3 rounds: 0.29x and 0.34x).
+joint structure, and the finer tables lose it to the noise of every step, not to the
+rake, nor to the table threshold (the same ``b = 6, 8`` releases read with
+:data:`TABLE_THRESHOLD` 3, 2, 1 or none, 10 rounds: 0.32-0.33x and 0.37-0.39x whatever
+the threshold); ``b = 3`` and ``b = 5`` blend (3 rounds) read 0.29x and 0.34x.
 
 Beyond a tree (tried, not taken). On CTG the row-centred ``sigma = 1`` error of the tree
 from the *exact* tables is 0.245x the baseline, close to the private tree's, so what is
@@ -317,6 +322,13 @@ STEPS = ("one_way", "select", "pairs")
 #: ``sigma >= 4`` against 0.20-0.24x at 0.5, rows ``sigma = 2`` 0.70x and 0.71x against
 #: 0.68x, ``sigma = 2`` 0.46x against 0.45x: within one or two standard errors (0.01-0.02x)
 #: and still behind MST (0.16-0.20x), so the shares stay.
+#: Where the row-centred error on CTG goes (9 rounds, rows ``sigma = 1``): the private tree
+#: 0.27x; with the exact tree but the noisy tables and margins 0.23x; with the exact tree
+#: and tables 0.22x; with the exact margins only 0.24x; all exact (with the thresholds)
+#: 0.21x. So the noisy selection costs the most there, yet buying it back does not pay:
+#: selection shares 0.1, 0.2, 0.33 (the other two scaled down; 15 rounds, blend groups)
+#: read 0.25x, 0.26x, 0.29x against 0.27x at 0.03 (+-0.01x), with uniform ``sigma >= 4``
+#: 0.046-0.049x, 0.054-0.057x, 0.055-0.059x against 0.043-0.046x.
 SHARES = {"one_way": 0.5, "select": 0.03, "pairs": 0.47}
 #: Coarse groups per column in the pair tables (``b``).
 DEFAULT_PAIR_BINS = 4
