@@ -21,9 +21,10 @@ MST and AIM: 0.21x) and from 0.46x to 0.26x +- 0.01x on CTG (2126 x 21; MST: 0.2
 30; marginals 0.21-0.23x, MST 0.24-0.25x, AIM 0.37-0.38x), level with
 :mod:`~app.mechanisms.marginals` on CTG and below it on PKS (the halved one-way budget is
 won back by the coarse margins the tables also measure), and on CRM (1994 x 100;
-``smooth_marginals_crm.md``, 20 rounds) at 0.20-0.24x, behind both
-:mod:`~app.mechanisms.marginals` (0.18-0.21x) and MST (0.16-0.20x, 5 rounds of an earlier
-run). The worst case over a
+``smooth_marginals_crm.md``, 20 rounds beside 5 of MST) at 0.18-0.20x, level with
+:mod:`~app.mechanisms.marginals` (0.18-0.21x) and with MST (0.18-0.23x +- 0.02-0.03x:
+behind it at ``sigma = 2, 4``, 1.30x and 1.14x, ahead at ``sigma >= 6``, 0.86-0.91x,
+all within two standard errors of 1 but ``sigma = 2``). The worst case over a
 family's queries varies widely from one release to the next: on CTG row-centred
 ``sigma = 1``, 40 releases ranged 0.17-0.38x (mean 0.286x +- 0.008x), so one 10-round run
 can read 0.25x and the next 0.29x. With 10 rounds of MST beside 20 of ours
@@ -324,7 +325,8 @@ STEPS = ("one_way", "select", "pairs")
 #: cost CRM 0.25-0.36x at ``sigma >= 4``): one_way 0.7 or 0.85 read 0.17-0.22x at
 #: ``sigma >= 4`` against 0.20-0.24x at 0.5, rows ``sigma = 2`` 0.70x and 0.71x against
 #: 0.68x, ``sigma = 2`` 0.46x against 0.45x: within one or two standard errors (0.01-0.02x)
-#: and still behind MST (0.16-0.20x), so the shares stay.
+#: and still behind MST's one round then (0.16-0.20x; 0.18-0.23x over 5 rounds later), so
+#: the shares stay.
 #: Where the row-centred error on CTG goes (9 rounds, rows ``sigma = 1``): the private tree
 #: 0.27x; with the exact tree but the noisy tables and margins 0.23x; with the exact tree
 #: and tables 0.22x; with the exact margins only 0.24x; all exact (with the thresholds)
