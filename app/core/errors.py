@@ -21,6 +21,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("curator.errors")
 
 
+def frames_only(exc: BaseException) -> str:
+    """The stack frames of ``exc`` for a log line: never its message nor its chained
+    causes, which can carry data values (privacy rule 5). Every failure the service logs
+    (a request, a task, a release stage) goes through here."""
+    return "".join(traceback.format_tb(exc.__traceback__))
+
+
 class ServiceError(Exception):
     """Base of every error a service raises for the client."""
 
@@ -168,9 +175,9 @@ class ErrorBarrier:
         try:
             await self.app(scope, receive, watched)
         except Exception as exc:
-            frames = "".join(traceback.format_tb(exc.__traceback__))
             method, path = scope.get("method", ""), scope.get("path", "")
-            log.error("unhandled %s on %s %s\n%s", type(exc).__name__, method, path, frames)
+            name = type(exc).__name__
+            log.error("unhandled %s on %s %s\n%s", name, method, path, frames_only(exc))
             if not started:
                 body = {
                     "error": {"code": "internal_error", "message": "internal error; this is a bug"}

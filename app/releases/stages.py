@@ -22,7 +22,6 @@ import logging
 import os
 import socket
 import threading
-import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, object_session
 
 from app.core.db import on_commit, uses_row_locks
+from app.core.errors import frames_only
 from app.core.services import Services
 from app.ledger import service as ledger
 from app.ledger.units import delta_value, epsilon_value
@@ -73,8 +73,8 @@ def describe_failure(exc: BaseException) -> str:
 
 
 def _log_failure(release_id: uuid.UUID, stage: str, exc: BaseException) -> None:
-    frames = "".join(traceback.format_tb(exc.__traceback__))
-    log.error("release %s: %s failed with %s\n%s", release_id, stage, type(exc).__name__, frames)
+    failed = type(exc).__name__
+    log.error("release %s: %s failed with %s\n%s", release_id, stage, failed, frames_only(exc))
 
 
 @dataclass(frozen=True)

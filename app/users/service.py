@@ -61,12 +61,12 @@ def keys_of(session: Session, user_id: uuid.UUID) -> list[ApiKey]:
     )
 
 
-def ensure_key_active(session: Session, key_id: uuid.UUID | None) -> None:
+def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     """Check again, in the request's own transaction, that the key it was authenticated
     with (``request.state.api_key_id``) has not been revoked since: for work that runs long
     after authentication (an upload streams and is validated for minutes) and must not be
     committed on a key revoked meanwhile."""
-    key = session.get(ApiKey, key_id) if key_id is not None else None
+    key = session.get(ApiKey, key_id)
     if key is None or key.revoked_at is not None:
         raise Unauthorized("invalid or revoked API key")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from huey.api import Huey
 from huey.consumer import Consumer
 
 from app.config import Settings
+from app.core.errors import frames_only
 
 log = logging.getLogger("curator.worker")
 
@@ -52,8 +52,8 @@ def guarded(name: str, fn: Callable[..., None]) -> Callable[..., None]:
         try:
             fn(*args)
         except Exception as exc:
-            frames = "".join(traceback.format_tb(exc.__traceback__))
-            log.error("task %s%r failed with %s\n%s", name, args, type(exc).__name__, frames)
+            failed = type(exc).__name__
+            log.error("task %s%r failed with %s\n%s", name, args, failed, frames_only(exc))
             raise TaskFailed(f"task {name} failed with {type(exc).__name__}") from None
 
     return run
