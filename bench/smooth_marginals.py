@@ -33,8 +33,11 @@ Releases:
   ``smoothness = sigma^2`` (one release per sigma, as in paper 000).
 * ``MST`` / ``AIM``: smartnoise-synth 1.0.8 on 8 equal-width bins per column, ``n`` rows
   sampled, uniform placement in a bin; run in their own venv (``bench/peers``) when
-  ``--peers-python`` is given. smartnoise uses add/remove neighbours, we use replace-one
-  (the stricter: a replace is an add and a remove), so the comparison favours the peers.
+  ``--peers-python`` is given. Each column's domain is declared to them (all 8 bins); runs
+  before 2026-11-24 let smartnoise read it off the data, which told the peers for free
+  which bins are empty (the tables say which: :func:`peer_domain_note`). smartnoise uses
+  add/remove neighbours, we use replace-one (the stricter: a replace is an add and a
+  remove), so the comparison favours the peers.
 * ``--peer-privacy replace-one`` runs the peers instead at the epsilon whose
   add/remove guarantee implies *our* replace-one guarantee at ``(1, delta)``
   (:func:`replace_one_epsilon`): a replaced row is one removal and one addition, which
@@ -394,6 +397,24 @@ def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) 
     return rows
 
 
+#: How the peers got each column's domain (``settings["peer_domain"]``): ``"declared"``,
+#: all 8 bins (``bench/peers/run_peer.py``, from 2026-11-24); ``"data"``, the bins the data
+#: occupies, which smartnoise's encoder read off the data (every run before; no setting).
+PEER_DOMAINS = {
+    "declared": "Each column's domain was declared to the peers: all 8 bins, as ours are.",
+    "data": (
+        "Each column's domain was read off the data by smartnoise's encoder: the peers "
+        "knew for free which bins are empty, a look at the data our releases do not get "
+        "(privacy rule 1), so these peer rows are flattered."
+    ),
+}
+
+
+def peer_domain_note(settings: dict[str, Any]) -> str:
+    """The sentence on the peers' domains; a result without the setting predates the fix."""
+    return PEER_DOMAINS[settings.get("peer_domain", "data")]
+
+
 def tree_label(grouping: str | None) -> str:
     """The row label of the private tree with ``grouping``."""
     return f"tree of pairs (eps, delta), {grouping} groups"
@@ -455,6 +476,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             else ""
         )
         + ". Per-column min/max normalisation (benchmark only).",
+        "",
+        peer_domain_note(s),
         "",
     ]
     if s.get("peers_from"):
@@ -554,6 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         "peer_rounds": args.peer_rounds,
         "peer_timeout": args.peer_timeout,
         "peer_privacy": args.peer_privacy,
+        "peer_domain": "declared",
     }
     if earlier is not None:
         peer_rounds = {
@@ -566,6 +590,7 @@ def main(argv: list[str] | None = None) -> None:
             "peer_rounds": max(peer_rounds, default=0),
             "peers_from": str(args.peers_from),
             "peers_from_date": earlier["machine"]["date_utc"],
+            "peer_domain": earlier.get("settings", {}).get("peer_domain", "data"),
         }
     bench.write(render_markdown(result), result)
 

@@ -169,3 +169,17 @@ def test_rows_keep_their_rounds_and_the_summary_divides_by_the_better_peer() -> 
     text = bench.render_markdown(result)
     assert f"**default tree ({entry['default_grouping']} groups) / better peer**" in text
     assert " ±" in text
+
+
+def test_tables_say_how_the_peers_got_their_domains() -> None:
+    """Runs before the harness declared the bins (no ``peer_domain`` setting) are marked as
+    flattering the peers; new runs say the domain was declared."""
+    result = {"settings": {"queries": 1, "rounds": 1, "lp_rounds": 0, "peer_rounds": 1}}
+    result["datasets"] = {}
+    old = bench.render_markdown(result)
+    assert "read off the data" in old
+    assert "flattered" in old
+    result["settings"]["peer_domain"] = "declared"
+    new = bench.render_markdown(result)
+    assert "declared to the peers: all 8 bins" in new
+    assert "read off the data" not in new
