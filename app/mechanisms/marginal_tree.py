@@ -262,7 +262,9 @@ shares ``2/3, 4/3, 2/3`` of ``rho``, ``8/3`` in all (``bench/smooth_marginals.py
 ``--peer-privacy``). So in MST's configuration the stricter neighbour relation costs
 0.08x, and 0.07x more separates our estimate from MST's Private-PGM one (0.22-0.23x). Our
 default, at our noise, reads 0.28-0.31x in these runs: level with MST's configuration at
-MST's noise. None of the following closed the 0.07x:
+MST's noise. (Those MST runs read each column's bins off the data; with the bins declared,
+MST reads 0.24x +- 0.02x, ``bench/results/smooth_marginals_declared_ctg.md``.) None of
+the following closed the 0.07x:
 
 * Its least-squares fit, each noisy table projected in L2 onto ``{T >= 0, rows = P_i,
   cols = P_j}`` instead of threshold, projection and rake: worse on rows ``sigma = 1``,
