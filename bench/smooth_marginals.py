@@ -405,7 +405,8 @@ PEER_DOMAINS = {
     "data": (
         "Each column's domain was read off the data by smartnoise's encoder: the peers "
         "knew for free which bins are empty, a look at the data our releases do not get "
-        "(privacy rule 1), so these peer rows are flattered."
+        "(privacy rule 1), so these peer rows may be flattered (on WDBC and CTG, "
+        "declaring the bins moved MST by less than its round noise)."
     ),
 }
 
