@@ -81,6 +81,9 @@ JOINT_SIGMAS = (1, 2)
 #: The query families, in table order: uniform centres, then centres at real rows.
 FAMILY_KEYS = [f"uniform sigma={s}" for s in SIGMAS] + [f"rows sigma={s}" for s in JOINT_SIGMAS]
 DELTA = 1e-9
+#: Equal-width bins per column of ``[-1, 1]`` that MST and AIM are run on (the domain
+#: declared to them, ``bench/peers/run_peer.py``).
+PEER_BINS = 8
 #: Replace-one zCDP of each peer as a multiple of its add/remove ``rho`` (module doc).
 REPLACE_ONE_FACTOR = {"mst": 8.0 / 3.0, "aim": 0.9 * 2.0 + 0.1 * 4.0}
 
@@ -222,10 +225,10 @@ def run_peer(
     src, dst = workdir / "in.npy", workdir / f"{method}.npy"
     np.save(src, X)
     script = Path(__file__).parent / "peers" / "run_peer.py"
-    args = [python, str(script), method, str(src), str(dst), repr(epsilon), str(DELTA), "8"]
+    numbers = (repr(epsilon), str(DELTA), str(PEER_BINS), str(seed), str(X.shape[0]))
     try:
         done = subprocess.run(
-            [*args, str(seed), str(X.shape[0])],
+            [python, str(script), method, str(src), str(dst), *numbers],
             capture_output=True,
             text=True,
             check=True,
@@ -398,10 +401,12 @@ def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) 
 
 
 #: How the peers got each column's domain (``settings["peer_domain"]``): ``"declared"``,
-#: all 8 bins (``bench/peers/run_peer.py``, from 2026-11-24); ``"data"``, the bins the data
-#: occupies, which smartnoise's encoder read off the data (every run before; no setting).
+#: all :data:`PEER_BINS` bins (``bench/peers/run_peer.py``, from 2026-11-24); ``"data"``,
+#: the bins the data occupies, which smartnoise's encoder read off the data (every run
+#: before; no setting).
 PEER_DOMAINS = {
-    "declared": "Each column's domain was declared to the peers: all 8 bins, as ours are.",
+    "declared": f"Each column's domain was declared to the peers: all {PEER_BINS} bins, as "
+    "ours are.",
     "data": (
         "Each column's domain was read off the data by smartnoise's encoder: the peers "
         "knew for free which bins are empty, a look at the data our releases do not get "
@@ -467,7 +472,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{s['rounds']}, moment LP {s['lp_rounds']}, peers {s['peer_rounds']}. `s`: "
         "release time (for the moment LP the slowest sigma; for the peers fit + sample).",
         "",
-        "Peers (MST, AIM of smartnoise-synth 1.0.8, 8 bins per column, n rows sampled, "
+        f"Peers (MST, AIM of smartnoise-synth 1.0.8, {PEER_BINS} bins per column, n rows sampled, "
         "uniform in a bin) are accounted under add/remove neighbours; ours under "
         "replace-one, which is stricter"
         + (
