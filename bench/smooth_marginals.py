@@ -46,6 +46,11 @@ Releases:
   there). MST spends ``rho / 3`` on selection and ``2 rho / 3`` on measurements, so its
   replace-one cost is ``8 rho / 3``; AIM spends 10 % on selection, ``2.2 rho``
   (:data:`REPLACE_ONE_FACTOR`). That is the comparison at equal privacy.
+* ``--peer-iid``: each peer fit also gives ``n`` rows drawn i.i.d. from its fitted model
+  (:func:`iid_label`, :data:`PEER_IID_NOTE`). smartnoise's own sampler (mbi's randomized
+  rounding) makes columns comonotone that the model makes independent given their
+  parent; on CTG's row-centred ``sigma = 1`` queries that, not MST's estimate, is what
+  puts MST ahead of our tree (``bench/results/smooth_marginals_peer_iid_ctg.md``).
 * ``--peers-from FILE``: the peer rows are copied from an earlier results JSON of this
   benchmark instead of being run again (a 5-round peer run takes 1-2 hours here; the peers
   do not change when our release does). The copy is refused unless the dataset's ``n``,
@@ -220,15 +225,19 @@ def run_peer(
     workdir: Path,
     timeout: float | None = None,
     epsilon: float = 1.0,
-) -> tuple[np.ndarray, float] | None:
-    """The peer's synthetic rows and fit-and-sample seconds; ``None`` past ``timeout``."""
-    src, dst = workdir / "in.npy", workdir / f"{method}.npy"
+    iid: bool = False,
+) -> tuple[np.ndarray, float, np.ndarray | None] | None:
+    """The peer's synthetic rows, fit-and-sample seconds and, with ``iid``, as many rows
+    drawn i.i.d. from the same fitted model (``bench/peers/run_peer.py``); ``None`` past
+    ``timeout``."""
+    src, dst, iid_dst = workdir / "in.npy", workdir / f"{method}.npy", workdir / f"{method}_iid.npy"
     np.save(src, X)
     script = Path(__file__).parent / "peers" / "run_peer.py"
     numbers = (repr(epsilon), str(DELTA), str(PEER_BINS), str(seed), str(X.shape[0]))
+    extra = [str(iid_dst)] if iid else []
     try:
         done = subprocess.run(
-            [python, str(script), method, str(src), str(dst), *numbers],
+            [python, str(script), method, str(src), str(dst), *numbers, *extra],
             capture_output=True,
             text=True,
             check=True,
@@ -237,7 +246,7 @@ def run_peer(
     except subprocess.TimeoutExpired:
         return None
     seconds = float(done.stdout.strip().split()[-1])
-    return np.load(dst), seconds
+    return np.load(dst), seconds, np.load(iid_dst) if iid else None
 
 
 def run(
@@ -252,9 +261,12 @@ def run(
     peer_timeout: float | None = None,
     peer_privacy: str = "same",
     peers_from: dict[str, Any] | None = None,
+    peer_iid: bool = False,
 ) -> dict[str, Any]:
     """Every release of the module doc on every dataset; ``peers_from``: an earlier
-    result (its JSON) whose peer rows are copied instead of running the peers."""
+    result (its JSON) whose peer rows are copied instead of running the peers;
+    ``peer_iid``: also score rows drawn i.i.d. from each peer's fitted model
+    (:func:`iid_label`)."""
     result: dict[str, Any] = {"datasets": {}}
     for name, X in data.items():
         n, d = X.shape
@@ -358,14 +370,18 @@ def run(
         elif peers_python:
             with tempfile.TemporaryDirectory() as tmp:
                 for method in peers:
-                    runs, seconds = [], []
+                    runs, iid_runs, seconds = [], [], []
                     eps = 1.0 if peer_privacy == "same" else replace_one_epsilon(method)
                     for r in range(peer_rounds):
-                        out = run_peer(peers_python, method, X, r, Path(tmp), peer_timeout, eps)
+                        out = run_peer(
+                            peers_python, method, X, r, Path(tmp), peer_timeout, eps, peer_iid
+                        )
                         if out is None:
                             break
                         runs.append(_ratios(batches, truth, base, out[0], None))
                         seconds.append(out[1])
+                        if out[2] is not None:
+                            iid_runs.append(_ratios(batches, truth, base, out[2], None))
                     label = f"{method.upper()} (eps, delta; smartnoise)"
                     if peer_privacy != "same":
                         label = f"{method.upper()} (eps = {eps:.3f}: replace-one equivalent)"
@@ -374,11 +390,22 @@ def run(
                         log(f"{name} {label}: no result within {peer_timeout:.0f} s")
                         continue
                     record(label, runs, seconds)
+                    if iid_runs:
+                        record(iid_label(label), iid_runs, seconds)
+                        entry["rows"][iid_label(label)]["peer_sampling"] = "iid"
         result["datasets"][name] = entry
     return result
 
 
 PEER_LABELS = ("MST ", "AIM ")
+
+
+def iid_label(label: str) -> str:
+    """The row of a peer's fitted model sampled i.i.d. (``--peer-iid``): the same fits as
+    the row ``label``, ``n`` rows drawn with mbi's ``method="sample"`` instead of the
+    randomized rounding smartnoise ships (``bench/peers/run_peer.py``), which makes
+    columns comonotone that the model makes independent given their parent."""
+    return f"{label}, its model sampled i.i.d."
 
 
 def copied_peer_rows(earlier: dict[str, Any], name: str, entry: dict[str, Any]) -> dict[str, Any]:
@@ -416,6 +443,20 @@ PEER_DOMAINS = {
 }
 
 
+#: What the rows "its model sampled i.i.d." are (``--peer-iid``), for the tables.
+PEER_IID_NOTE = (
+    'Rows "its model sampled i.i.d.": the same fits as the row above them, n rows drawn '
+    "i.i.d. from the peer's fitted graphical model (mbi's `synthetic_data(method=\"sample\")`). "
+    'smartnoise ships mbi\'s randomized rounding instead (`method="round"`), which deals '
+    "each column's values to the rows of a parent value in row order, so columns the "
+    "model makes independent given their parent come out comonotone (toy model: "
+    "correlation 1.00 given the parent, 0.00 i.i.d.): dependence no measurement paid "
+    "for, which helps where the columns rise together. The i.i.d. rows show what the "
+    "peer's estimate itself gives; the bold summary row is still against the peers as "
+    "shipped."
+)
+
+
 def peer_domain_note(settings: dict[str, Any]) -> str:
     """The sentence on the peers' domains; a result without the setting predates the fix."""
     return PEER_DOMAINS[settings.get("peer_domain", "data")]
@@ -431,14 +472,21 @@ def _cell(value: float, stderr: float | None, prefix: str = "x") -> str:
     return f"{prefix}{value:.2f}" + ("" if stderr is None else f" ±{stderr:.1g}")
 
 
-def versus_better_peer(entry: dict[str, Any]) -> dict[str, tuple[float, float | None]] | None:
+def versus_better_peer(
+    entry: dict[str, Any], sampling: str = "shipped"
+) -> dict[str, tuple[float, float | None]] | None:
     """Per family: the default tree's error divided by the better peer's (the peer with
     the lower mean in that family), and the ratio's standard error from both rows'
     standard errors (first-order, unpaired; ``None`` when a row has a single round or
-    predates per-round records). ``None`` when the run has no peer or no default tree."""
+    predates per-round records). ``None`` when the run has no peer or no default tree.
+    ``sampling``: the peers as shipped, or their models sampled i.i.d. (``"iid"``)."""
     rows = entry["rows"]
     ours = rows.get(tree_label(entry.get("default_grouping")))
-    peers = [row for label, row in rows.items() if label.startswith(PEER_LABELS)]
+    peers = [
+        row
+        for label, row in rows.items()
+        if label.startswith(PEER_LABELS) and row.get("peer_sampling", "shipped") == sampling
+    ]
     if ours is None or not peers:
         return None
     out: dict[str, tuple[float, float | None]] = {}
@@ -486,6 +534,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         peer_domain_note(s),
         "",
     ]
+    if s.get("peer_iid"):
+        lines += [PEER_IID_NOTE, ""]
     if s.get("peers_from"):
         lines += [
             f"Peer rows copied from `{s['peers_from']}` (the run of {s['peers_from_date']} "
@@ -515,6 +565,14 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| **default tree ({entry['default_grouping']} groups) / better peer** | "
                 + " | ".join(_cell(*versus[k], prefix="") for k in keys)
+                + " | - |"
+            )
+        versus_iid = versus_better_peer(entry, "iid")
+        if versus_iid is not None:
+            lines.append(
+                f"| default tree ({entry['default_grouping']} groups) / better peer's model "
+                "sampled i.i.d. | "
+                + " | ".join(_cell(*versus_iid[k], prefix="") for k in keys)
                 + " | - |"
             )
         for label in entry.get("unfinished", []):
@@ -555,6 +613,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="copy the peer rows from an earlier results JSON instead of running the peers",
     )
+    parser.add_argument(
+        "--peer-iid",
+        action="store_true",
+        help="also score rows drawn i.i.d. from each peer's fitted model (iid_label)",
+    )
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     args = parser.parse_args(argv)
     earlier = json.loads(args.peers_from.read_text()) if args.peers_from else None
@@ -575,6 +638,7 @@ def main(argv: list[str] | None = None) -> None:
         peer_timeout=args.peer_timeout,
         peer_privacy=args.peer_privacy,
         peers_from=earlier,
+        peer_iid=args.peer_iid,
     )
     result["settings"] = {
         "queries": args.queries,
@@ -584,6 +648,7 @@ def main(argv: list[str] | None = None) -> None:
         "peer_timeout": args.peer_timeout,
         "peer_privacy": args.peer_privacy,
         "peer_domain": "declared",
+        "peer_iid": args.peer_iid,
     }
     if earlier is not None:
         peer_rounds = {
@@ -597,6 +662,7 @@ def main(argv: list[str] | None = None) -> None:
             "peers_from": str(args.peers_from),
             "peers_from_date": earlier["machine"]["date_utc"],
             "peer_domain": earlier.get("settings", {}).get("peer_domain", "data"),
+            "peer_iid": bool(earlier.get("settings", {}).get("peer_iid", False)),
         }
     bench.write(render_markdown(result), result)
 

@@ -183,3 +183,36 @@ def test_tables_say_how_the_peers_got_their_domains() -> None:
     new = bench.render_markdown(result)
     assert "declared to the peers: all 8 bins" in new
     assert "read off the data" not in new
+
+
+def test_peer_model_sampled_iid_is_kept_out_of_the_shipped_summary() -> None:
+    """A peer's model sampled i.i.d. (``--peer-iid``) is not the peer as shipped: the bold
+    summary divides by the shipped rows only, and a second line divides by the i.i.d.
+    rows; both rows are copied by ``--peers-from`` (their labels start with the peer's)."""
+    X = np.clip(np.random.default_rng(79).normal(0.1, 0.3, size=(300, 2)), -1, 1)
+    result = bench.run({"TINY": X}, 2, 0, 1, 20, None, [], log=lambda *args: None)
+    entry = result["datasets"]["TINY"]
+    keys = bench.FAMILY_KEYS
+    shipped = "MST (eps, delta; smartnoise)"
+    entry["rows"][shipped] = {"ratio": dict.fromkeys(keys, 0.5), "seconds": 1.0, "rounds": 1}
+    assert bench.versus_better_peer(entry, "iid") is None  # no i.i.d. row yet
+    entry["rows"][bench.iid_label(shipped)] = {
+        "ratio": dict.fromkeys(keys, 0.25),  # better than shipped: must not enter the summary
+        "seconds": 1.0,
+        "rounds": 1,
+        "peer_sampling": "iid",
+    }
+    ours = entry["rows"][bench.tree_label(entry["default_grouping"])]["ratio"]
+    versus, versus_iid = bench.versus_better_peer(entry), bench.versus_better_peer(entry, "iid")
+    assert versus is not None
+    assert versus_iid is not None
+    for k in keys:
+        assert versus[k][0] == pytest.approx(ours[k] / 0.5)
+        assert versus_iid[k][0] == pytest.approx(ours[k] / 0.25)
+    result["settings"] = {"queries": 20, "rounds": 2, "lp_rounds": 0, "peer_rounds": 1}
+    assert "sampled i.i.d. |" in bench.render_markdown(result)
+    assert "comonotone" not in bench.render_markdown(result)
+    result["settings"]["peer_iid"] = True
+    assert "comonotone" in bench.render_markdown(result)
+    copied = bench.copied_peer_rows(result, "TINY", entry)
+    assert set(copied) == {shipped, bench.iid_label(shipped)}
