@@ -50,7 +50,8 @@ Releases:
   (:func:`iid_label`, :data:`PEER_IID_NOTE`). smartnoise's own sampler (mbi's randomized
   rounding) makes columns comonotone that the model makes independent given their
   parent; on CTG's row-centred ``sigma = 1`` queries that, not MST's estimate, is what
-  puts MST ahead of our tree (``bench/results/smooth_marginals_peer_iid_ctg.md``).
+  puts MST ahead of our tree, and on PKS's it costs MST
+  (``bench/results/smooth_marginals_peer_iid_{ctg,wdbc,pks}.md``).
 * ``--peers-from FILE``: the peer rows are copied from an earlier results JSON of this
   benchmark instead of being run again (a 5-round peer run takes 1-2 hours here; the peers
   do not change when our release does). The copy is refused unless the dataset's ``n``,
