@@ -297,9 +297,9 @@ It is not in MST's estimate, and not in its tree:
   with the row's position inside its parent's group, and columns the model makes
   independent given their parent come out comonotone. On a toy model (a root of 2 values,
   two uniform 8-value children) they correlate 1.00 given the root, against 0.00 with
-  ``method="sample"``. That is dependence no measurement paid for. It helps where the
-  columns rise together, as CTG's do, and costs on the uniform ``sigma = 2`` queries
-  (0.209x against 0.188x i.i.d.).
+  ``method="sample"`` (``bench/peers/rounding_coupling.py``). That is dependence no
+  measurement paid for. It helps where the columns rise together, as CTG's do, and costs
+  on the uniform ``sigma = 2`` queries (0.209x against 0.188x i.i.d.).
 * The same rounding applied to our default tree law (fine cells, copula tables; 8
   releases, 1000 queries) moves little: rows ``sigma = 1`` 0.274x +- 0.016x against
   0.283x exact; ``sigma = 2`` 0.070x against 0.080x; uniform ``sigma = 2`` 0.052x

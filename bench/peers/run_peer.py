@@ -15,8 +15,8 @@ dealt to the rows of a parent value in row order, by stratified uniforms, so eve
 rises with the row's position inside its parent's group and two columns that the model
 makes independent given their parent come out comonotone (on a toy model, root of 2
 values with two uniform 8-value children: correlation 1.00 given the root, against 0.00
-with ``method="sample"``). That is dependence the model does not hold and no measurement
-paid for; the i.i.d. rows show what the model itself gives.
+with ``method="sample"``; ``rounding_coupling.py``). That is dependence the model does not
+hold and no measurement paid for; the i.i.d. rows show what the model itself gives.
 
 Each column's domain is declared: all BINS codes, fitted on the codes themselves
 (:func:`public_transformer`), not on the data. Left to itself, smartnoise fits its
