@@ -561,21 +561,15 @@ def render_markdown(result: dict[str, Any]) -> str:
             se = row.get("stderr", {})
             cells = [_cell(row["ratio"][k], se.get(k)) for k in keys]
             lines.append(f"| {label}{extra} | " + " | ".join(cells) + f" | {row['seconds']:.2f} |")
-        versus = versus_better_peer(entry)
-        if versus is not None:
-            lines.append(
-                f"| **default tree ({entry['default_grouping']} groups) / better peer** | "
-                + " | ".join(_cell(*versus[k], prefix="") for k in keys)
-                + " | - |"
-            )
-        versus_iid = versus_better_peer(entry, "iid")
-        if versus_iid is not None:
-            lines.append(
-                f"| default tree ({entry['default_grouping']} groups) / better peer's model "
-                "sampled i.i.d. | "
-                + " | ".join(_cell(*versus_iid[k], prefix="") for k in keys)
-                + " | - |"
-            )
+        ours = f"default tree ({entry['default_grouping']} groups)"
+        for sampling, title in (
+            ("shipped", f"**{ours} / better peer**"),
+            ("iid", f"{ours} / better peer's model sampled i.i.d."),
+        ):
+            versus = versus_better_peer(entry, sampling)
+            if versus is not None:
+                cells = " | ".join(_cell(*versus[k], prefix="") for k in keys)
+                lines.append(f"| {title} | {cells} | - |")
         for label in entry.get("unfinished", []):
             lines.append(
                 f"| {label} | "

@@ -274,8 +274,8 @@ the following closed the 0.07x:
 * Its domain compression (each fine cell with released mass >= ``3 s_1`` its own group,
   all the others one "rare" group, 4.5-6 groups a column): at MST's noise 0.298x against
   0.299x. At our noise with our fine cells, ``b = 6, 8``, it reads 0.44-0.49x.
-* Its synthetic sample instead of exact answers (``n`` or ``10 n`` rows drawn from the
-  default tree law, paired, 8 rounds): 0.312x and 0.314x against 0.314x exact.
+* A synthetic sample instead of exact answers (``n`` or ``10 n`` rows drawn i.i.d. from
+  the default tree law, paired, 8 rounds): 0.312x and 0.314x against 0.314x exact.
 
 Where the 0.07x is (CTG, side scripts, 2000 queries per family, rows ``sigma = 1``).
 It is not in MST's estimate, and not in its tree:

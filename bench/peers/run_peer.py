@@ -63,6 +63,11 @@ def iid_rows(synth: Any, rows: int) -> Any:
     return synth._transformer.inverse_transform(codes)
 
 
+def placed(codes: np.ndarray, n_bins: int, rng: np.random.Generator) -> np.ndarray:
+    """Bin codes back in ``[-1, 1]``: each value uniform inside its bin."""
+    return -1 + (codes + rng.uniform(size=codes.shape)) * (2 / n_bins)
+
+
 def main() -> None:
     method, src, dst, eps, delta, bins, seed, rows = sys.argv[1:9]
     iid_dst = sys.argv[9] if len(sys.argv) > 9 else None
@@ -86,10 +91,9 @@ def main() -> None:
     out = synth.sample(int(rows)).to_numpy().astype(float)
     seconds = time.time() - started
     rng = np.random.default_rng(seed_i)
-    np.save(dst, -1 + (out + rng.uniform(size=out.shape)) * (2 / n_bins))
+    np.save(dst, placed(out, n_bins, rng))
     if iid_dst is not None:
-        iid = np.asarray(iid_rows(synth, int(rows)), dtype=float)
-        np.save(iid_dst, -1 + (iid + rng.uniform(size=iid.shape)) * (2 / n_bins))
+        np.save(iid_dst, placed(np.asarray(iid_rows(synth, int(rows)), dtype=float), n_bins, rng))
     print(f"seconds {seconds:.3f}")
 
 
