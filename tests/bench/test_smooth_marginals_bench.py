@@ -216,3 +216,53 @@ def test_peer_model_sampled_iid_is_kept_out_of_the_shipped_summary() -> None:
     assert "comonotone" in bench.render_markdown(result)
     copied = bench.copied_peer_rows(result, "TINY", entry)
     assert set(copied) == {shipped, bench.iid_label(shipped)}
+
+
+def test_mean_relative_error_is_scored_against_the_baselines_mean() -> None:
+    """Issue 7 asks for the mean relative error beside the worst case: each family's score
+    is the mean over its queries of ``|answer - truth| / truth`` divided by the uniform
+    law's mean (checked by hand on made-up answers), every row records it per round, and
+    the tables give it with the default tree over the better peer's mean; peer rows of
+    earlier runs, which have no mean, are left out of that division."""
+    err = np.array([0.1, 0.3, 0.2])
+    base = {"q": 0.6, bench.mean_key("q"): 0.4}
+    scores = bench._scores("q", err, base)
+    assert scores == pytest.approx({"q": 0.3 / 0.6, bench.mean_key("q"): 0.2 / 0.4})
+    assert bench._scores("q", err, {"q": 0.6}) == pytest.approx({"q": 0.5})
+
+    X = np.clip(np.random.default_rng(80).normal(0.1, 0.3, size=(300, 2)), -1, 1)
+    result = bench.run({"TINY": X}, 2, 0, 1, 20, None, [], log=lambda *args: None)
+    entry = result["datasets"]["TINY"]
+    keys = bench.FAMILY_KEYS
+    assert set(entry["baseline_mean"]) == set(keys)
+    for k in keys:  # the uniform law's mean error is below its worst case
+        assert 0 < entry["baseline_mean"][k] <= entry["baseline"][k]
+    ours = entry["rows"][bench.tree_label(entry["default_grouping"])]
+    for k in keys:
+        assert len(ours["mean_per_round"][k]) == 2
+        assert ours["mean_ratio"][k] == pytest.approx(np.mean(ours["mean_per_round"][k]))
+        assert ours["mean_stderr"][k] >= 0
+        assert ours["mean_ratio"][k] != pytest.approx(ours["ratio"][k])
+    entry["rows"]["MST (eps, delta; smartnoise)"] = {
+        "ratio": dict.fromkeys(keys, 0.5),
+        "mean_ratio": dict.fromkeys(keys, 0.2),
+        "seconds": 1.0,
+        "rounds": 1,
+    }
+    entry["rows"]["AIM (eps, delta; smartnoise)"] = {  # an earlier run's row: no mean
+        "ratio": dict.fromkeys(keys, 0.4),
+        "seconds": 1.0,
+        "rounds": 1,
+    }
+    worst, mean = bench.versus_better_peer(entry), bench.versus_better_peer(entry, metric="mean")
+    assert worst is not None
+    assert mean is not None
+    for k in keys:
+        assert worst[k][0] == pytest.approx(ours["ratio"][k] / 0.4)
+        assert mean[k][0] == pytest.approx(ours["mean_ratio"][k] / 0.2)
+    result["settings"] = {"queries": 20, "rounds": 2, "lp_rounds": 0, "peer_rounds": 1}
+    text = bench.render_markdown(result)
+    assert bench.MEAN_NOTE in text
+    assert "Mean relative error over the queries" in text
+    assert text.count("| 0-DP baseline (Rel) |") == 2
+    assert text.count(f"**default tree ({entry['default_grouping']} groups) / better peer**") == 2
