@@ -250,6 +250,28 @@ blend 0.243x, ``b = 8`` blend 0.227x) and MST's own model from exact tables (8 e
 ``8 x 8`` tables, blocks) reads 0.201x (``sigma = 2``: 0.028x, ours 0.031-0.040x): no tree
 of pairs reaches half of MST's 0.23x there even without noise.
 
+Nor does a Gaussian copula, the one joint model whose parameters are all pairwise
+(``bench/results/joint_ceiling.md``: each column's exact values, correlations of the exact
+normal scores, ``10^5`` points sampled; not private). On CTG rows ``sigma = 1`` the
+Chow-Liu Gaussian tree reads 0.150x, one, two and three factors 0.192x, 0.135x, 0.122x,
+and the full correlation matrix (210 correlations, all exact) 0.102x; WDBC 0.154x,
+0.205x, 0.115x, 0.101x, 0.094x; PKS 0.063x for the tree, 0.088-0.124x for the factors.
+Half of MST's 0.23-0.24x is 0.12x, so on CTG a copula would have to measure every
+correlation with noise that adds under 0.02x. It adds far more: measured privately
+(side script, 3 rounds; step 1 the fine histograms of :mod:`~app.mechanisms.marginals`
+at ``rho / 2``, step 2 the normal-score second moments ``Z^T Z / n`` at ``rho / 2``, each
+row's scores clipped to ``||z||^2 <= d`` so that a replaced row moves the 231 moments by
+at most ``2 d / n`` in L2, noise 0.16 per moment on CTG and 0.86 on WDBC), the full
+copula reads 0.44x on CTG rows ``sigma = 1`` and its rank-1 to rank-3 truncations
+0.43-0.44x, against the default tree's 0.28x; uniform ``sigma >= 4`` 0.064-0.069x against
+0.04-0.05x. A tree measures ``d - 1`` pairs at a noise it can afford; the copula's
+budget is spread over ``d (d + 1) / 2`` moments, each moved by a whole row's ``||z||^2``.
+The Gaussian tree's 0.150x is also a pointer inside trees: placed uniformly in CTG's
+fine cells (``B = 15`` + atoms, one sample of ``5 10^4`` points) it reads 0.18x, so of the
+0.09x between it and our tree from the exact tables (0.243x) about 0.03x is the fine
+cells and 0.06x what the ``4 x 4`` coarse tables (and the tree they select) leave
+unknown about each edge's fine dependence; the noise adds 0.04x more.
+
 MST's own configuration inside this module does not reach MST either (CTG, side scripts,
 10 rounds each, 10^4 queries per family, not paired across settings; rows ``sigma = 1``,
 the cell where the default trails MST at the same nominal ``epsilon``). The setting:
