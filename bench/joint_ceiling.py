@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
 from scipy.special import ndtr, ndtri
 
+from app.mechanisms import marginal_tree
 from bench._common import Run
 from bench.smooth_marginals import FAMILY_KEYS, _ratios, _scored_families
 from bench.smooth_synthetic import DATA_DIR, load_datasets
@@ -65,29 +65,26 @@ def normal_scores(X: NDArray[np.float64]) -> NDArray[np.float64]:
 
 def tree_correlation(R: NDArray[np.float64]) -> NDArray[np.float64]:
     """The Gaussian Markov tree of largest mutual information (Chow-Liu: the maximum
-    spanning tree of ``-log(1 - r^2)``), as a correlation matrix: ``R_ij`` the product of
-    the edge correlations along the path from ``i`` to ``j``."""
+    spanning tree of ``-log(1 - r^2)``, :func:`marginal_tree.spanning_tree` with
+    ``argmax``), as a correlation matrix: ``R_ij`` the product of the edge correlations
+    along the path from ``i`` to ``j``."""
     d = R.shape[0]
-    info = -np.log1p(-np.minimum(R**2, 1.0 - 1e-12))
-    np.fill_diagonal(info, 0.0)
-    # largest spanning tree = smallest under (max + 1 - info); every weight stays positive
-    weights = np.where(np.eye(d, dtype=bool), 0.0, info.max() + 1.0 - info)
-    tree = minimum_spanning_tree(weights).toarray()
-    edges = (tree + tree.T) > 0
-    # path products of |r| are sums of -log|r|; signs multiply along the (unique) path
-    length = np.where(edges, -np.log(np.maximum(np.abs(R), 1e-300)), 0.0)
-    _, predecessors = shortest_path(length, directed=False, return_predecessors=True)
+    pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
+    info = np.array([-np.log1p(-min(R[i, j] ** 2, 1.0 - 1e-12)) for i, j in pairs])
+    edges = marginal_tree.spanning_tree(pairs, info, d, lambda v: int(np.argmax(v)))
+    neighbours: list[list[int]] = [[] for _ in range(d)]
+    for i, j in edges:
+        neighbours[i].append(j)
+        neighbours[j].append(i)
     out = np.eye(d)
-    for i in range(d):
-        for j in range(d):
-            if i == j:
-                continue
-            value, k = 1.0, j
-            while k != i:
-                parent = predecessors[i, k]
-                value *= R[parent, k]
-                k = parent
-            out[i, j] = value
+    for root in range(d):  # walk the tree from each column, multiplying along the way
+        stack, seen = [root], {root}
+        while stack:
+            k = stack.pop()
+            for m in set(neighbours[k]) - seen:
+                out[root, m] = out[root, k] * R[k, m]
+                seen.add(m)
+                stack.append(m)
     return out
 
 
