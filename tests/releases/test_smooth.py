@@ -271,8 +271,10 @@ def test_smooth_synthetic_marginals_end_to_end(client: TestClient, curator: Call
     for j, (name, (lo, hi)) in enumerate(BOUNDS.items()):
         values = np.asarray(rows[name].to_pylist())
         assert np.all((values >= lo - 1e-9) & (values <= hi + 1e-9)), name
-        # original units: each column's mean within 2 % of its range of the data's
-        assert abs(values.mean() - data[:, j].mean()) <= 0.02 * (hi - lo), name
+        # original units: each column's mean within 3 % of its range of the data's (300
+        # simulated releases and samples of n rows: worst 2.1 % on z, which broke the 2 %
+        # this test had in about 1 run in 300; a lost unit or column order is off by > 10 %)
+        assert abs(values.mean() - data[:, j].mean()) <= 0.03 * (hi - lo), name
     support = _csv(client, curator, release_id, "?kind=support")
     assert support.num_rows == 10_000
     weights = np.asarray(support["weight"].to_pylist())
