@@ -272,6 +272,37 @@ fine cells (``B = 15`` + atoms, one sample of ``5 10^4`` points) it reads 0.18x,
 cells and 0.06x what the ``4 x 4`` coarse tables (and the tree they select) leave
 unknown about each edge's fine dependence; the noise adds 0.04x more.
 
+Nor, at ``epsilon = 1``, do latent classes, though without noise they go furthest. A
+mixture of products over ``K`` clusters of the rows (columns independent given the
+cluster) carries dependence that is not pairwise. With the exact one-column laws inside
+k-means clusters (``bench/results/joint_ceiling.md``) it reads, on rows ``sigma = 1``,
+0.156x, 0.124x and 0.081x on CTG at ``K = 4, 8, 16`` (the full copula 0.102x), 0.038x on
+PKS at ``K = 16`` (0.074x) and 0.086x on WDBC (0.094x). Its parameters are measured at the
+one-way histograms' sensitivity: each row sits in one cell of each of the ``d`` tables of
+cluster by column, so replace-one moves them by ``sqrt(2 d) / n`` in L2 whatever ``K`` is.
+The catch is ``K`` times less mass in a cell. The test (side scripts, CTG, rows ``sigma =
+1``): the tree at ``(1 - beta) rho`` (its three shares scaled); ``K = 8`` centres by
+k-means on ``2 10^4`` points of the released tree law (post-processing), each real row
+given its nearest centre (a function of the row and public values); the ``d`` tables of
+cluster by coarse group (``K x 4``) measured with Gaussian noise at ``beta rho``,
+thresholded at 3 noise standard deviations, projected, and raked to the cluster shares
+(the mean of the ``d`` tables' row sums, projected) and to the tree's coarse marginals;
+then ``10^5`` points of the tree law reweighted by iterative proportional fitting to those
+tables and to the fine one-way marginals. From exact tables and an exact tree this reads
+0.126x (``K = 16``: 0.117x; the tree alone 0.242x). Privately (4 rounds, worst | mean):
+the full tree 0.273x | 0.139x, rows ``sigma = 2`` 0.062x, uniform 0.035-0.050x;
+``beta = 0.3`` 0.249x | 0.089x, 0.085x, 0.049-0.072x; ``beta = 0.5`` 0.291x | 0.145x,
+0.130x, 0.065-0.096x. Shrinking each noisy table towards the one the tree law implies
+(weight from the residual's excess over the noise variance) instead of the thresholds read
+0.295x | 0.164x at ``beta = 0.3``; taking ``beta`` from the pair tables' share alone (5
+rounds; 0.15 and 0.25) read 0.327x and 0.331x against the full tree's 0.253x. The mean
+error on rows ``sigma = 1`` falls, as the ceiling promises, but the worst case barely moves
+and every other family pays for the budget taken from the tree. The mixture alone, on our
+fine cells (``B = 15`` + atoms, centres from the exact tree law's sample, exact
+per-cluster histograms) reads 0.173x at ``K = 8`` and 0.146x at ``K = 16``; privately its
+``K d (B + 2)`` cells would each carry the one-way noise (0.018 at the whole ``rho``)
+against an average mass of ``1 / (17 K)`` (0.007 at ``K = 8``), so it was not tried.
+
 MST's own configuration inside this module does not reach MST either (CTG, side scripts,
 10 rounds each, 10^4 queries per family, not paired across settings; rows ``sigma = 1``,
 the cell where the default trails MST at the same nominal ``epsilon``). The setting:
