@@ -500,3 +500,58 @@ def test_copula_law_is_less_diffuse_than_blocks_on_dependent_columns() -> None:
             error = np.abs(release.expectations(expansion) - truth) / truth
             worst[key] += float(error.max())
     assert worst["copula"] < 0.7 * worst["blocks"]
+
+
+def _two_column_model(r: float) -> marginal_tree.TreeModel:
+    """One edge whose fine table is the Gaussian copula of correlation ``r`` on a skewed
+    12-cell marginal, raked to it (each cell its own group)."""
+    p = np.linspace(1.0, 3.0, 12) ** 2
+    p /= p.sum()
+    table = marginal_tree.rake_fine(marginal_tree.copula_tables(p, p, [r])[0], p, p, 200)
+    cells = np.tile(np.arange(12), (2, 1))
+    return marginal_tree.TreeModel(
+        p=np.stack([p, p]), P=np.stack([p, p]), group=cells, edges=((0, 1),), joint=(table,)
+    )
+
+
+def test_temper_two_sharpens_a_gaussian_copula_edge_to_a_known_correlation() -> None:
+    """``c_r(u, v)`` is ``exp(r u v / (1 - r^2))`` times functions of ``u`` and of ``v``
+    alone, which the rake absorbs: tempering at 2 gives the copula table of the ``r'``
+    with ``r' / (1 - r'^2) = 2 r / (1 - r^2)`` (to the rake's convergence, 1e-6 here), the
+    same marginals and more dependence. ``tau = 1`` is the model itself; a ``tau`` below 1
+    or not finite is refused."""
+    for r in (0.3, -0.6):
+        model = _two_column_model(r)
+        tempered = marginal_tree.temper_tree(model, 2.0)
+        k = 2 * r / (1 - r**2)
+        expected = _two_column_model((math.sqrt(1 + 4 * k**2) - 1) / (2 * k)).joint[0]
+        np.testing.assert_allclose(tempered.joint[0], expected, atol=1e-6)
+        np.testing.assert_allclose(tempered.joint[0].sum(axis=1), model.p[0], atol=1e-9)
+        np.testing.assert_allclose(tempered.joint[0].sum(axis=0), model.p[1], atol=1e-9)
+        assert not np.allclose(tempered.joint[0], model.joint[0], atol=1e-3)
+    assert marginal_tree.temper_tree(model, 1.0) is model
+    for bad in (0.5, math.inf, math.nan):
+        with pytest.raises(MechanismError, match="temper"):
+            marginal_tree.temper_tree(model, bad)
+
+
+def test_temper_is_recorded_and_version_four_records_answer_untempered() -> None:
+    tree = _small_tree(36, "equal")
+    assert tree.temper == marginal_tree.TEMPER == 2.0
+    assert tree.parameters["temper"] == 2.0
+    assert marginal_tree.TreeMeasurements.from_dict(tree.to_dict()).to_dict() == tree.to_dict()
+    v4 = {k: v for k, v in tree.to_dict().items() if k != "temper"}
+    legacy = marginal_tree.TreeMeasurements.from_dict(v4 | {"format": marginal_tree.FORMATS[3]})
+    assert legacy.temper == 1.0
+    untempered = marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"temper": 1.0})
+    batch = GaussianMixtureBatch.random(6, 3, 3, 0.5, np.random.default_rng(37))
+    expansion = gaussian_expansion(batch.centers, batch.weights, batch.sigma)
+    np.testing.assert_allclose(legacy.expectations(expansion), untempered.expectations(expansion))
+    assert not np.allclose(tree.expectations(expansion), untempered.expectations(expansion))
+    # the tempered law keeps every one-column marginal
+    for model in (tree.model, untempered.model):
+        for (i, j), table in zip(model.edges, model.joint, strict=True):
+            np.testing.assert_allclose(table.sum(axis=1), model.p[i], atol=1e-6)
+            np.testing.assert_allclose(table.sum(axis=0), model.p[j], atol=1e-6)
+    with pytest.raises(MechanismError, match="temper"):
+        marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"temper": 0.5})
