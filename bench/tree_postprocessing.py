@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--settings",
         default=",".join(label(s) for s in DEFAULT_SETTINGS),
-        help="one_way:table:joint settings, comma separated; the first is the reference",
+        help="one_way:table:joint[:temper] settings, comma separated; the first is the reference",
     )
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     args = parser.parse_args(argv)

@@ -261,6 +261,13 @@ uniform-centre queries moved by at most 0.001x at ``tau = 2, 3`` (they depend on
 one-column marginals, which tempering keeps); the mean error over the row-centred queries
 fell more than the worst case (PKS ``sigma = 1`` 0.062x -> 0.047x at ``tau = 2``). ``tau =
 2`` is taken over 3: nearly the gain, with a smaller departure from the measured tables.
+In ``bench/results/tree_postprocessing_temper.md`` (8 releases per dataset read with
+``tau = 2, 1, 3``), reading the default's releases untempered (``tau = 1``, version 4)
+costs CTG rows ``sigma = 1`` +0.012x +- 0.008x (from 0.253x), ``sigma = 2`` +0.009x +-
+0.004x, uniform +0.001-0.003x; PKS rows ``sigma = 1`` +0.008x +- 0.002x (from 0.091x);
+WDBC is level within its noise (rows ``sigma = 1`` -0.003x +- 0.007x, uniform ``sigma =
+2`` +0.006x +- 0.006x). ``tau = 3`` reads 0.004-0.005x lower again on CTG and PKS rows
+``sigma = 1``.
 
 Beyond a tree (tried, not taken)
 --------------------------------

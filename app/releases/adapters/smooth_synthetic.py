@@ -22,8 +22,10 @@ with OpenDP's noisy max (MST's select step) and releases the selected pairs' coa
 two-way tables; synthesis and answers use the Markov-tree law that joins them, with each
 column's coarse margin estimated from its histogram and its tables together, and inside a
 pair of coarse groups the shape of a Gaussian copula fitted to the pair's table
+and each edge's dependence tempered (:func:`app.mechanisms.marginal_tree.temper_tree`)
 (post-processing; releases stored before version 4 of the record keep the law that is
-uniform inside a pair of groups, and answer as they did). On the same
+uniform inside a pair of groups, those before version 5 the untempered copula, and
+answer as they did). On the same
 protocol (``bench/results/smooth_marginals.md``, 10 rounds) it is level with or better than
 ``marginals`` on the uniform-centre queries (WDBC ``sigma >= 4``: 0.19-0.21x ->
 0.18-0.19x the 0-DP baseline) and better on the row-centred ones, which test joint
