@@ -242,38 +242,37 @@ edge's dependence ratio to a power before the law is read (:func:`temper_tree`):
     t'_ij = rake(p_i (x) p_j * (t_ij / (p_i (x) p_j))^tau; p_i, p_j),
 
 which keeps every one-column marginal ``p_i`` and the tree, and moves each edge towards
-more dependence. On a Gaussian copula table of correlation ``r``: ``c_r(u, v)`` is
-``exp(r u v / (1 - r^2))`` times a function of ``u`` and one of ``v``, which the rake
-absorbs, so ``c_r^tau`` raked is the copula table of the ``r'`` with ``r' / (1 - r'^2) =
-tau r / (1 - r^2)`` (``tau = 2``: 0.3 -> 0.50, 0.5 -> 0.69, 0.8 -> 0.89). The law then
-departs from the measured coarse tables, which the rake of version 4 held it to;
-sharpening the copula's correlation *before* that rake (``r -> tanh(kappa atanh r)``,
-above) moved nothing, because the rake put the measured dependence back. It is
-post-processing of released values with a public constant, so the privacy argument is
-unchanged. Side runs (6 releases per dataset, each
-read with every ``tau``, paired differences to ``tau = 1`` +- standard errors;
-``epsilon = 1, delta = 1e-9``), rows ``sigma = 1``: ``tau = 2`` CTG -0.011x +- 0.004x
-(from 0.290x), PKS -0.009x +- 0.002x (from 0.100x), WDBC -0.003x +- 0.003x; ``tau = 3``
-CTG -0.017x +- 0.008x and -0.009x +- 0.004x in a second run, PKS -0.012x +- 0.003x and
+more dependence. On a Gaussian copula table of correlation ``r``: ``c_r(u, v)`` is ``exp(r
+u v / (1 - r^2))`` times a function of ``u`` and one of ``v``, which the rake absorbs, so
+``c_r^tau`` raked is the copula table of the ``r'`` with ``r' / (1 - r'^2) = tau r / (1 -
+r^2)`` (``tau = 2``: 0.3 -> 0.50, 0.5 -> 0.69, 0.8 -> 0.89). The law then departs from the
+measured coarse tables, which the rake of version 4 held it to; sharpening the copula's
+correlation *before* that rake (``r -> tanh(kappa atanh r)``, above) moved nothing,
+because the rake put the measured dependence back. It is post-processing of released
+values with a public constant, so the privacy argument is unchanged. Side runs (6 releases
+per dataset, each read with every ``tau``, paired differences to ``tau = 1`` +- standard
+errors; ``epsilon = 1, delta = 1e-9``), rows ``sigma = 1``: ``tau = 2`` CTG -0.011x +-
+0.004x (from 0.290x), PKS -0.009x +- 0.002x (from 0.100x), WDBC -0.003x +- 0.003x; ``tau =
+3`` CTG -0.017x +- 0.008x and -0.009x +- 0.004x in a second run, PKS -0.012x +- 0.003x and
 -0.014x +- 0.005x, WDBC -0.005x and -0.009x, CRM (4 releases) 0.000x; ``tau = 5, 8`` gave
 the gain back on CTG and PKS and cost the uniform-centre queries 0.002-0.007x. The
 uniform-centre queries moved by at most 0.001x at ``tau = 2, 3`` (they depend on the
 one-column marginals, which tempering keeps); the mean error over the row-centred queries
 fell more than the worst case (PKS ``sigma = 1`` 0.062x -> 0.047x at ``tau = 2``). ``tau =
 2`` is taken over 3: nearly the gain, with a smaller departure from the measured tables.
-In ``bench/results/tree_postprocessing_temper.md`` (8 releases per dataset read with
-``tau = 2, 1, 3``), reading the default's releases untempered (``tau = 1``, version 4)
-costs CTG rows ``sigma = 1`` +0.012x +- 0.008x (from 0.253x), ``sigma = 2`` +0.009x +-
-0.004x, uniform +0.001-0.003x; PKS rows ``sigma = 1`` +0.008x +- 0.002x (from 0.091x);
-WDBC is level within its noise (rows ``sigma = 1`` -0.003x +- 0.007x, uniform ``sigma =
-2`` +0.006x +- 0.006x). ``tau = 3`` reads 0.004-0.005x lower again on CTG and PKS rows
-``sigma = 1``.
+In ``bench/results/tree_postprocessing_temper.md`` (8 releases per dataset read with ``tau
+= 2, 1, 3``), reading the default's releases untempered (``tau = 1``, version 4) costs CTG
+rows ``sigma = 1`` +0.012x +- 0.008x (from 0.253x), ``sigma = 2`` +0.009x +- 0.004x,
+uniform +0.001-0.003x; PKS rows ``sigma = 1`` +0.008x +- 0.002x (from 0.091x); WDBC is
+level within its noise (rows ``sigma = 1`` -0.003x +- 0.007x, uniform ``sigma = 2``
++0.006x +- 0.006x). ``tau = 3`` reads 0.004-0.005x lower again on CTG and PKS rows ``sigma
+= 1``.
 
 Beyond a tree (tried, not taken)
 --------------------------------
-On CTG the row-centred ``sigma = 1`` error of the tree
-from the *exact* tables is 0.245x the baseline, close to the private tree's, so what is
-left there is the tree model, not the noise. Without noise, more pair tables would
+On CTG the row-centred ``sigma = 1`` error of the tree from the *exact* tables is 0.245x
+the baseline, close to the private tree's, so what is left there is the tree model, not
+the noise. Without noise, more pair tables would
 close much of that gap. Take 50 000 points drawn from the exact tree law and reweight them
 by iterative proportional fitting to *every* exact coarse ``4 x 4`` pair table (210
 tables); the error falls to 0.07x (``sigma = 2``: 0.040x -> 0.009x). With noise it does not
@@ -750,6 +749,13 @@ def copula_tree(coarse: TreeModel) -> TreeModel:
     return TreeModel(p=p, P=p, group=identity, edges=coarse.edges, joint=joint)
 
 
+def check_temper(tau: float) -> None:
+    """Refuse an exponent of :func:`temper_tree` that is not a finite number >= 1."""
+    number = isinstance(tau, int | float) and not isinstance(tau, bool)
+    if not (number and math.isfinite(tau) and tau >= 1.0):
+        raise MechanismError(f"temper ({tau!r}) must be a finite number >= 1")
+
+
 def temper_tree(model: TreeModel, tau: float) -> TreeModel:
     """The tree law with every edge's dependence ratio raised to ``tau`` (module doc,
     "Tempering"): each fine table ``t_ij`` becomes
@@ -760,8 +766,7 @@ def temper_tree(model: TreeModel, tau: float) -> TreeModel:
     Gaussian copula table of correlation ``r`` becomes the one of correlation ``r'`` with
     ``r' / (1 - r'^2) = tau r / (1 - r^2)`` (module doc, "Tempering"). Public inputs
     only."""
-    if not (math.isfinite(tau) and tau >= 1.0):
-        raise MechanismError(f"temper ({tau!r}) must be a finite number >= 1")
+    check_temper(tau)
     if tau == 1.0:
         return model
     joint = []
@@ -884,10 +889,7 @@ class TreeMeasurements:
 
     def __post_init__(self) -> None:
         check_grouping(self.grouping)
-        if not (isinstance(self.temper, int | float) and math.isfinite(self.temper)) or (
-            self.temper < 1.0
-        ):
-            raise MechanismError(f"temper ({self.temper!r}) must be a finite number >= 1")
+        check_temper(self.temper)
         if self.joint_model not in JOINT_MODELS:
             raise MechanismError(
                 f"joint_model ({self.joint_model!r}) must be one of {', '.join(JOINT_MODELS)}"
