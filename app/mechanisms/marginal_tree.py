@@ -266,7 +266,9 @@ rows ``sigma = 1`` +0.012x +- 0.008x (from 0.253x), ``sigma = 2`` +0.009x +- 0.0
 uniform +0.001-0.003x; PKS rows ``sigma = 1`` +0.008x +- 0.002x (from 0.091x); WDBC is
 level within its noise (rows ``sigma = 1`` -0.003x +- 0.007x, uniform ``sigma = 2``
 +0.006x +- 0.006x). ``tau = 3`` reads 0.004-0.005x lower again on CTG and PKS rows ``sigma
-= 1``.
+= 1``. On CRM (``tree_postprocessing_temper_crm.md``, 6 releases) untempered costs rows
+``sigma = 2`` +0.005x +- 0.002x (from 0.694x) and uniform +0.001-0.004x, each within two
+standard errors; ``tau = 3`` is level with 2.
 
 Beyond a tree (tried, not taken)
 --------------------------------
