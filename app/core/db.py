@@ -12,7 +12,13 @@ transactions are serialised by the database itself (the budget check and the led
 append cannot interleave; a deferred transaction could not safely upgrade to a write
 under WAL), with a 30 s busy timeout. Read-only transactions (``read_only=True``: the
 API key lookup, GET requests) start ``BEGIN DEFERRED`` and never block writers.
-PostgreSQL: the ledger locks the dataset row with ``SELECT ... FOR UPDATE``.
+PostgreSQL: the ledger locks the dataset row with ``SELECT ... FOR NO KEY UPDATE`` and then
+sums the ledger; that sum must see every transaction committed before the lock was
+granted, which only ``READ COMMITTED`` guarantees (each statement takes a fresh snapshot).
+Under ``REPEATABLE READ`` the snapshot is taken at a transaction's first statement, before
+the lock, so a waiter would sum a stale ledger and overspend. The engine therefore sets
+``READ COMMITTED`` itself instead of inheriting the server's, database's or role's
+``default_transaction_isolation``.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             connection.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
+    kwargs.setdefault("isolation_level", "READ COMMITTED")  # the ledger needs it (module doc)
     return create_engine(url, pool_pre_ping=True, **kwargs)
 
 
