@@ -515,7 +515,9 @@ def _smallest_scale(charged: Any, target: float, guess: float) -> float:
             raise MechanismError("noise calibration failed: privacy map is not decreasing")
 
     def gap(u: float) -> float:
-        return min(math.log(charged(math.exp(u))), 700.0) - math.log(target)
+        # A large delta lets the map reach epsilon = 0 at a finite scale (OpenDP's
+        # conversion returns 0 there); log(0) is clamped so the root search still brackets.
+        return min(math.log(max(charged(math.exp(u)), 1e-300)), 700.0) - math.log(target)
 
     u = brentq(gap, math.log(lo), math.log(hi), xtol=1e-13, rtol=1e-13, maxiter=200)
     scale = max(math.exp(u), lo)

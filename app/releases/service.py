@@ -22,7 +22,13 @@ from app.core.errors import Conflict, InvalidRequest, NotFound
 from app.core.services import Services
 from app.datasets.service import owned_dataset, visible_dataset
 from app.ledger import service as ledger
-from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
+from app.ledger.units import (
+    MAX_EPSILON,
+    delta_units,
+    delta_value,
+    epsilon_units,
+    epsilon_value,
+)
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import check_budget
 from app.models import Dataset, Release, ReleaseMeasurement, User
@@ -117,6 +123,10 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
             check_budget(body.epsilon, body.delta)
         except MechanismError as exc:
             raise InvalidRequest(str(exc)) from None
+        if body.epsilon > MAX_EPSILON:  # the ledger's range: no dataset budget is larger
+            raise InvalidRequest(
+                f"epsilon ({body.epsilon}) must be at most 1e6, the largest budget a dataset holds"
+            )
         epsilon, delta = body.epsilon, body.delta
     info = dataset_info(dataset, mechanism, body.columns)
     params = mechanism.resolve_params(info, epsilon, delta, mechanism.parse_params(body.params))

@@ -102,6 +102,17 @@ def test_gaussian_scale_is_minimal_and_linear_in_sensitivity() -> None:
     assert rho + 2 * math.sqrt(rho * math.log(1 / delta)) >= 1.0
 
 
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace_approx"])
+@pytest.mark.parametrize("delta", [0.49, 0.9, 0.999999999])
+def test_a_large_delta_is_calibrated_minimally(mechanism: str, delta: float) -> None:
+    """Near delta = 1/2 and above, OpenDP's conversion reaches epsilon = 0 at a finite
+    scale; the search still finds the smallest scale within the budget."""
+    cal = noise.calibrate(mechanism, sensitivity=1.0, epsilon=1.0, delta=delta, dimension=3)
+    assert cal.epsilon <= 1.0
+    eps_smaller, _ = noise.cost_of_scale(mechanism, cal.scale * (1 - 1e-6), 1.0, 3, delta)
+    assert eps_smaller > 1.0
+
+
 def test_gaussian_compositions_add_in_zcdp() -> None:
     one = noise.calibrate("gaussian", sensitivity=0.1, epsilon=0.5, delta=1e-9, dimension=8)
     ten = noise.calibrate(

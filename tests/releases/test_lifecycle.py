@@ -104,6 +104,8 @@ def test_release_end_to_end(client: TestClient, curator: Caller, analyst: Caller
         ({"mechanism": "test_means", "epsilon": 0}, "epsilon (0.0) must be a positive"),
         ({"mechanism": "test_means", "epsilon": -1}, "epsilon (-1.0) must be a positive"),
         ({"mechanism": "test_means", "epsilon": 0.1, "delta": 1}, "delta (1.0) must lie in [0, 1)"),
+        ({"mechanism": "test_means", "epsilon": 1e7}, "epsilon (10000000.0) must be at most 1e6"),
+        ({"mechanism": "test_means", "epsilon": 1e30}, "must be at most 1e6"),
         ({"mechanism": "test_means", "epsilon": 0.1, "columns": ["blood"]}, "not: ['blood']"),
         (
             {"mechanism": "test_means", "epsilon": 0.1, "columns": ["nope"]},

@@ -819,3 +819,27 @@ def test_smooth_requests_are_validated(client: TestClient, curator: Caller) -> N
         assert fragment in response.json()["error"]["message"]
     assert budget(client, curator, dataset_id)["entries"] == []
     assert services_of(client).queue.pending() == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"mechanism": "smooth_synthetic"},
+        {"mechanism": "smooth_synthetic", "params": {"method": "moments"}},
+        {"mechanism": "smooth_synopsis"},
+    ],
+)
+@pytest.mark.parametrize("delta", [0.49, 0.9, 0.999999999])
+def test_a_large_delta_is_previewed_not_a_server_error(
+    client: TestClient, curator: Caller, body: dict[str, Any], delta: float
+) -> None:
+    """With delta near 1/2 or above, OpenDP's zCDP conversion reaches epsilon = 0 at a
+    finite noise scale; the scale search once took log(0) there and answered 500."""
+    dataset_id, _ = _dataset(client, curator, n=100)
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/preview",
+        headers=curator.headers,
+        json={**body, "epsilon": 1.0, "delta": delta},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["fits_budget"] is False
