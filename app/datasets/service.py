@@ -299,8 +299,13 @@ def list_grants(session: Session, user: User, dataset_id: uuid.UUID) -> list[Gra
 def grant(
     session: Session, user: User, dataset_id: uuid.UUID, analyst_id: uuid.UUID
 ) -> tuple[Grant, bool]:
-    """Grant an analyst read access; returns the grant and whether it is new."""
+    """Grant an analyst read access; returns the grant and whether it is new.
+
+    Grant changes on one dataset are serialised by the dataset's lock (the ledger's, taken
+    first in the same order), so two concurrent grants of one analyst give one 201 and one
+    200, and of two concurrent revokes one succeeds and one finds nothing (404)."""
     owned_dataset(session, user, dataset_id)
+    ledger.lock_dataset(session, dataset_id)
     analyst = session.get(User, analyst_id)
     if analyst is None:
         raise InvalidRequest(f"user {analyst_id} does not exist")
@@ -320,6 +325,7 @@ def revoke_grant(
     session: Session, user: User, dataset_id: uuid.UUID, analyst_id: uuid.UUID
 ) -> None:
     owned_dataset(session, user, dataset_id)
+    ledger.lock_dataset(session, dataset_id)  # serialised as in grant()
     existing = session.get(Grant, (dataset_id, analyst_id))
     if existing is None:
         raise NotFound("grant not found")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
+from app.models import AuditEvent
 from tests.conftest import Caller, make_user
 from tests.datasets.helpers import csv_bytes, upload
 
@@ -141,3 +145,53 @@ def test_curator_lists_own_datasets(client: TestClient, curator: Caller) -> None
     listed = client.get("/v1/datasets", headers=curator.headers).json()
     assert [d["id"] for d in listed] == [first, second]
     assert all(d["n_rows"] == 4 for d in listed)
+
+
+def _race(attempts: int, request: Callable[[], int]) -> list[int]:
+    barrier = threading.Barrier(attempts)
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def attempt() -> None:
+        barrier.wait()
+        code = request()
+        with lock:
+            codes.append(code)
+
+    threads = [threading.Thread(target=attempt) for _ in range(attempts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return sorted(codes)
+
+
+def test_concurrent_grant_changes_are_serialised(
+    client: TestClient, curator: Caller, analyst: Caller
+) -> None:
+    """Eight identical grants at once: one creates (201), the rest find it (200), none is a
+    500 from the primary key; eight revokes at once: one removes it (204), the rest 404, and
+    the audit trail records one of each change."""
+    dataset_id = _dataset(client, curator)
+    grants = f"/v1/datasets/{dataset_id}/grants"
+    for _ in range(3):
+        created = _race(
+            8,
+            lambda: (
+                client.post(
+                    grants, headers=curator.headers, json={"user_id": str(analyst.id)}
+                ).status_code
+            ),
+        )
+        assert created == [200] * 7 + [201], created
+        revoked = _race(
+            8,
+            lambda: client.delete(f"{grants}/{analyst.id}", headers=curator.headers).status_code,
+        )
+        assert revoked == [204] + [404] * 7, revoked
+    services = client.app.state.services  # type: ignore[attr-defined]
+    with services.db.transaction(read_only=True) as session:
+        actions = session.scalars(
+            select(AuditEvent.action).where(AuditEvent.action.startswith("grant."))
+        ).all()
+    assert sorted(actions) == ["grant.create"] * 3 + ["grant.delete"] * 3
