@@ -45,7 +45,8 @@ release is refused (a data-dependent refusal: Definition 2.4 promises nothing ou
 truncation region then moves with the data, which the paper's proof does not cover (an
 output that a neighbour's region excludes has probability at most ``1/n^2`` by Lemma 4.4,
 an additive failure probability), and ``alpha`` is computed from two eigenvalues of the
-data's ``Sigma``, so ``alpha`` itself is a statistic of the data.
+data's ``Sigma``, so ``alpha`` itself is a statistic of the data: the service keeps it in
+the stored record but does not report it (:mod:`app.releases.adapters.compressed`).
 
 ``Phi`` is drawn from OpenDP's CSPRNG (:func:`app.mechanisms.secure_random.standard_normal`):
 not for a DP proof, but so that it cannot be reproduced from a seed.

@@ -273,6 +273,28 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert done["status"] == "succeeded", done
     assert done["privacy_cost"]["kind"] == "distributional"
+    # the data as its own reference: no alpha, which would be a statistic of the data
+    assert done["resolved"]["reference"] == "data"
+    assert (done["resolved"]["alpha"], done["resolved"]["alpha_pairwise"]) == (None, None)
+    assert done["resolved"]["alpha_note"].startswith("not reported: without a declared reference")
+    card = client.get(
+        f"/v1/releases/{release_id}/artifacts/release.json", headers=curator.headers
+    ).json()
+    assert (card["alpha"], card["alpha_note"]) == (None, done["resolved"]["alpha_note"])
+    declared = request_release(
+        client,
+        curator,
+        dataset_id,
+        {**body, "params": {"delta_max": 0.1, "reference": [[1.0, 0.0], [0.0, 1.0]]}},
+    )
+    assert declared.status_code == 202, declared.text
+    run_all(client, declared.json()["id"])
+    resolved = client.get(f"/v1/releases/{declared.json()['id']}", headers=curator.headers).json()[
+        "resolved"
+    ]
+    assert resolved["reference"] == "declared"
+    assert resolved["alpha"] == pytest.approx(53.62, abs=0.01)  # Theorem 4.6 at I, 0.1, n, p, m
+    assert resolved["alpha_pairwise"] == 2 * resolved["alpha"]
     answers = _answers(client, curator, release_id, [{"type": "pca", "k": 1}]).json()
     assert answers["guarantee"] == "distributional privacy (paper 002), not differential privacy"
     value = answers["answers"][0]["value"]
@@ -287,7 +309,7 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     )
     assert matrix.column_names == ["age", "weight"]
     summary = budget(client, curator, dataset_id)
-    assert [e["kind"] for e in summary["entries"]] == ["non_dp"]
+    assert [e["kind"] for e in summary["entries"]] == ["non_dp", "non_dp"]
     assert summary["epsilon_spent"] == 0.0
 
 

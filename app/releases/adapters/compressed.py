@@ -4,8 +4,10 @@ NOT differential privacy. The guarantee is paper 002's distributional privacy, w
 bound ``alpha`` of Theorem 4.6 (infinite where the theorem's conditions fail); every
 response names it. The release needs the curator's opt-in on the dataset, takes no
 epsilon, and is recorded in the ledger as ``non_dp``. Without a declared ``reference``
-covariance, ``alpha`` and the truncation region depend on the data (see
-:mod:`app.mechanisms.compressed`).
+covariance the truncation region depends on the data (see :mod:`app.mechanisms.compressed`)
+and ``alpha`` would be computed from two eigenvalues of the data's own covariance, an exact
+statistic: it is then not reported (``alpha: null`` with :data:`DATA_REFERENCE_NOTE`). Releases
+recorded before this rule keep the alpha they reported.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class CompressedParams(BaseModel):
     reference: list[list[float]] | None = Field(
         default=None,
         description="declared reference normalised covariance Sigma_1 (p x p); without it the "
-        "data's own is used and alpha becomes a statistic of the data",
+        "data's own is used and no alpha is reported (it would be a statistic of the data)",
     )
 
 
@@ -62,6 +64,29 @@ _QUERIES: TypeAdapter[list[Annotated[PCAQuery, Field(discriminator="type")]]] = 
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+#: Why a release with the data as its own reference reports no alpha.
+DATA_REFERENCE_NOTE = (
+    "not reported: without a declared reference the bound would be computed from the "
+    "eigenvalues of the data's own covariance, an exact statistic of the data, and the "
+    "truncation region moves with the data, which Theorem 4.6's proof does not cover; "
+    "declare params.reference to get alpha"
+)
+
+
+def _alpha(release: cp.CompressedRelease) -> dict[str, Any]:
+    """The published alpha fields: Theorem 4.6's bound for a declared reference (public
+    quantities only), nothing for the data's own (:data:`DATA_REFERENCE_NOTE`)."""
+    if release.reference_kind == "data":
+        return {"alpha": None, "alpha_pairwise": None, "alpha_note": DATA_REFERENCE_NOTE}
+    return {
+        "alpha": _finite(release.alpha),
+        "alpha_pairwise": _finite(release.alpha_pairwise),
+        "alpha_note": None
+        if math.isfinite(release.alpha)
+        else "infinite: Theorem 4.6's conditions do not hold for these parameters",
+    }
 
 
 class Compressed(registry.Mechanism):
@@ -105,7 +130,8 @@ class Compressed(registry.Mechanism):
             },
             "accuracy": {
                 "note": "alpha (Theorem 4.6) and the PCA projector bound are computed at release "
-                "time; alpha depends on the data unless a reference is declared",
+                "time; alpha is reported only with a declared reference (without one it "
+                "would be a statistic of the data)",
             },
         }
 
@@ -129,11 +155,7 @@ class Compressed(registry.Mechanism):
             privacy_cost=release.privacy_cost,
             resolved={
                 "m": release.m,
-                "alpha": _finite(release.alpha),
-                "alpha_pairwise": _finite(release.alpha_pairwise),
-                "alpha_note": None
-                if math.isfinite(release.alpha)
-                else "infinite: Theorem 4.6's conditions do not hold for these parameters",
+                **_alpha(release),
                 "reference": release.reference_kind,
                 "guarantee": release.guarantee,
             },
@@ -164,8 +186,7 @@ class Compressed(registry.Mechanism):
                     "m": release.m,
                     "n": release.n,
                     "delta_max": release.delta_max,
-                    "alpha": _finite(release.alpha),
-                    "alpha_pairwise": _finite(release.alpha_pairwise),
+                    **_alpha(release),
                     "columns": info.names,
                     "note": "columns of X were normalised as paper 002 eq. (4) before "
                     "compression; the normalising scales are not released",
