@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Annotated
+from typing import Annotated, Concatenate, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -13,7 +13,11 @@ from sqlalchemy.orm import Session
 from app.core.errors import Forbidden, Unauthorized
 from app.core.security import hash_api_key
 from app.core.services import Services
+from app.core.threads import ThreadLimit
 from app.models import ApiKey, User
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def get_services(request: Request) -> Services:
@@ -56,6 +60,47 @@ ReadSessionDep = Annotated[
     Session,
     Depends(get_read_session, scope="function", max_concurrency=MAX_CONCURRENT_TRANSACTIONS),
 ]
+
+#: Deferred transactions at once (:class:`DeferredTransaction`). Not a share of
+#: ``MAX_CONCURRENT_TRANSACTIONS``: they run on threads counted apart from the threadpool
+#: (:mod:`app.core.threads`), so however many uploads finish together they cannot take the
+#: threads that requests holding a session need to reach their commit. The limit bounds
+#: what they hold besides: database connections, and threads parked waiting for SQLite's
+#: write lock. Uploads are few; the transaction is short (one insert, one audit row).
+MAX_CONCURRENT_DEFERRED_TRANSACTIONS = 4
+_deferred_transactions = ThreadLimit(
+    "curator_deferred_transactions", MAX_CONCURRENT_DEFERRED_TRANSACTIONS
+)
+
+
+class DeferredTransaction:
+    """The request's transaction, begun only when the endpoint calls :meth:`run`: for an
+    endpoint whose slow work comes first and must hold no database resource meanwhile (an
+    upload streams and is validated for minutes; :data:`SessionDep` is resolved before the
+    endpoint runs and would hold one of its slots all along)."""
+
+    def __init__(self, services: Services) -> None:
+        self._db = services.db
+
+    async def run(
+        self, function: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``function(session, *args, **kwargs)`` in a write transaction, committed before
+        this returns (rolled back if anything raises), at most
+        ``MAX_CONCURRENT_DEFERRED_TRANSACTIONS`` at once."""
+
+        def in_transaction() -> T:
+            with self._db.transaction() as session:
+                return function(session, *args, **kwargs)
+
+        return await _deferred_transactions.run(in_transaction)
+
+
+def get_deferred_transaction(services: ServicesDep) -> DeferredTransaction:
+    return DeferredTransaction(services)
+
+
+DeferredTransactionDep = Annotated[DeferredTransaction, Depends(get_deferred_transaction)]
 
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter, Request, Response, status
-from starlette.concurrency import run_in_threadpool
 
-from app.core.deps import CuratorUser, CurrentUser, ServicesDep, SessionDep
+from app.core.deps import (
+    CuratorUser,
+    CurrentUser,
+    DeferredTransactionDep,
+    ServicesDep,
+    SessionDep,
+)
 from app.core.errors import (
     Conflict,
     Forbidden,
@@ -28,7 +33,7 @@ from app.datasets.schemas import (
     GrantCreate,
     GrantOut,
 )
-from app.datasets.upload import receive_multipart
+from app.datasets.upload import receive_multipart, upload_checks
 
 router = APIRouter(prefix="/v1", tags=["datasets"], responses=error_responses(Unauthorized))
 
@@ -68,25 +73,31 @@ _UPLOAD_BODY = {
     openapi_extra=_UPLOAD_BODY,
 )
 async def create_dataset(
-    request: Request, curator: CuratorUser, session: SessionDep, services: ServicesDep
+    request: Request,
+    curator: CuratorUser,
+    services: ServicesDep,
+    transaction: DeferredTransactionDep,
 ) -> DatasetOut:
     """Upload a table with its declared schema and budget (multipart: ``file``, ``schema``)."""
+    # No SessionDep: the body streams and the file is validated and stored for minutes,
+    # holding no database resource; only the recording takes a (deferred) transaction.
     upload = await receive_multipart(
         request, services.settings.tmp_dir, services.settings.max_upload_bytes
     )
     try:
         declaration = service.parse_declaration(upload.fields.get("schema"))
-        return await run_in_threadpool(
-            service.create_dataset,
-            session,
-            services,
-            curator,
-            declaration,
-            upload,
-            request.state.api_key_id,
+        stored = await upload_checks.run(
+            service.store_dataset, services, curator, declaration, upload
         )
     finally:
         upload.discard()
+    try:
+        return await transaction.run(
+            service.record_dataset, curator, stored, request.state.api_key_id
+        )
+    except BaseException:
+        stored.discard()  # not recorded: rolled back, or the transaction never began
+        raise
 
 
 @router.get("/datasets", response_model=list[DatasetOut])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,7 +18,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.audit import record
-from app.core.db import on_rollback
 from app.core.errors import (
     Forbidden,
     InvalidRequest,
@@ -61,27 +62,34 @@ def parse_declaration(raw: str | None) -> Declaration:
         raise InvalidRequest(f"invalid schema: {problems}") from None
 
 
-def create_dataset(
-    session: Session,
-    services: Services,
-    curator: User,
-    declaration: Declaration,
-    upload: ReceivedUpload,
-    key_id: uuid.UUID | None = None,
-) -> DatasetOut:
-    """Validate the uploaded file against the declaration, store it encrypted, record it.
+@dataclass(frozen=True)
+class StoredDataset:
+    """An upload validated and stored encrypted, not yet recorded (:func:`record_dataset`)."""
 
-    Nothing is left behind on failure: the stored file is removed if validation fails or
-    the transaction rolls back. With ``key_id`` (the request's API key), the key is checked
-    again just before the dataset is recorded: an upload streams and validates for
-    minutes, and a key revoked meanwhile must not create a dataset.
+    dataset: Dataset  # transient: added to a session by record_dataset
+    report: ValidationReport
+    path: Path
+    declaration: Declaration
+
+    def discard(self) -> None:
+        """Remove the stored file: for an upload whose dataset was not recorded."""
+        self.path.unlink(missing_ok=True)
+
+
+def store_dataset(
+    services: Services, curator: User, declaration: Declaration, upload: ReceivedUpload
+) -> StoredDataset:
+    """Validate the uploaded file against the declaration and store it encrypted, without
+    a transaction: this takes minutes for a large file. Nothing is left behind if it fails.
+
+    Until :func:`record_dataset` has committed, the stored file is the caller's: it must
+    :meth:`~StoredDataset.discard` it if the dataset is not recorded.
     """
     if upload.file is None:
         raise InvalidRequest("the 'file' part is missing")
     dataset_id = uuid.uuid4()
     storage_name = f"{dataset_id}.parquet"
     destination = services.settings.datasets_dir / storage_name
-    on_rollback(session, lambda: destination.unlink(missing_ok=True))
     common = {
         "id": dataset_id,
         "owner_id": curator.id,
@@ -90,45 +98,63 @@ def create_dataset(
         "delta_total": delta_units(declaration.budget.delta, charge=False),
         "storage_name": storage_name,
     }
-    with upload.file.open() as reader:
-        if isinstance(declaration, GraphDeclaration):
-            graph = validate_graph_and_store(
-                reader, upload.file.size, declaration.vertices, destination, services.data_key
-            )
-            report = ValidationReport(format="edge_list", n_rows=None)
-            dataset = Dataset(
-                **common,
-                kind="graph",
-                columns=[],
-                n_rows=graph.n_edges,  # private under edge-level DP: never returned
-                n_vertices=declaration.vertices,
-                out_of_bounds="reject",
-                allow_non_dp_releases=False,
-                validation=report.model_dump(),
-            )
-        else:
-            stored = validate_and_store(
-                reader,
-                upload.file.size,
-                declaration.columns,
-                declaration.out_of_bounds,
-                destination,
-                services.data_key,
-            )
-            report = ValidationReport(
-                format=stored.format, n_rows=stored.n_rows, clipped=stored.clipped
-            )
-            dataset = Dataset(
-                **common,
-                kind="table",
-                columns=[c.model_dump() for c in declaration.columns],
-                n_rows=stored.n_rows,
-                out_of_bounds=declaration.out_of_bounds,
-                allow_non_dp_releases=declaration.allow_non_dp_releases,
-                validation=report.model_copy(update={"clipped": None}).model_dump(),
-            )
+    try:
+        with upload.file.open() as reader:
+            if isinstance(declaration, GraphDeclaration):
+                graph = validate_graph_and_store(
+                    reader, upload.file.size, declaration.vertices, destination, services.data_key
+                )
+                report = ValidationReport(format="edge_list", n_rows=None)
+                dataset = Dataset(
+                    **common,
+                    kind="graph",
+                    columns=[],
+                    n_rows=graph.n_edges,  # private under edge-level DP: never returned
+                    n_vertices=declaration.vertices,
+                    out_of_bounds="reject",
+                    allow_non_dp_releases=False,
+                    validation=report.model_dump(),
+                )
+            else:
+                stored = validate_and_store(
+                    reader,
+                    upload.file.size,
+                    declaration.columns,
+                    declaration.out_of_bounds,
+                    destination,
+                    services.data_key,
+                )
+                report = ValidationReport(
+                    format=stored.format, n_rows=stored.n_rows, clipped=stored.clipped
+                )
+                dataset = Dataset(
+                    **common,
+                    kind="table",
+                    columns=[c.model_dump() for c in declaration.columns],
+                    n_rows=stored.n_rows,
+                    out_of_bounds=declaration.out_of_bounds,
+                    allow_non_dp_releases=declaration.allow_non_dp_releases,
+                    validation=report.model_copy(update={"clipped": None}).model_dump(),
+                )
+    except BaseException:
+        destination.unlink(missing_ok=True)
+        raise
+    return StoredDataset(dataset, report, destination, declaration)
+
+
+def record_dataset(
+    session: Session, curator: User, stored: StoredDataset, key_id: uuid.UUID | None = None
+) -> DatasetOut:
+    """Record a stored upload: the dataset row and its audit event.
+
+    With ``key_id`` (the request's API key), the key is checked again first: an upload
+    streams and validates for minutes, and a key revoked meanwhile must not create a
+    dataset. Leaves the stored file to the caller if it raises or the transaction rolls
+    back (:func:`store_dataset`).
+    """
     if key_id is not None:
         ensure_key_active(session, key_id)
+    dataset = stored.dataset
     session.add(dataset)
     session.flush()
     record(
@@ -139,13 +165,13 @@ def create_dataset(
         dataset.id,
         kind=dataset.kind,
         n_columns=len(dataset.columns),
-        format=report.format,
-        epsilon_total=declaration.budget.epsilon,
-        delta_total=declaration.budget.delta,
+        format=stored.report.format,
+        epsilon_total=stored.declaration.budget.epsilon,
+        delta_total=stored.declaration.budget.delta,
     )
     out = to_out(session, dataset, curator)
     if dataset.kind == "table":  # the clip counts go back with this response only
-        out = out.model_copy(update={"validation": report})
+        out = out.model_copy(update={"validation": stored.report})
     return out
 
 

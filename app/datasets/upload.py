@@ -19,11 +19,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from app.core.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from app.core.threads import ThreadLimit
 from app.storage.spool import EncryptedSpool
 
 MAX_FIELD_BYTES = 1 << 20
 MAX_FIELDS = 8
 FILE_FIELD = "file"
+
+#: Received files validated and stored at once. Each check reads the whole file and
+#: writes it encrypted, for minutes (a graph's edges are held in memory), on threads
+#: counted apart from the request threadpool (:mod:`app.core.threads`): uploads beyond
+#: the limit wait, holding their spooled file and nothing else.
+MAX_CONCURRENT_UPLOAD_CHECKS = 4
+upload_checks = ThreadLimit("curator_upload_checks", MAX_CONCURRENT_UPLOAD_CHECKS)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from app.core.security import hash_api_key
 from app.core.services import Services
@@ -403,6 +405,14 @@ def test_streamed_upload_without_length_is_counted(client: TestClient, curator: 
     assert_nothing_stored(client)
 
 
+def revoke_key(client: TestClient, caller: Caller) -> None:
+    with _services(client).db.transaction() as session:
+        key = session.scalars(
+            select(ApiKey).where(ApiKey.key_hash == hash_api_key(caller.key))
+        ).one()
+        key.revoked_at = utcnow()
+
+
 def test_key_revoked_while_the_file_streams_creates_nothing(
     client: TestClient, curator: Caller
 ) -> None:
@@ -417,11 +427,7 @@ def test_key_revoked_while_the_file_streams_creates_nothing(
 
     def chunks() -> Any:
         yield head
-        with _services(client).db.transaction() as session:
-            key = session.scalars(
-                select(ApiKey).where(ApiKey.key_hash == hash_api_key(curator.key))
-            ).one()
-            key.revoked_at = utcnow()
+        revoke_key(client, curator)
         yield tail
 
     response = client.post(
@@ -465,6 +471,99 @@ def test_failed_commit_removes_the_stored_file(
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "internal_error"
     assert "simulated" not in response.text
+    assert_nothing_stored(client)
+
+
+def test_uploads_in_progress_leave_sessions_to_other_requests(
+    client: TestClient, curator: Caller, analyst: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload holds no session while its file streams and is validated: with more
+    uploads stuck in validation than there are session slots, a request that needs a
+    session (GET /v1/datasets) is still served."""
+    from app.core.deps import MAX_CONCURRENT_TRANSACTIONS
+    from app.datasets import endpoints, service
+
+    n_uploads = MAX_CONCURRENT_TRANSACTIONS + 1
+    arrived = threading.Semaphore(0)  # one release per upload whose body has been read
+    finish = threading.Event()
+    receive, validate = endpoints.receive_multipart, service.validate_and_store
+
+    async def counted_receive(*args: Any) -> Any:
+        received = await receive(*args)
+        arrived.release()
+        return received
+
+    def held_validate(*args: Any) -> Any:
+        finish.wait(timeout=60)
+        return validate(*args)
+
+    monkeypatch.setattr(endpoints, "receive_multipart", counted_receive)
+    monkeypatch.setattr(service, "validate_and_store", held_validate)
+    codes: list[int] = []
+    served: list[int] = []
+
+    def attempt() -> None:
+        codes.append(upload(client, curator, csv_bytes()).status_code)
+
+    def other_request() -> None:
+        served.append(client.get("/v1/datasets", headers=analyst.headers).status_code)
+
+    uploads = [threading.Thread(target=attempt) for _ in range(n_uploads)]
+    other = threading.Thread(target=other_request)
+    try:
+        for thread in uploads:
+            thread.start()
+        # at least as many uploads past their body as there are session slots
+        assert all(arrived.acquire(timeout=30) for _ in range(MAX_CONCURRENT_TRANSACTIONS))
+        other.start()
+        other.join(timeout=10)
+        served_while_uploading = list(served)
+    finally:
+        finish.set()
+        for thread in [*uploads, other]:
+            thread.join(timeout=60)
+    assert served_while_uploading == [200], "GET /v1/datasets waited for the uploads"
+    assert codes == [201] * n_uploads
+    with _services(client).db.transaction() as session:
+        assert session.query(Dataset).count() == n_uploads
+
+
+def test_key_revoked_while_the_file_is_validated_creates_nothing(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.datasets import service
+
+    validate = service.validate_and_store
+
+    def validate_then_revoke(*args: Any) -> Any:
+        stored = validate(*args)
+        revoke_key(client, curator)
+        return stored
+
+    monkeypatch.setattr(service, "validate_and_store", validate_then_revoke)
+    response = upload(client, curator, csv_bytes())
+    assert response.status_code == 401, response.text
+    assert_nothing_stored(client)
+
+
+def test_transaction_that_cannot_begin_removes_the_stored_file(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is stored before the dataset's transaction begins: if it never begins (the
+    database refuses), the file goes too."""
+    database = _services(client).db
+    transaction = database.transaction
+
+    def refuse_writes(*, read_only: bool = False) -> Any:
+        if not read_only:
+            raise OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
+        return transaction(read_only=True)
+
+    monkeypatch.setattr(database, "transaction", refuse_writes)
+    failing = TestClient(client.app, raise_server_exceptions=False)
+    response = upload(failing, curator, csv_bytes())
+    assert response.status_code == 500
+    monkeypatch.undo()
     assert_nothing_stored(client)
 
 
