@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.audit import record
+from app.core.db import on_commit
 from app.core.errors import (
     Forbidden,
     InvalidRequest,
@@ -62,7 +63,7 @@ def parse_declaration(raw: str | None) -> Declaration:
         raise InvalidRequest(f"invalid schema: {problems}") from None
 
 
-@dataclass(frozen=True)
+@dataclass
 class StoredDataset:
     """An upload validated and stored encrypted, not yet recorded (:func:`record_dataset`)."""
 
@@ -70,10 +71,17 @@ class StoredDataset:
     report: ValidationReport
     path: Path
     declaration: Declaration
+    recorded: bool = False  # set once the transaction that recorded it has committed
 
     def discard(self) -> None:
-        """Remove the stored file: for an upload whose dataset was not recorded."""
-        self.path.unlink(missing_ok=True)
+        """Remove the stored file of an upload whose dataset was not recorded; a no-op once
+        it was (an error or a cancellation that reaches the caller after the commit must
+        not leave a recorded dataset without its file)."""
+        if not self.recorded:
+            self.path.unlink(missing_ok=True)
+
+    def _mark_recorded(self) -> None:
+        self.recorded = True
 
 
 def store_dataset(
@@ -157,6 +165,7 @@ def record_dataset(
     dataset = stored.dataset
     session.add(dataset)
     session.flush()
+    on_commit(session, stored._mark_recorded)
     record(
         session,
         curator.id,

@@ -567,6 +567,29 @@ def test_transaction_that_cannot_begin_removes_the_stored_file(
     assert_nothing_stored(client)
 
 
+def test_an_error_after_the_commit_keeps_the_recorded_file(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error (or a cancellation) that reaches the endpoint after the dataset's
+    transaction committed must not remove the file a recorded dataset points to."""
+    from app.core.deps import DeferredTransaction
+
+    run = DeferredTransaction.run
+
+    async def run_then_fail(self: DeferredTransaction, *args: Any, **kwargs: Any) -> Any:
+        await run(self, *args, **kwargs)
+        raise RuntimeError("simulated failure after the commit")
+
+    monkeypatch.setattr(DeferredTransaction, "run", run_then_fail)
+    failing = TestClient(client.app, raise_server_exceptions=False)
+    assert upload(failing, curator, csv_bytes()).status_code == 500
+    services = _services(client)
+    with services.db.transaction(read_only=True) as session:
+        names = [d.storage_name for d in session.query(Dataset).all()]
+    assert len(names) == 1
+    assert [p.name for p in services.settings.datasets_dir.iterdir()] == names
+
+
 def test_path_of_datasets_dir(tmp_path: Path) -> None:
     # the settings keep raw tables, artifacts and spools apart under DATA_DIR
     from app.config import Settings
