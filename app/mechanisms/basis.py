@@ -31,6 +31,11 @@ the three-term recurrence ``T_0 = 1, T_1 = x, T_{j+1} = 2 x T_j - T_{j-1}`` (sta
 ``[-1, 1]``: the error after ``j`` steps stays below ``~j^2`` ulps). Each basis function
 is then the product of table rows over the *nonzero* entries of its multi-index only (a
 degree-``k`` index in ``d = 100`` dimensions multiplies at most ``k`` rows, not 100).
+The table is clipped to ``[-1, 1]`` first: the computed recurrence can overshoot
+(``T_200`` reached ``1 + 1.3e-14``), clipping moves no exact value, and a rounded product
+of numbers in ``[-1, 1]`` stays in ``[-1, 1]``, so every computed ``T_r(x)`` obeys the
+``|T_r| <= 1`` that the moments' sensitivity rests on
+(:func:`app.mechanisms.noise.moment_sensitivity` adds the rounding of the sums).
 Indices are grouped by their number of nonzero entries so each group is one vectorised
 gather-and-multiply. Rows are processed in blocks of at most ``block_elements / R`` rows,
 so memory stays bounded whatever ``n`` is.
@@ -47,7 +52,7 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from app.mechanisms.data import RowSource, as_source, iter_checked
+from app.mechanisms.data import RowSource, StreamSum, as_source, iter_checked, pairwise_total
 from app.mechanisms.errors import MechanismError
 
 #: Default float64 elements in one evaluation block (``R x rows``): 2 MiB; cache-sized
@@ -305,21 +310,26 @@ def moments(
     Streams the rows of a :class:`RowSource` once, in blocks of at most
     ``block_elements / R`` rows, so memory is ``O(block_elements + R)`` whatever ``n``.
     This is the exact, *non-private* statistic: the mechanisms add calibrated noise to
-    it (:mod:`app.mechanisms.noise`) before anything leaves the measure step.
+    it (:mod:`app.mechanisms.noise`) before anything leaves the measure step. Each block
+    is summed by :func:`~app.mechanisms.data.pairwise_total` and the blocks by a
+    :class:`~app.mechanisms.data.StreamSum`, so every coordinate is within
+    :func:`app.mechanisms.noise.mean_rounding` ``(n)`` of the exact mean of the computed
+    ``T_r(x)`` (all in ``[-1, 1]``), whatever the batches.
     """
     source = as_source(X)
     if source.n_cols != index_set.dim:
         raise MechanismError(
             f"the data has {source.n_cols} columns but the index set has d = {index_set.dim}"
         )
-    totals = np.zeros(index_set.size, dtype=np.float64)
-    work = np.empty((index_set.size, _block_rows(index_set.size, block_elements)), dtype=np.float64)
+    totals = StreamSum()
+    work = np.empty((_block_rows(index_set.size, block_elements), index_set.size), dtype=np.float64)
     for batch in iter_checked(source):
         for start, stop in _row_blocks(batch.shape[0], index_set.size, block_elements):
-            block = work[:, : stop - start]
-            _evaluate_block(index_set, batch[start:stop], block)
-            totals += block.sum(axis=1)
-    return totals / source.n_rows
+            block = work[: stop - start]  # (rows, R): the halving adds contiguous rows
+            _evaluate_block(index_set, batch[start:stop], block.T)
+            totals.add(pairwise_total(block))
+    out: NDArray[np.float64] = totals.total() / source.n_rows
+    return out
 
 
 # --- internals ---------------------------------------------------------------------------
@@ -400,8 +410,9 @@ def _evaluate_block(
     index_set: IndexSet, rows: NDArray[np.float64], out: NDArray[np.float64]
 ) -> None:
     """Write ``T_r(x)`` for the rows of ``rows`` into ``out`` (shape ``(R, len(rows))``)."""
-    # table[(deg * d + col), row] = T_deg(x_row, col)
+    # table[(deg * d + col), row] = T_deg(x_row, col), clipped to [-1, 1] (module doc)
     table = chebyshev_table(rows.T, index_set.max_degree).reshape(-1, rows.shape[0])
+    np.clip(table, -1.0, 1.0, out=table)
     for positions, flat in index_set._sparse:
         values = table[flat[:, 0]]
         for p in range(1, flat.shape[1]):

@@ -60,7 +60,9 @@ zCDP composes additively, also when a step is chosen adaptively from earlier out
    ``rho_s / (d - 1)``-zCDP (:func:`app.mechanisms.noise.noisy_max_scale`).
 3. **Pair tables** (share ``rho_2``): the ``d - 1`` selected coarse tables ``T_ij``,
    vector Gaussian; a replaced row leaves one cell and enters another in every table, so
-   the L2 sensitivity is ``sqrt(2 (d - 1)) / n``.
+   the L2 sensitivity is ``sqrt(2 (d - 1)) / n`` (plus the rounding of ``counts / n``,
+   :func:`pair_table_sensitivity`; steps 1 and 3 declare their sensitivities through
+   :func:`app.mechanisms.noise.float_sensitivity`).
 
 Coarse groups
 -------------
@@ -633,8 +635,17 @@ def group_sums(cell_values: NDArray[np.float64], group: NDArray[np.int64], b: in
 
 
 def pair_table_sensitivity(n: int, edges: int) -> float:
-    """L2 sensitivity of ``edges`` coarse two-way frequency tables: ``sqrt(2 edges) / n``."""
-    return math.sqrt(2.0 * edges) / n
+    """Declared L2 sensitivity of ``edges`` coarse two-way frequency tables: exact
+    ``sqrt(2 edges) / n`` (module doc, step 3) through
+    :func:`app.mechanisms.noise.float_sensitivity` with the rounding of ``counts / n``:
+    exact integer counts, one correctly rounded division each, so the computed tables are
+    within ``sqrt(edges) u`` of the exact ones in L2 (a table's cells sum to 1); relative
+    allowance ``sqrt(2) n u`` (``1.6e-12`` at ``n = 10^4``)."""
+    if n < 1 or edges < 1:
+        raise MechanismError(f"n ({n}) and edges ({edges}) must be positive")
+    return noise.float_sensitivity(
+        math.sqrt(2.0 * edges) / n, math.sqrt(edges) * noise.UNIT_ROUNDOFF
+    )
 
 
 def rake(table: NDArray[np.float64], rows: NDArray[np.float64], cols: NDArray[np.float64]) -> Any:

@@ -17,6 +17,10 @@ moments ``b_r = (1/n) sum_{x in D} T_r(x)``, ``T_r(x) = prod_i cos(r_i arccos x_
 * ``delta > 0``: vector Gaussian with the L2 sensitivity ``Delta_2 = 2 sqrt(R)/n``, the
   scale found from OpenDP's zCDP map so the charged ``(epsilon, delta)`` fits the request.
 
+Both are declared with an allowance for the floating-point rounding of the computed
+moments (:func:`app.mechanisms.noise.moment_sensitivity` through
+:func:`app.mechanisms.noise.float_sensitivity`: relative ``3.2e-11`` at ``n = 10^4``).
+
 **Privacy.** Two statistics of the data are released: the moment vector, protected by
 one Laplace (pure ``epsilon``-DP) or Gaussian (``(epsilon, delta)``-DP) measurement
 calibrated to its sensitivity under replace-one neighbours, and (by default, when the

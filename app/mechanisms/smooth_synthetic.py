@@ -20,7 +20,10 @@ parameters at no privacy cost. :func:`synthesize` is both (DESIGN §6).
 Privacy (replace-one neighbours, ``n`` public; proofs in :mod:`noise` and :mod:`pca`)
 ------------------------------------------------------------------------------------
 * ``moments``: ``R`` non-constant basis functions, each in ``[-1, 1]``, so the moment
-  vector has L1 sensitivity ``2R/n``, L2 ``2 sqrt(R)/n``, per-coordinate ``2/n``.
+  vector has L1 sensitivity ``2R/n``, L2 ``2 sqrt(R)/n``, per-coordinate ``2/n``. Every
+  sensitivity here is declared with an allowance for floating-point rounding
+  (:func:`app.mechanisms.noise.float_sensitivity`; :func:`noise.moment_sensitivity`,
+  :func:`pca.covariance_sensitivity`, :func:`pca.mean_sensitivity`).
   ``noise_mechanism="laplace"`` (default when ``delta = 0``): Laplace scale ``2R/(n eps_m)``
   (Algorithm 1 step 9 corrected from the paper's ``t^d/(n eps)``). ``"gaussian"`` (default
   when ``delta > 0``): Gaussian under L2, zCDP -> ``(eps_m, delta_m)`` by OpenDP.
@@ -341,13 +344,13 @@ def measure(
         parts.extend(pca_record.privacy_cost.parts)
         if "pca_centre" in plan.budget:
             _, mean = pca.covariance(source)
-            d = plan.d
             centre_release = noise.release(
                 mean,
                 step="pca_centre",
                 mechanism=plan.pca_noise,
-                sensitivity=(2.0 * d if plan.pca_noise == "laplace" else 2.0 * math.sqrt(d))
-                / plan.n,
+                sensitivity=pca.mean_sensitivity(plan.n, plan.d)[
+                    "l1" if plan.pca_noise == "laplace" else "l2"
+                ],
                 epsilon=plan.budget["pca_centre"][0],
                 delta=plan.budget["pca_centre"][1],
             )

@@ -25,8 +25,36 @@ ALPHA = 1e-6  # false-failure rate of each statistical assertion
 
 
 def test_moment_sensitivity_formulas() -> None:
+    """Exact 2/n, 2R/n, 2 sqrt(R)/n plus the rounding of a mean of n = 500 terms summed
+    at depth h = 2 bit_length(500) = 18: gamma_19 per coordinate."""
     s = noise.moment_sensitivity(n=500, R=36)
-    assert s == {"linf": 2 / 500, "l1": 72 / 500, "l2": 12 / 500}
+    e = 19 * 2.0**-53 / (1 - 19 * 2.0**-53)
+    assert noise.mean_rounding(500) == e
+    assert s == {
+        "linf": (2 / 500 + 2 * e) * (1 + 2.0**-48),
+        "l1": (72 / 500 + 2 * 36 * e) * (1 + 2.0**-48),
+        "l2": (12 / 500 + 2 * 6 * e) * (1 + 2.0**-48),
+    }
+    exact = {"linf": 2 / 500, "l1": 72 / 500, "l2": 12 / 500}
+    for key, value in s.items():  # relative allowance n gamma_19 + 2^-48 ~ 1.1e-12
+        assert exact[key] < value < exact[key] * (1 + 1.2e-12)
+
+
+def test_float_sensitivity_and_gamma() -> None:
+    u = noise.UNIT_ROUNDOFF
+    assert u == 2.0**-53
+    assert noise.gamma(0) == 0.0
+    assert noise.gamma(10) == 10 * u / (1 - 10 * u)
+    assert noise.gamma(3) + noise.gamma(4) + noise.gamma(3) * noise.gamma(4) <= noise.gamma(7)
+    assert noise.float_sensitivity(0.25, 0.0) == 0.25 * (1 + 2.0**-48)
+    assert noise.float_sensitivity(0.25, 1e-15) == (0.25 + 2e-15) * (1 + 2.0**-48)
+    assert noise.float_sensitivity(0.25, 1e-15) > 0.25 + 2e-15
+    assert noise.float_sensitivity(0.0, 1e-15) == 2e-15 * (1 + 2.0**-48)  # constant statistic
+    for exact, rounding in [(0.0, 0.0), (-1.0, 0.0), (math.inf, 0.0), (1.0, -1e-16)]:
+        with pytest.raises(MechanismError):
+            noise.float_sensitivity(exact, rounding)
+    with pytest.raises(MechanismError):
+        noise.gamma(2**52)
 
 
 @pytest.mark.parametrize(("d", "R"), [(2, 9), (3, 19), (4, 4)])

@@ -64,13 +64,18 @@ def test_measure_calibrates_to_the_moment_sensitivity(data: np.ndarray, delta: f
     cal = syn.calibration
     assert syn.co_spread is not None  # the default basis admits it: 5 % of epsilon
     assert cal.target_epsilon == pytest.approx(0.7 * (1 - ss.CO_SPREAD_SHARE))
+    declared = noise.moment_sensitivity(n, R)  # exact formula plus the rounding allowance
     if delta == 0:
         assert (cal.mechanism, cal.distribution) == ("laplace", "laplace")
-        assert cal.sensitivity == pytest.approx(2 * R / n)
-        assert cal.scale == pytest.approx(2 * R / (n * 0.7 * (1 - ss.CO_SPREAD_SHARE)), rel=1e-12)
+        assert cal.sensitivity == declared["l1"]
+        assert cal.sensitivity == pytest.approx(2 * R / n, rel=1e-10)
+        assert cal.scale == pytest.approx(
+            declared["l1"] / (0.7 * (1 - ss.CO_SPREAD_SHARE)), rel=1e-12
+        )
     else:
         assert (cal.mechanism, cal.distribution) == ("gaussian", "gaussian")
-        assert cal.sensitivity == pytest.approx(2 * math.sqrt(R) / n)
+        assert cal.sensitivity == declared["l2"]
+        assert cal.sensitivity == pytest.approx(2 * math.sqrt(R) / n, rel=1e-10)
     assert syn.privacy_cost.within(0.7, delta)
     assert syn.privacy_cost.epsilon == pytest.approx(0.7, rel=1e-9)
     assert [p.step for p in syn.privacy_cost.parts] == ["moments", "co_spread"]
@@ -194,7 +199,11 @@ def test_rule_is_fast_in_small_dimension_and_takes_any_basis_size() -> None:
     # predictions at unit-sensitivity scaling equal a direct OpenDP calibration
     _, gauss = ss.choose_basis(1000, 2, epsilon=0.5, delta=1e-7, basis_size=14)
     direct = noise.calibrate(
-        "gaussian", sensitivity=2 * math.sqrt(14) / 1000, epsilon=0.5, delta=1e-7, dimension=14
+        "gaussian",
+        sensitivity=noise.moment_sensitivity(1000, 14)["l2"],
+        epsilon=0.5,
+        delta=1e-7,
+        dimension=14,
     )
     assert gauss.chosen.coordinate_stddev == pytest.approx(direct.stddev, rel=1e-8)
 

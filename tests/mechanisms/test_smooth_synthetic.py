@@ -95,21 +95,25 @@ def test_every_data_dependent_step_is_charged_within_budget(
 def test_laplace_moments_scale_is_two_r_over_n_epsilon(data: np.ndarray) -> None:
     m = measure(data, 0.5, basis_size=20, rng=np.random.default_rng(0))
     assert m.moment_noise is not None
-    assert m.moment_noise.scale == pytest.approx(2 * 20 / (len(data) * 0.5), rel=1e-12)
-    assert m.moment_noise.sensitivity == pytest.approx(2 * 20 / len(data))
+    declared = noise.moment_sensitivity(len(data), 20)["l1"]  # 2R/n plus the rounding
+    assert m.moment_noise.scale == pytest.approx(declared / 0.5, rel=1e-12)
+    assert m.moment_noise.sensitivity == declared
+    assert declared == pytest.approx(2 * 20 / len(data), rel=1e-10)
     # the ellipsoid grid leaves 80% of epsilon to the moments
     e = measure(data, 0.5, grid="pca_ellipsoid", basis_size=20, rng=np.random.default_rng(0))
     assert e.moment_noise is not None
-    assert e.moment_noise.scale == pytest.approx(2 * 20 / (len(data) * 0.4), rel=1e-12)
+    assert e.moment_noise.scale == pytest.approx(declared / 0.4, rel=1e-12)
 
 
 def test_gaussian_moments_use_the_l2_sensitivity(data: np.ndarray) -> None:
     m = measure(data, 1.0, 1e-9, basis_size=16, rng=np.random.default_rng(0))
     assert m.moment_noise is not None
     assert m.moment_noise.mechanism == "gaussian"
-    assert m.moment_noise.sensitivity == pytest.approx(2 * 4 / len(data))
+    declared = noise.moment_sensitivity(len(data), 16)["l2"]  # 2 sqrt(R)/n plus rounding
+    assert m.moment_noise.sensitivity == declared
+    assert declared == pytest.approx(2 * 4 / len(data), rel=1e-10)
     expected = noise.calibrate(
-        "gaussian", sensitivity=8 / len(data), epsilon=1.0, delta=1e-9, dimension=16
+        "gaussian", sensitivity=declared, epsilon=1.0, delta=1e-9, dimension=16
     )
     assert m.moment_noise.scale == pytest.approx(expected.scale, rel=1e-12)
 

@@ -9,12 +9,14 @@ With no ``method``, a request gets ``"tree"`` when ``delta > 0`` (and ``d >= 2``
 ``method="marginals"``: :func:`app.mechanisms.marginals.measure` releases the
 ``d`` one-column histograms (``B`` bins, plus atoms at the bounds when the noise is low) in
 one noisy measurement; L1 sensitivity ``2d/n`` and L2 ``sqrt(2d)/n`` under replace-one
-neighbours whatever ``B``. Synthesis projects each noisy histogram onto the simplex and
-draws ``C`` support points from the product of the marginals. On the paper-000 protocol
-(WDBC, CTG, PKS, CRM at ``epsilon = 1``; ``bench/results/smooth_marginals.md``) it beats
-the moment LP on every dataset and query family; it is the only histogram method for pure
-``epsilon``-DP. It keeps no dependence between columns: queries whose answer depends on
-the joint distribution see the product of the marginals.
+neighbours whatever ``B`` (declared with the rounding allowance of
+:func:`app.mechanisms.marginals.histogram_sensitivity`). Synthesis projects each noisy
+histogram onto the simplex and draws ``C`` support points from the product of the
+marginals. On the paper-000 protocol (WDBC, CTG, PKS, CRM at ``epsilon = 1``;
+``bench/results/smooth_marginals.md``) it beats the moment LP on every dataset and query
+family; it is the only histogram method for pure ``epsilon``-DP. It keeps no dependence
+between columns: queries whose answer depends on the joint distribution see the product
+of the marginals.
 
 ``method="tree"`` (``delta > 0``): :func:`app.mechanisms.marginal_tree.measure` releases the
 same histograms with half the budget (in zCDP), selects a spanning tree of column pairs
