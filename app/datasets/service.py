@@ -8,8 +8,10 @@ curator's action gets 403 (they already know it exists).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,10 @@ from app.datasets.validation import validate_and_store
 from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
 from app.models import Dataset, Grant, Role, User
+from app.models.base import utcnow
 from app.users.service import ensure_key_active
+
+log = logging.getLogger("curator.datasets")
 
 Declaration = DatasetDeclaration | GraphDeclaration
 
@@ -367,3 +372,33 @@ def revoke_grant(
     session.delete(existing)
     session.flush()
     record(session, user.id, "grant.delete", "dataset", dataset_id, user_id=str(analyst_id))
+
+
+#: How old an unrecorded dataset file or an upload spool must be before
+#: :func:`remove_stray_files` takes it for a leftover. An upload writes its file while it
+#: is validated and records it right after, and its spool lives as long as the upload, so
+#: a live upload's files are far younger than this.
+STRAY_FILE_AGE = timedelta(hours=24)
+
+
+def remove_stray_files(session: Session, services: Services, now: datetime | None = None) -> int:
+    """Remove what a killed process left of its uploads: stored dataset files that no
+    dataset row names, and upload spools (encrypted with a key that died with the process),
+    each once older than :data:`STRAY_FILE_AGE` by its modification time. A failing upload
+    cleans up after itself (:func:`store_dataset`, the endpoint); this catches the uploads
+    that could not. The candidates are listed before the dataset rows are read, so a file
+    recorded meanwhile is never among them. Returns how many files were removed."""
+    cutoff = (now or utcnow()).timestamp() - STRAY_FILE_AGE.total_seconds()
+
+    def old(directory: Path, pattern: str) -> list[Path]:
+        return [p for p in directory.glob(pattern) if p.is_file() and p.stat().st_mtime < cutoff]
+
+    spools = old(services.settings.tmp_dir, "upload-*.spool")
+    tables = old(services.settings.datasets_dir, "*.parquet")
+    if tables:
+        recorded = set(session.scalars(select(Dataset.storage_name)))
+        tables = [p for p in tables if p.name not in recorded]
+    for path in spools + tables:
+        path.unlink(missing_ok=True)
+        log.warning("removed a stray upload file %s (no dataset records it)", path.name)
+    return len(spools) + len(tables)

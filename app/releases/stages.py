@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session, object_session
 from app.core.db import on_commit, uses_row_locks
 from app.core.errors import frames_only
 from app.core.services import Services
+from app.datasets.service import remove_stray_files
 from app.ledger import service as ledger
 from app.ledger.units import delta_value, epsilon_value
 from app.mechanisms.errors import MechanismError, SolverError
@@ -400,7 +401,8 @@ def sweep(services: Services) -> int:
 
 
 class Sweeper:
-    """Runs :func:`sweep` at start and every ``lease_seconds / 2`` in a daemon thread."""
+    """Runs :func:`sweep` and :func:`app.datasets.service.remove_stray_files` at start and
+    every ``lease_seconds / 2`` in a daemon thread."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -412,6 +414,8 @@ class Sweeper:
         while True:
             try:
                 sweep(self.services)
+                with self.services.db.transaction(read_only=True) as session:
+                    remove_stray_files(session, self.services)
             except Exception as exc:
                 log.warning("sweep failed: %s", type(exc).__name__)
             if self._stop.wait(interval):

@@ -600,3 +600,30 @@ def test_path_of_datasets_dir(tmp_path: Path) -> None:
         "releases",
         "tmp",
     }
+
+
+def test_stray_upload_files_are_removed_once_old(client: TestClient, curator: Caller) -> None:
+    """What a killed process leaves (a stored file no dataset records, a spool) goes once
+    older than STRAY_FILE_AGE; recorded datasets' files and young files stay."""
+    import os
+
+    from app.datasets.service import STRAY_FILE_AGE, remove_stray_files
+    from app.models.base import utcnow
+    from app.releases.stages import Sweeper
+
+    assert upload(client, curator, csv_bytes()).status_code == 201
+    services = _services(client)
+    (recorded,) = list(services.settings.datasets_dir.iterdir())
+    stray = services.settings.datasets_dir / "0f5c1e6e-stray.parquet"
+    spool = services.settings.tmp_dir / "upload-stray.spool"
+    young = services.settings.tmp_dir / "upload-young.spool"
+    for path in (stray, spool, young):
+        path.write_bytes(b"ciphertext")
+    old = (utcnow() - STRAY_FILE_AGE).timestamp() - 60
+    for path in (recorded, stray, spool):
+        os.utime(path, (old, old))
+    Sweeper(services).start().stop()  # the worker's sweeper runs it first thing
+    assert sorted(p.name for p in services.settings.datasets_dir.iterdir()) == [recorded.name]
+    assert sorted(p.name for p in services.settings.tmp_dir.iterdir()) == [young.name]
+    with services.db.transaction(read_only=True) as session:
+        assert remove_stray_files(session, services) == 0
