@@ -15,9 +15,12 @@ def exact_synopsis(
     *,
     epsilon: float = 1.0,
     co_spread: CoSpread | None = None,
+    smoothness: int = 4,
 ) -> ss.Synopsis:
     """Test-only: a synopsis holding the exact (noise-free) moments of X, with the noise
-    law of ``(epsilon, delta)`` for its standard errors and an optional co-spread."""
+    law of ``(epsilon, delta)`` for its standard errors, an optional co-spread and the
+    declared ``smoothness`` (queries with a Gaussian width ``s < sqrt(smoothness)`` get the
+    worst-case interval)."""
     n = X.shape[0]
     mech = "laplace" if delta == 0 else "gaussian"
     metric = "l1" if delta == 0 else "l2"
@@ -29,4 +32,6 @@ def exact_synopsis(
         dimension=index_set.size,
     )
     _, choice = ss.choose_basis(n, index_set.dim, epsilon=1.0, delta=delta, basis=index_set)
-    return ss.Synopsis(index_set, moments(X, index_set), cal, n, 4, choice, co_spread=co_spread)
+    return ss.Synopsis(
+        index_set, moments(X, index_set), cal, n, smoothness, choice, co_spread=co_spread
+    )

@@ -472,7 +472,7 @@ def test_truncation_estimate_on_independent_columns() -> None:
     rng = np.random.default_rng(5)
     n, d = 4000, 6
     X = np.column_stack([rng.beta(2, 5, n) * 2 - 1 for _ in range(d)])
-    syn = exact_synopsis(X, axis_total_degree(d, 1, 2))
+    syn = exact_synopsis(X, axis_total_degree(d, 1, 2), smoothness=1)  # sigma = 1 in class
     np.testing.assert_allclose(syn.mu[:, 1], (X**2).mean(axis=0), rtol=1e-12)
     assert np.all(syn.mu[:, 0] == 1.0)
     assert np.all(syn.mu[:, 2] == ss.TYPICAL_MU)
@@ -558,3 +558,33 @@ def test_bias_aware_critical_value() -> None:
     draws = rng.normal(size=200_000) + 0.53
     share = np.mean(np.abs(draws) <= ss.bias_aware_critical_value(0.53, 0.95))
     assert abs(share - 0.95) <= 5 * math.sqrt(0.95 * 0.05 / draws.size)
+
+
+def test_queries_narrower_than_the_declared_smoothness_get_the_worst_case_interval() -> None:
+    """The truncation estimate assumes interaction moments of random sign; for a kernel
+    narrower than the declared class (``s^2 < smoothness``) centred where the data
+    concentrate they add up coherently, and an audit measured 0-11 % coverage of the
+    estimated 95 % interval (row-centred ``s = 0.3`` on four wine columns). Those queries
+    get the worst-case interval, which holds for every dataset; the others keep the
+    estimate. Exact moments, concentrated correlated columns, seed 3."""
+    rng = np.random.default_rng(3)
+    n, d = 3000, 4
+    shared = rng.normal(0.0, 0.12, (n, 1))
+    X = np.clip(0.3 + shared + rng.normal(0.0, 0.06, (n, d)), -1.0, 1.0)
+    syn = exact_synopsis(X, total_degree(d, 34), smoothness=4)
+    centres = X[rng.integers(n, size=20)] + rng.normal(0.0, 0.05, (20, d))
+    for sigma, inside in ((0.3, False), (1.0, False), (2.0, True), (3.0, True)):
+        batch = GaussianMixtureBatch(centres[:, None, :], np.ones((20, 1)), sigma)
+        truth = batch.answers(X)
+        out = syn.answer_many(batch)
+        assert np.all(out.within_smoothness == inside)
+        worst = np.maximum(
+            out.worst_case_halfwidth + np.abs(out.extrapolation), out.noise_halfwidth
+        )
+        if inside:
+            assert np.all(out.halfwidth <= worst)
+            assert np.median(out.halfwidth / worst) < 0.5  # the estimate is what is used
+        else:
+            np.testing.assert_array_equal(out.halfwidth, worst)
+        assert np.all((out.low <= truth) & (truth <= out.high)), sigma
+    assert out[0].as_dict()["within_smoothness"] is True
