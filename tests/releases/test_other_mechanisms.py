@@ -106,6 +106,7 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
     response = _answers(client, curator, release_id, queries)
     assert response.status_code == 200, response.text
     answers = response.json()["answers"]
+    assert all("answered_ranges" not in a for a in answers)  # no continuous column
     truth_a = float(np.mean(data["blood"] == "A"))
     assert abs(answers[0]["value"] - truth_a) < 5 * answers[0]["stderr"]
     assert answers[0]["interval"][0] < answers[0]["value"] < answers[0]["interval"][1]
@@ -164,6 +165,17 @@ def test_randomized_response_discretises_continuous_columns(
         [{"type": "conjunction", "where": {"age": {"between": [0, 50]}}}],
     ).json()["answers"][0]
     assert abs(answer["value"] - float(np.mean(data["age"] < 50))) < 5 * answer["stderr"]
+    assert answer["answered_ranges"] == {"age": [0.0, 50.0]}
+    # [10, 60] takes the cells with midpoints 12.5 and 37.5: the answer is about [0, 50]
+    # and says so (an audit measured 56 % coverage against the range asked)
+    asked = _answers(
+        client,
+        curator,
+        release_id,
+        [{"type": "conjunction", "where": {"age": {"between": [10, 60]}}}],
+    ).json()["answers"][0]
+    assert asked["answered_ranges"] == {"age": [0.0, 50.0]}
+    assert "not in the range asked" in asked["note"]
     for between in ([10], [1, 2, 3], ["a", 2], [True, 2], {"low": 1}):
         where = {"age": {"between": between}}
         refused = _answers(client, curator, release_id, [{"type": "conjunction", "where": where}])

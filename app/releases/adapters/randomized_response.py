@@ -323,8 +323,15 @@ class RandomizedResponse(registry.Mechanism):
     # -- answers
 
     def _terms(
-        self, where: Mapping[str, Condition], info: DatasetInfo, bits: int
+        self,
+        where: Mapping[str, Condition],
+        info: DatasetInfo,
+        bits: int,
+        answered: dict[str, list[float]] | None = None,
     ) -> dict[int, list[int]]:
+        """The cells of each condition. A continuous column's ``between`` takes the cells
+        whose midpoint lies in the range; the range those cells cover (original units) is
+        written into ``answered``: that is what the answer estimates, not the range asked."""
         perturbed = self._perturbed(info)
         index = {c.name: j for j, c in enumerate(perturbed)}
         terms: dict[int, list[int]] = {}
@@ -361,6 +368,9 @@ class RandomizedResponse(registry.Mechanism):
                 cells = [int(k) for k in np.flatnonzero((original >= low) & (original <= high))]
                 if not cells:
                     raise InvalidRequest(f"no cell of column {name!r} lies in [{low}, {high}]")
+                if answered is not None:  # the cells are consecutive: their outer edges
+                    edges = np.array([cells[0], cells[-1] + 1], dtype=np.float64)
+                    answered[name] = column.to_original(-1.0 + 2.0 * edges / (1 << bits)).tolist()
             terms[index[name]] = cells
         return terms
 
@@ -373,11 +383,12 @@ class RandomizedResponse(registry.Mechanism):
         assert domain is not None
         out = []
         for position, query in enumerate(parsed):
+            answered: dict[str, Any] = {}
             try:
                 row_query: Any
                 if isinstance(query, ConjunctionQuery):
                     row_query = rr.Conjunction(
-                        domain, self._terms(query.where, info, loaded["bits"])
+                        domain, self._terms(query.where, info, loaded["bits"], answered)
                     )
                 elif isinstance(query, TableQuery):
                     if domain.size > MAX_TABLE_DOMAIN:
@@ -403,7 +414,10 @@ class RandomizedResponse(registry.Mechanism):
                     row_query = rr.Heterogeneous(
                         {
                             codes[key]: rr.Conjunction(
-                                domain, self._terms(where, info, loaded["bits"])
+                                domain,
+                                self._terms(
+                                    where, info, loaded["bits"], answered.setdefault(key, {})
+                                ),
                             )
                             for key, where in query.by_public.items()
                         }
@@ -421,17 +435,25 @@ class RandomizedResponse(registry.Mechanism):
                 raise InvalidRequest(f"queries.{position}: {exc}") from None
             except InvalidRequest as exc:
                 raise InvalidRequest(f"queries.{position}: {exc.message}") from None
-            out.append(
-                {
-                    "value": value,
-                    "stderr": stderr,
-                    "interval": [value - Z_95 * stderr, value + Z_95 * stderr],
-                    "error_bound": bound,
-                    "estimator": query.estimator,
-                    "note": "stderr: exact worst case over databases of this size; interval: "
-                    "normal approximation; error_bound: paper 004 bound (20)/(22)",
-                }
-            )
+            item: dict[str, Any] = {
+                "value": value,
+                "stderr": stderr,
+                "interval": [value - Z_95 * stderr, value + Z_95 * stderr],
+                "error_bound": bound,
+                "estimator": query.estimator,
+                "note": "stderr: exact worst case over databases of this size; interval: "
+                "normal approximation; error_bound: paper 004 bound (20)/(22)",
+            }
+            answered = {k: v for k, v in answered.items() if v}
+            if answered:
+                item["answered_ranges"] = answered
+                item["note"] += (
+                    "; a continuous 'between' is answered on the released cells whose "
+                    "midpoints lie in the range: value, stderr, interval and bound are for "
+                    "the fraction of rows in answered_ranges (cell edges, original units), "
+                    "not in the range asked, which can differ by the mass of the edge cells"
+                )
+            out.append(item)
         return out
 
 
