@@ -443,12 +443,26 @@ def rho_budget(epsilon: float, delta: float) -> float:
     converted = _fix_delta(unit, delta)
 
     def eps_at(rho: float) -> float:  # the unit Gaussian at d_in = sqrt(2 rho) is rho-zCDP
-        return float(converted.map(math.sqrt(2.0 * rho))[0])
+        try:
+            return float(converted.map(math.sqrt(2.0 * rho))[0])
+        except dp.OpenDPException:  # the map overflows far above any budget: too much
+            return math.inf
 
-    hi = 1.0
+    # bracket the root by doubling/halving from 1 (epsilon spans 1e-12 .. 1e6), then
+    # solve on log(rho): rho ranges over many decades
+    lo = hi = 1.0
     while eps_at(hi) <= epsilon:
         hi *= 2.0
-    rho = brentq(lambda r: eps_at(r) - epsilon, 1e-12, hi, xtol=1e-15, rtol=1e-13)
+    while eps_at(lo) > epsilon:
+        lo /= 2.0
+        if lo < 1e-300:
+            raise MechanismError(f"no rho converts to epsilon {epsilon} at delta {delta}")
+    if lo == hi:
+        lo = hi / 2.0
+    u = brentq(
+        lambda v: eps_at(math.exp(v)) - epsilon, math.log(lo), math.log(hi), xtol=1e-14, rtol=1e-13
+    )
+    rho = math.exp(u)
     while eps_at(rho) > epsilon:
         rho *= 1.0 - 1e-12
     return float(rho)

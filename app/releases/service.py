@@ -127,6 +127,12 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
             raise InvalidRequest(
                 f"epsilon ({body.epsilon}) must be at most 1e6, the largest budget a dataset holds"
             )
+        # The ledger's resolution: a smaller request would be charged this much anyway, and
+        # below it the noise calibrations leave double precision (a subnormal delta hung).
+        if body.epsilon < 1e-12:
+            raise InvalidRequest(f"epsilon ({body.epsilon}) must be at least 1e-12")
+        if 0 < body.delta < 1e-18:
+            raise InvalidRequest(f"delta ({body.delta}) must be 0 or at least 1e-18")
         epsilon, delta = body.epsilon, body.delta
     info = dataset_info(dataset, mechanism, body.columns)
     params = mechanism.resolve_params(info, epsilon, delta, mechanism.parse_params(body.params))

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import opendp.prelude as dp
 import pytest
 from scipy import stats
 
@@ -139,6 +140,25 @@ def test_a_large_delta_is_calibrated_minimally(mechanism: str, delta: float) -> 
     assert cal.epsilon <= 1.0
     eps_smaller, _ = noise.cost_of_scale(mechanism, cal.scale * (1 - 1e-6), 1.0, 3, delta)
     assert eps_smaller > 1.0
+
+
+@pytest.mark.parametrize(("epsilon", "delta"), [(1e-12, 1e-18), (1.0, 1e-9), (1e6, 1e-18)])
+def test_rho_budget_at_the_corners_of_the_accepted_range(epsilon: float, delta: float) -> None:
+    """Tiny epsilon puts rho far below the old fixed bracket (1e-12; brentq raised), huge
+    epsilon overflows OpenDP's conversion (now read as over budget: a smaller rho)."""
+    rho = noise.rho_budget(epsilon, delta)
+    unit = dp.m.make_gaussian(
+        dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=1.0
+    )
+    eps = dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(unit), delta).map(math.sqrt(2 * rho))[0]
+    assert eps <= epsilon
+    if epsilon <= 1.0:  # minimal: a little more rho overspends
+        assert (
+            dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(unit), delta).map(
+                math.sqrt(2 * rho * (1 + 1e-9))
+            )[0]
+            > epsilon
+        )
 
 
 def test_gaussian_compositions_add_in_zcdp() -> None:
