@@ -788,6 +788,18 @@ def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst
             * 2,
             "12500000 pairs of centres",
         ),
+        (  # 31 * 31 = 961 monomials each, 11 * 961^2 pairs (an audit saw one polynomial
+            # of 10571 monomials take 5.6 GB of error-bar tables)
+            [
+                {
+                    "type": "polynomial",
+                    "space": "original",
+                    "terms": [{"coefficient": 1, "powers": {"x": 30, "z": 30}}],
+                }
+            ]
+            * 11,
+            "10158731 pairs of kernels",
+        ),
     ):
         refused = client.post(
             f"/v1/releases/{release_id}/answers", headers=analyst.headers, json={"queries": queries}

@@ -47,9 +47,11 @@ MAX_CENTERS = 10_000
 #: Monomials a polynomial query in original units may expand to (each term gives up to
 #: ``prod_i (p_i + 1)``); beyond it the expansion alone would exhaust memory.
 MAX_MONOMIALS = 100_000
-#: Sum over a request's Gaussian mixtures of (centres)^2: a synopsis's error bar costs
-#: ``O(J^2 d L)`` per query (:func:`app.mechanisms.chebyshev.truncation_estimate`), so
-#: this bounds one request's work (1000 queries of 100 centres, or one of 3162).
+#: Sum over a request's queries of (kernels)^2, a Gaussian mixture's centres or a
+#: polynomial's monomials (normalised units): a synopsis's error bar costs ``O(J^2 d L)``
+#: per query (:func:`app.mechanisms.chebyshev.truncation_estimate`), so this bounds one
+#: request's work (1000 queries of 100 centres, or one of 3162; an audit saw a 140-byte
+#: polynomial of 10571 monomials take 5.6 GB before this counted them).
 MAX_CENTER_PAIRS = 10_000_000
 
 
@@ -247,4 +249,12 @@ def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
             raise InvalidRequest(f"queries.{position}: {exc.message}") from None
         except MechanismError as exc:
             raise InvalidRequest(f"queries.{position}: {exc}") from None
+    # a polynomial's monomials are its kernels: they count against the same budget
+    pairs += sum(q.exponents.shape[0] ** 2 for q in out if isinstance(q, Polynomial))
+    if pairs > MAX_CENTER_PAIRS:
+        raise InvalidRequest(
+            f"these queries have {pairs} pairs of kernels (sum over queries of centres^2 or "
+            f"monomials^2 in normalised units); at most {MAX_CENTER_PAIRS} per request: split "
+            "the batch or use fewer centres, lower powers or fewer columns per term"
+        )
     return out
