@@ -165,6 +165,12 @@ class Mechanism(ABC):
         :attr:`post_processing`. By default every post-processing parameter applies."""
         return None
 
+    def check_synthesis(self, info: DatasetInfo, params: BaseModel) -> None:
+        """Refuse (InvalidRequest) a re-synthesis whose merged ``params`` cannot run (the
+        post-processing part of :meth:`check`, e.g. a sample too big for memory), before
+        the release leaves its current state. By default nothing to check."""
+        return None
+
     @abstractmethod
     def preview(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel

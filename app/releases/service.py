@@ -375,7 +375,17 @@ def resynthesize(
     if release.status not in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the release is {release.status}; wait for it to finish")
     merged = {**release.params, **release.synthesis_params, **raw_params}
-    checked = mechanism.parse_params(merged).model_dump(mode="json")
+    params = mechanism.parse_params(merged)
+    # the checks a new request gets (e.g. a synthetic sample that cannot fit in memory):
+    # a refused run must not turn a succeeded release into a failed one
+    dataset = session.get(Dataset, release.dataset_id)
+    assert dataset is not None
+    info = dataset_info(dataset, mechanism, release.columns or None)
+    try:
+        mechanism.check_synthesis(info, params)
+    except MechanismError as exc:
+        raise InvalidRequest(str(exc)) from None
+    checked = params.model_dump(mode="json")
     release.synthesis_params = {k: checked[k] for k in mechanism.post_processing if k in checked}
     release.synthesis_version += 1
     release.status = "synthesizing"

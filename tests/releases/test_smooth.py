@@ -904,3 +904,32 @@ def test_budget_corners_preview_without_a_server_error(
         )
         assert refused.status_code == 422
         assert fragment in refused.json()["error"]["message"]
+
+
+def test_resynthesis_gets_the_size_check_of_a_request(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-synthesis that a new request would be refused (points and rows that cannot fit
+    in memory; the limit is lowered here so that 3 columns reach it) is refused at once,
+    and the succeeded release stays succeeded with its artifacts (an audit saw it turn
+    into a failed release whose downloads answered 409)."""
+    from app.mechanisms import smooth_synthetic as ss
+
+    dataset_id, _ = _dataset(client, curator, n=200)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "params": {"method": "marginals"}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    monkeypatch.setattr(ss, "DEFAULT_MAX_BYTES", 8 * 3 * 3000)
+    too_big = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"grid_size": 2000, "sample_size": 2000}},
+    )
+    assert too_big.status_code == 422, too_big.text
+    assert "need more than" in too_big.json()["error"]["message"]
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded"
+    assert (
+        client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).status_code
+        == 200
+    )

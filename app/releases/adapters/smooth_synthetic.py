@@ -286,6 +286,11 @@ class SmoothSynthetic(registry.Mechanism):
         if params.pca_rank is not None and params.pca_rank > info.d:
             raise InvalidRequest(f"pca_rank ({params.pca_rank}) must be at most d ({info.d})")
 
+    def check_synthesis(self, info: DatasetInfo, params: BaseModel) -> None:
+        assert isinstance(params, SyntheticParams)
+        if params.method in ("marginals", "tree"):
+            _marginal_sizes(info.d, info.n_rows, params)
+
     def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
         method = stored.get("method", "moments")
         wrong = sorted(MOMENTS_ONLY & set(changes)) if method in ("marginals", "tree") else []
