@@ -58,6 +58,8 @@ def parse_declaration(raw: str | None) -> Declaration:
         raise InvalidRequest("the 'schema' form field is missing")
     try:
         kind = json.loads(raw).get("kind", "table") if raw.lstrip().startswith("{") else "table"
+    except RecursionError:  # nesting deeper than the parser's stack: no schema is like that
+        raise InvalidRequest("invalid schema: JSON nested too deeply") from None
     except ValueError:
         kind = "table"
     model: type[Declaration] = GraphDeclaration if kind == "graph" else DatasetDeclaration

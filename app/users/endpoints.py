@@ -82,7 +82,7 @@ def audit(
     user: CurrentUser,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> list[AuditEventOut]:
     """The audit log, newest first (admins only)."""
     events = service.audit_events(session, user, limit, before_id)

@@ -10,7 +10,13 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from app.models import Role
 
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+#: No control characters (NUL cannot be stored in PostgreSQL text; escapes reach terminals).
+Name = Annotated[
+    str,
+    StringConstraints(
+        strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$"
+    ),
+]
 
 
 class UserCreate(BaseModel):

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from scipy.special import expit
 
 from app.core.errors import InvalidRequest
 from app.mechanisms import graph_cuts as gc
@@ -95,7 +96,7 @@ class GraphCuts(registry.Mechanism):
     ) -> dict[str, Any]:
         assert info.n_vertices is not None
         n = info.n_vertices
-        p = 1.0 / (1.0 + math.exp(epsilon))
+        p = float(expit(-epsilon))  # 1 / (1 + e^epsilon), without overflow past epsilon 709
         half = n // 2
         stderr_half = math.sqrt(half * (n - half) * p * (1 - p)) / (1 - 2 * p)
         return {

@@ -77,7 +77,8 @@ class TableQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["table"]
-    values: list[float]
+    #: bounded so that squares and sums of squares stay finite (1e155 overflowed: 500)
+    values: list[Annotated[float, Field(ge=-1e100, le=1e100)]]
     estimator: Literal["unbiased", "proper"] = "unbiased"
 
 

@@ -151,6 +151,7 @@ def _gaussian_mixture(form: GaussianMixtureForm, info: DatasetInfo) -> Any:
         lower, upper = _bounds(info)
         centers = 2.0 * (centers - lower) / (upper - lower) - 1.0
         sigma = 2.0 * np.broadcast_to(sigma, (d,)) / (upper - lower)
+    _check_width(sigma)
     if sigma.ndim == 0:
         return GaussianMixture(centers=centers, weights=weights, sigma=float(sigma))
     return AnisotropicGaussianMixture(centers=centers, weights=weights, sigma=sigma)
@@ -163,6 +164,19 @@ def _affine(info: DatasetInfo, i: int, space: Space) -> tuple[float, float]:
     lower, upper = _bounds(info)
     half = (upper[i] - lower[i]) / 2.0
     return float(lower[i] + half), float(half)
+
+
+#: Narrowest Gaussian width on the normalised scale: below it ``2 s^2`` underflows towards 0
+#: and an exact answer on a support turned into a division by zero (500) or NaN.
+MIN_WIDTH = 1e-12
+
+
+def _check_width(sigma: NDArray[np.float64]) -> None:
+    if np.any(sigma < MIN_WIDTH):
+        raise InvalidRequest(
+            f"a Gaussian width is below {MIN_WIDTH} on the normalised scale (the declared "
+            "bounds map to [-1, 1]): too narrow to answer"
+        )
 
 
 def _polynomial(form: PolynomialForm, info: DatasetInfo) -> Polynomial:
@@ -211,6 +225,7 @@ def _product(form: ProductForm, info: DatasetInfo) -> ProductQuery:
         if isinstance(factor, GaussianFactor):
             # exp(-(x - c)^2 / (2 s^2)) with x = a + b x' is exp(-(x' - c')^2 / (2 s'^2)),
             # c' = (c - a) / b, s' = s / b; the library expands it exactly (chebyshev)
+            _check_width(np.asarray(factor.sigma / b))
             factors[i] = Gaussian1D(center=(factor.center - a) / b, sigma=factor.sigma / b)
         elif isinstance(factor, PolynomialFactor):
             # g(x) = sum_k a_k x^k with x = a + b x': compose, then to Chebyshev coefficients

@@ -1,0 +1,82 @@
+"""Hostile or extreme inputs that an audit turned into 500s: each is now a 4xx with a
+message (or, for the graph_cuts preview, an answer), and nothing is written."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from tests.conftest import Caller
+from tests.datasets.helpers import csv_bytes, upload
+from tests.datasets.test_graphs import upload_graph
+from tests.releases.helpers import dataset, request_release, run_all
+
+
+def test_a_deeply_nested_schema_is_a_422(client: TestClient, curator: Caller) -> None:
+    deep = '{"name":' + "[" * 100_000 + "]" * 100_000 + "}"
+    response = upload(client, curator, csv_bytes(), deep)
+    assert response.status_code == 422, response.text
+    assert "nested too deeply" in response.json()["error"]["message"]
+    assert client.get("/v1/datasets", headers=curator.headers).json() == []
+
+
+def test_huge_table_values_and_tiny_widths_are_422(client: TestClient, curator: Caller) -> None:
+    dataset_id = dataset(client, curator, epsilon=5.0)
+    rr = request_release(
+        client,
+        curator,
+        dataset_id,
+        {"mechanism": "randomized_response", "epsilon": 1.0, "columns": ["blood"]},
+    ).json()["id"]
+    smooth = request_release(
+        client,
+        curator,
+        dataset_id,
+        {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": {"method": "marginals"}},
+    ).json()["id"]
+    run_all(client, rr)
+    run_all(client, smooth)
+    for release_id, query in (
+        (rr, {"type": "table", "values": [1e155] + [0.0] * 3}),  # squares overflowed
+        (
+            smooth,
+            {"type": "gaussian_mixture", "centers": [[0, 0]], "weights": [1], "sigma": 1e-300},
+        ),
+    ):
+        response = client.post(
+            f"/v1/releases/{release_id}/answers", headers=curator.headers, json={"queries": [query]}
+        )
+        assert response.status_code == 422, response.text
+
+
+def test_graph_cuts_preview_at_a_large_epsilon(client: TestClient, curator: Caller) -> None:
+    graph = upload_graph(
+        client,
+        curator,
+        b"0 1\n1 2\n",
+        {"name": "g", "kind": "graph", "vertices": 4, "budget": {"epsilon": 1000}},
+    ).json()["id"]
+    response = client.post(
+        f"/v1/datasets/{graph}/preview",
+        headers=curator.headers,
+        json={"mechanism": "graph_cuts", "epsilon": 800},  # e^800 overflowed
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["resolved"]["flip_probability"] == 0.0
+
+
+def test_audit_cursor_and_user_names_are_bounded(client: TestClient, admin: Caller) -> None:
+    assert (
+        client.get("/v1/audit?before_id=9223372036854775808", headers=admin.headers).status_code
+        == 422
+    )
+    for name in ("bad\x00name", "\x1b[31mred"):
+        response = client.post(
+            "/v1/users", headers=admin.headers, json={"name": name, "role": "analyst"}
+        )
+        assert response.status_code == 422, response.text
+    assert (
+        client.post(
+            "/v1/users", headers=admin.headers, json={"name": "Zoë O'Neil", "role": "analyst"}
+        ).status_code
+        == 201
+    )
