@@ -636,16 +636,13 @@ def group_sums(cell_values: NDArray[np.float64], group: NDArray[np.int64], b: in
 
 def pair_table_sensitivity(n: int, edges: int) -> float:
     """Declared L2 sensitivity of ``edges`` coarse two-way frequency tables: exact
-    ``sqrt(2 edges) / n`` (module doc, step 3) through
-    :func:`app.mechanisms.noise.float_sensitivity` with the rounding of ``counts / n``:
-    exact integer counts, one correctly rounded division each, so the computed tables are
-    within ``sqrt(edges) u`` of the exact ones in L2 (a table's cells sum to 1); relative
-    allowance ``sqrt(2) n u`` (``1.6e-12`` at ``n = 10^4``)."""
+    ``sqrt(2 edges) / n`` (module doc, step 3) plus the rounding of ``counts / n``. Each
+    table is a frequency vector summing to 1 in which a replaced row moves one count out
+    and one in, exactly as a one-column histogram, so this is
+    :func:`app.mechanisms.marginals.histogram_sensitivity` of ``edges`` histograms."""
     if n < 1 or edges < 1:
         raise MechanismError(f"n ({n}) and edges ({edges}) must be positive")
-    return noise.float_sensitivity(
-        math.sqrt(2.0 * edges) / n, math.sqrt(edges) * noise.UNIT_ROUNDOFF
-    )
+    return marginals.histogram_sensitivity(n, edges)["l2"]
 
 
 def rake(table: NDArray[np.float64], rows: NDArray[np.float64], cols: NDArray[np.float64]) -> Any:

@@ -1098,11 +1098,10 @@ class Synopsis:
             halfwidth = spread * bias_aware_critical_value(shift / spread, level)
             # capped by the worst case (|value - truth| <= worst + |X| whenever the plain
             # answer is within its worst-case interval), never below the noise half-width
-            halfwidth = np.minimum(halfwidth, np.maximum(worst + np.abs(extra), noise_half))
+            cap = np.maximum(worst + np.abs(extra), noise_half)
+            halfwidth = np.minimum(halfwidth, cap)
             if narrow is not None:  # outside the declared class: the estimate fails there
-                halfwidth = np.where(
-                    narrow, np.maximum(worst + np.abs(extra), noise_half), halfwidth
-                )
+                halfwidth = np.where(narrow, cap, halfwidth)
         return Answers(
             values=plain + extra,
             stderr=stderr,

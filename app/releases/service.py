@@ -23,6 +23,8 @@ from app.core.services import Services
 from app.datasets.service import owned_dataset, visible_dataset
 from app.ledger import service as ledger
 from app.ledger.units import (
+    DELTA_SCALE,
+    EPSILON_SCALE,
     MAX_EPSILON,
     delta_units,
     delta_value,
@@ -129,9 +131,9 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
             )
         # The ledger's resolution: a smaller request would be charged this much anyway, and
         # below it the noise calibrations leave double precision (a subnormal delta hung).
-        if body.epsilon < 1e-12:
+        if body.epsilon < 1 / EPSILON_SCALE:
             raise InvalidRequest(f"epsilon ({body.epsilon}) must be at least 1e-12")
-        if 0 < body.delta < 1e-18:
+        if 0 < body.delta < 1 / DELTA_SCALE:
             raise InvalidRequest(f"delta ({body.delta}) must be 0 or at least 1e-18")
         epsilon, delta = body.epsilon, body.delta
     info = dataset_info(dataset, mechanism, body.columns)

@@ -272,12 +272,10 @@ class SmoothSynthetic(registry.Mechanism):
                 f"params {', '.join(wrong)} apply to method {owners} only; this request "
                 f"uses method {params.method!r}{default}: set method {owners} or remove them"
             )
-        if params.method == "marginals":
-            _marginal_sizes(info.d, info.n_rows, params)
-            return
         if params.method == "tree":
             _tree_plan(info, epsilon, delta, params)
-            _marginal_sizes(info.d, info.n_rows, params)
+        if params.method in ("marginals", "tree"):
+            self.check_synthesis(info, params)
             return
         if params.noise_mechanism in ("gaussian", "laplace_approx") and delta <= 0:
             raise InvalidRequest(f"noise_mechanism {params.noise_mechanism!r} needs delta > 0")
