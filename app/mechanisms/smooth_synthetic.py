@@ -437,6 +437,98 @@ class SyntheticRelease:
         return float(np.mean(query.evaluate(self.rows)))
 
 
+def moments_count(
+    n: int,
+    d: int,
+    smoothness: int,
+    delta: float,
+    grid: str,
+    basis_size: int | None = None,
+    basis_rule: str = "paper_min_d",
+) -> int:
+    """``R``, the number of noisy moments :func:`measure` releases for these public values
+    (its basis choice without building the basis): ``basis_size`` when given; on the full
+    grid Theorem 3.1's ``t^d - 1`` with ``t = max(t, 2)``; otherwise the capped
+    :func:`default_basis_size`. Refuses a full tensor basis larger than the index-set cap."""
+    if grid not in GRIDS:
+        raise MechanismError(f"grid ({grid!r}) must be one of {GRIDS}")
+    if basis_size is not None:
+        _check_positive_int("basis_size", basis_size)
+        if basis_size > MAX_BASIS_SIZE:
+            raise MechanismError(
+                f"basis_size R ({basis_size}) must be at most {MAX_BASIS_SIZE}: the moments "
+                "and the LP matrix grow with R"
+            )
+        return basis_size
+    if grid == "full":
+        t = max(theorem_parameters(n, d, smoothness, delta).t, 2)
+        if t**d - 1 > basis.MAX_INDEX_SET_SIZE:
+            raise MechanismError(
+                f"grid 'full' measures the full tensor basis of t^d - 1 = {t}^{d} - 1 "
+                f"moments, more than {basis.MAX_INDEX_SET_SIZE}; use grid 'hypercube' or "
+                "'pca_ellipsoid'"
+            )
+        return int(t**d - 1)
+    return min(default_basis_size(n, d, smoothness, delta, basis_rule), MAX_BASIS_SIZE)
+
+
+def synthesis_sizes(
+    d: int,
+    R: int,
+    grid: str,
+    theorem: TheoremParameters,
+    *,
+    grid_size: int | None = None,
+    sample_size: int | None = None,
+    solver: str = "simplex",
+    grid_resolution: int | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[int, int, int]:
+    """``(C, N, m)`` of a synthesis from ``R`` moments of ``d`` columns: candidates ``C``
+    (``grid_size``, default :data:`DEFAULT_GRID_SIZE`; ``N^d`` on the full grid, ``N =
+    grid_resolution`` or the Theorem's), grid resolution ``N`` (0: the continuous cube) and
+    sample size ``m`` (default the Theorem's, capped at :data:`MAX_DEFAULT_SAMPLE_SIZE`).
+
+    Refuses sizes whose LP (:func:`app.mechanisms.lp.lp_bytes`) with the candidates, or
+    whose sampled rows, need more than ``max_bytes``: public values only, so a request is
+    refused before any budget is spent on moments that could not be fitted.
+    """
+    if grid == "full":
+        if grid_size is not None:
+            raise MechanismError(
+                "grid_size is C for grids 'hypercube' and 'pca_ellipsoid'; grid 'full' uses "
+                "its N^d grid points as candidates (N from Theorem 3.1 or 3.2)"
+            )
+        N = grid_resolution if grid_resolution is not None else theorem.N
+        _check_positive_int("grid_resolution", N)
+        if N**d > max_bytes // (8 * d):  # its coordinates alone would not fit
+            raise MechanismError(
+                f"grid 'full' has N^d = {N}^{d} candidate points, more than fit in "
+                f"{_bytes_text(max_bytes)}; use grid 'hypercube'"
+            )
+        C = N**d
+    else:
+        C = DEFAULT_GRID_SIZE if grid_size is None else grid_size
+        N = grid_resolution if grid_resolution is not None else 0
+    _check_positive_int("grid_size", C)
+    needed = lp.lp_bytes(R, C, solver) + 8 * C * d
+    if needed > max_bytes:
+        what = f"the {N}^{d} grid points" if grid == "full" else f"C = {C} candidates"
+        lower = "use grid 'hypercube'" if grid == "full" else "lower basis_size or grid_size"
+        raise MechanismError(
+            f"the synthesis LP with R = {R} moments and {what} needs about "
+            f"{_bytes_text(needed)}, more than {_bytes_text(max_bytes)}; {lower}"
+        )
+    m = sample_size if sample_size is not None else min(theorem.m, MAX_DEFAULT_SAMPLE_SIZE)
+    _check_positive_int("sample_size", m)
+    if 8 * m * d > max_bytes:
+        raise MechanismError(
+            f"sample_size m = {m} rows of {d} columns need more than "
+            f"{_bytes_text(max_bytes)}; lower it"
+        )
+    return C, N, m
+
+
 def synthesize_from(
     measurements: Measurements,
     rng: np.random.Generator | None = None,
@@ -472,32 +564,17 @@ def synthesize_from(
     if max_bytes < 1:
         raise MechanismError(f"max_bytes ({max_bytes!r}) must be positive")
 
-    if measurements.grid == "full":
-        if grid_size is not None:
-            raise MechanismError(
-                "grid_size is C for 'hypercube' and 'pca_ellipsoid'; the full grid has N^d "
-                "points (set grid_resolution=N)"
-            )
-        N = grid_resolution if grid_resolution is not None else int(params["N"])
-        C = N**d
-    else:
-        C = DEFAULT_GRID_SIZE if grid_size is None else grid_size
-        N = grid_resolution if grid_resolution is not None else 0
-    _check_positive_int("grid_size", C)
-    needed = lp.lp_bytes(R, C, solver) + 8 * C * d
-    if needed > max_bytes:
-        raise MechanismError(
-            f"the synthesis LP with R = {R} moments and C = {C} candidates needs about "
-            f"{needed / 2**30:.1f} GiB, more than max_bytes = {max_bytes / 2**30:.1f} GiB; "
-            "lower basis_size or grid_size"
-        )
-    m = sample_size if sample_size is not None else min(int(params["m"]), MAX_DEFAULT_SAMPLE_SIZE)
-    _check_positive_int("sample_size", m)
-    if 8 * m * d > max_bytes:
-        raise MechanismError(
-            f"sample_size m = {m} rows of {d} columns need more than max_bytes; lower it"
-        )
-
+    C, N, m = synthesis_sizes(
+        d,
+        R,
+        measurements.grid,
+        TheoremParameters(t=0, N=int(params["N"]), m=int(params["m"]), L=0),
+        grid_size=grid_size,
+        sample_size=sample_size,
+        solver=solver,
+        grid_resolution=grid_resolution,
+        max_bytes=max_bytes,
+    )
     candidates = _candidates(measurements, C, N, rng, ellipsoid_radius)
     t_grid = time.perf_counter()
     W = measurements.index_set.evaluate(candidates)
@@ -674,20 +751,11 @@ def _plan(
     n, d = source.n_rows, source.n_cols
     theorem = theorem_parameters(n, d, smoothness, delta)
 
-    if basis_size is not None:
-        _check_positive_int("basis_size", basis_size)
-        if basis_size > MAX_BASIS_SIZE:
-            raise MechanismError(
-                f"basis_size R ({basis_size}) must be at most {MAX_BASIS_SIZE}: the moments "
-                "and the LP matrix grow with R"
-            )
-        index_set = basis.total_degree(d, basis_size)
-    elif grid == "full":
+    R = moments_count(n, d, smoothness, delta, grid, basis_size, basis_rule)
+    if basis_size is None and grid == "full":
         index_set = basis.full_tensor(d, max(theorem.t, 2))
     else:
-        index_set = basis.total_degree(
-            d, min(default_basis_size(n, d, smoothness, delta, basis_rule), MAX_BASIS_SIZE)
-        )
+        index_set = basis.total_degree(d, R)
 
     rank = d if pca_rank is None else pca_rank
     iterations = 1 if pca_iterations is None else pca_iterations
@@ -790,6 +858,14 @@ def _split(total: float, weights: Mapping[str, float]) -> dict[str, float]:
         largest = max(parts, key=lambda step: parts[step])
         parts[largest] = math.nextafter(parts[largest], 0.0)
     return parts
+
+
+def _bytes_text(size: int) -> str:
+    """``size`` bytes for a message: ``"4.0 GiB"``, ``"9.8 KiB"``."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{size} bytes"
 
 
 def _check_positive_int(name: str, value: int) -> None:

@@ -165,10 +165,14 @@ class Mechanism(ABC):
         :attr:`post_processing`. By default every post-processing parameter applies."""
         return None
 
-    def check_synthesis(self, info: DatasetInfo, params: BaseModel) -> None:
-        """Refuse (InvalidRequest) a re-synthesis whose merged ``params`` cannot run (the
-        post-processing part of :meth:`check`, e.g. a sample too big for memory), before
-        the release leaves its current state. By default nothing to check."""
+    def check_synthesis(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> None:
+        """Refuse (InvalidRequest or MechanismError) a synthesis whose ``params`` cannot run
+        (the post-processing part of :meth:`check`, e.g. an LP or a sample too big for
+        memory). A new request's :meth:`check` runs it before any budget is reserved; a
+        re-synthesis runs it on the merged ``params`` before the release leaves its current
+        state. By default nothing to check."""
         return None
 
     @abstractmethod

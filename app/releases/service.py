@@ -384,7 +384,9 @@ def resynthesize(
     assert dataset is not None
     info = dataset_info(dataset, mechanism, release.columns or None)
     try:
-        mechanism.check_synthesis(info, params)
+        mechanism.check_synthesis(
+            info, epsilon_value(release.epsilon), delta_value(release.delta), params
+        )
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
     checked = params.model_dump(mode="json")

@@ -13,7 +13,9 @@ from app.mechanisms.smooth_synthetic import (
     Measurements,
     default_basis_size,
     measure,
+    moments_count,
     paper_basis_size,
+    synthesis_sizes,
     synthesize,
     synthesize_from,
     theorem_parameters,
@@ -297,7 +299,7 @@ def test_oversized_synthesis_is_refused(data: np.ndarray) -> None:
     with pytest.raises(MechanismError, match=r"R = 2000 moments and C = 100000 .* GiB"):
         synthesize_from(big, np.random.default_rng(0), grid_size=100_000)
     m = measure(data, 1.0, rng=np.random.default_rng(0))
-    with pytest.raises(MechanismError, match="max_bytes"):
+    with pytest.raises(MechanismError, match=r"C = 100 candidates .* more than 9\.8 KiB"):
         synthesize_from(m, np.random.default_rng(0), grid_size=100, max_bytes=10_000)
     with pytest.raises(MechanismError, match="sample_size"):
         synthesize_from(m, np.random.default_rng(0), grid_size=100, sample_size=10**9)
@@ -306,5 +308,39 @@ def test_oversized_synthesis_is_refused(data: np.ndarray) -> None:
     with pytest.raises(MechanismError, match="solver"):
         synthesize_from(m, np.random.default_rng(0), solver="cplex")
     full = measure(data, 1.0, grid="full", basis_size=4, rng=np.random.default_rng(0))
-    with pytest.raises(MechanismError, match="grid_resolution"):
+    with pytest.raises(MechanismError, match="grid 'full' uses its N\\^d grid points"):
         synthesize_from(full, np.random.default_rng(0), grid_size=100)
+
+
+@pytest.mark.parametrize(
+    ("grid", "basis_size"), [("hypercube", None), ("hypercube", 17), ("full", None), ("full", 5)]
+)
+def test_moments_count_is_the_number_measure_releases(
+    data: np.ndarray, grid: str, basis_size: int | None
+) -> None:
+    """The size checks run before any data is read: ``moments_count`` must be the ``R``
+    that ``measure`` then releases, and ``synthesis_sizes`` the sizes the synthesis uses."""
+    n, d = data.shape
+    released = measure(data, 1.0, grid=grid, basis_size=basis_size, rng=np.random.default_rng(3))
+    R = moments_count(n, d, 4, 0.0, grid, basis_size)
+    assert released.index_set.size == R
+    theorem = theorem_parameters(n, d, 4)
+    C, N, m = synthesis_sizes(d, R, grid, theorem, sample_size=50)
+    synthetic = synthesize_from(released, np.random.default_rng(3), sample_size=50)
+    assert (C, N or None, m) == (
+        synthetic.parameters["C"],
+        synthetic.parameters["grid_resolution"],
+        synthetic.rows.shape[0],
+    )
+
+
+def test_sizes_that_cannot_fit_are_refused_before_measuring() -> None:
+    """A full tensor basis or full grid on many columns is refused from public values."""
+    with pytest.raises(MechanismError, match=r"t\^d - 1 = 2\^30 - 1 moments"):
+        moments_count(569, 30, 4, 0.0, "full")
+    theorem = theorem_parameters(569, 30, 4)
+    with pytest.raises(MechanismError, match=r"N\^d = \d+\^30 candidate points"):
+        synthesis_sizes(30, 30, "full", theorem)
+    with pytest.raises(MechanismError, match="basis_size R"):
+        moments_count(569, 30, 4, 0.0, "hypercube", 10**6)
+    assert synthesis_sizes(30, 30, "hypercube", theorem) == (10_000, 0, theorem.m)

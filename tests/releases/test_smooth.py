@@ -834,6 +834,24 @@ def test_smooth_requests_are_validated(client: TestClient, curator: Caller) -> N
             {"mechanism": "smooth_synopsis", "epsilon": 1, "params": {"basis": "magic"}},
             "params.basis",
         ),
+        # an LP that cannot be built is refused before the moments are paid for (an audit
+        # saw it accepted, charged, measured, and failed at synthesis)
+        (
+            {
+                "mechanism": "smooth_synthetic",
+                "epsilon": 1,
+                "params": {"method": "moments", "basis_size": 100_000, "grid_size": 1_000_000},
+            },
+            "R = 100000 moments and C = 1000000 candidates needs about 8.7 TiB",
+        ),
+        (
+            {
+                "mechanism": "smooth_synthetic",
+                "epsilon": 1,
+                "params": {"method": "moments", "grid": "full", "grid_size": 1000},
+            },
+            "grid 'full' uses its N^d grid points as candidates",
+        ),
     ):
         response = request_release(client, curator, dataset_id, body)
         assert response.status_code == 422, (body, response.text)
@@ -933,3 +951,37 @@ def test_resynthesis_gets_the_size_check_of_a_request(
         client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).status_code
         == 200
     )
+
+
+def test_moments_resynthesis_gets_the_lp_size_check(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The moments LP's memory check runs on a re-synthesis's merged parameters (the limit
+    is lowered so that 3 columns reach it); the succeeded release keeps its artifacts."""
+    from app.mechanisms import smooth_synthetic as ss
+
+    dataset_id, _ = _dataset(client, curator, n=200)
+    body = {
+        "mechanism": "smooth_synthetic",
+        "epsilon": 1.0,
+        "params": {"method": "moments", "grid_size": 500, "sample_size": 200},
+    }
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    monkeypatch.setattr(ss, "DEFAULT_MAX_BYTES", 2 << 20)
+    too_big = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"grid_size": 5000}},
+    )
+    assert too_big.status_code == 422, too_big.text
+    assert "C = 5000 candidates needs about" in too_big.json()["error"]["message"]
+    assert "more than 2.0 MiB" in too_big.json()["error"]["message"]
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded"
+    fits = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"grid_size": 1000}},
+    )
+    assert fits.status_code == 202, fits.text

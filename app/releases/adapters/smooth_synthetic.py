@@ -274,20 +274,38 @@ class SmoothSynthetic(registry.Mechanism):
             )
         if params.method == "tree":
             _tree_plan(info, epsilon, delta, params)
-        if params.method in ("marginals", "tree"):
-            self.check_synthesis(info, params)
-            return
-        if params.noise_mechanism in ("gaussian", "laplace_approx") and delta <= 0:
-            raise InvalidRequest(f"noise_mechanism {params.noise_mechanism!r} needs delta > 0")
-        if params.pca_noise == "gaussian" and delta <= 0:
-            raise InvalidRequest("pca_noise 'gaussian' needs delta > 0")
-        if params.pca_rank is not None and params.pca_rank > info.d:
-            raise InvalidRequest(f"pca_rank ({params.pca_rank}) must be at most d ({info.d})")
+        if params.method == "moments":
+            if params.noise_mechanism in ("gaussian", "laplace_approx") and delta <= 0:
+                raise InvalidRequest(f"noise_mechanism {params.noise_mechanism!r} needs delta > 0")
+            if params.pca_noise == "gaussian" and delta <= 0:
+                raise InvalidRequest("pca_noise 'gaussian' needs delta > 0")
+            if params.pca_rank is not None and params.pca_rank > info.d:
+                raise InvalidRequest(f"pca_rank ({params.pca_rank}) must be at most d ({info.d})")
+        self.check_synthesis(info, epsilon, delta, params)
 
-    def check_synthesis(self, info: DatasetInfo, params: BaseModel) -> None:
-        assert isinstance(params, SyntheticParams)
+    def check_synthesis(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> None:
+        """The memory the synthesis needs, from public values: the support and sample of
+        ``marginals``/``tree``; the LP, candidates and sample of ``moments``
+        (:func:`app.mechanisms.smooth_synthetic.synthesis_sizes` with the ``R`` that
+        :func:`~app.mechanisms.smooth_synthetic.measure` will release)."""
+        params = self._concrete(info, epsilon, delta, params)
         if params.method in ("marginals", "tree"):
             _marginal_sizes(info.d, info.n_rows, params)
+            return
+        n, d, K = info.n_rows, info.d, params.smoothness
+        R = ss.moments_count(n, d, K, delta, params.grid, params.basis_size, params.basis_rule)
+        ss.synthesis_sizes(
+            d,
+            R,
+            params.grid,
+            ss.theorem_parameters(n, d, K, delta),
+            grid_size=params.grid_size,
+            sample_size=params.sample_size,
+            solver=params.solver,
+            max_bytes=ss.DEFAULT_MAX_BYTES,
+        )
 
     def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
         method = stored.get("method", "moments")
