@@ -66,7 +66,8 @@ ReadSessionDep = Annotated[
 #: (:mod:`app.core.threads`), so however many uploads finish together they cannot take the
 #: threads that requests holding a session need to reach their commit. The limit bounds
 #: what they hold besides: database connections, and threads parked waiting for SQLite's
-#: write lock. Uploads are few; the transaction is short (one insert, one audit row).
+#: write lock. Its users (uploads, release requests) validate first, outside it; their
+#: transactions are short (a few inserts: the dataset or release, ledger and audit rows).
 MAX_CONCURRENT_DEFERRED_TRANSACTIONS = 4
 _deferred_transactions = ThreadLimit(
     "curator_deferred_transactions", MAX_CONCURRENT_DEFERRED_TRANSACTIONS

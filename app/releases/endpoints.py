@@ -5,10 +5,17 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from app.core.deps import CurrentUser, ReadSessionDep, ServicesDep, SessionDep
+from app.core.deps import (
+    CurrentUser,
+    DeferredTransactionDep,
+    ReadSessionDep,
+    ServicesDep,
+    SessionDep,
+)
 from app.core.errors import (
     BudgetExhausted,
     Conflict,
@@ -33,19 +40,32 @@ router = APIRouter(prefix="/v1", tags=["releases"], responses=error_responses(Un
         **error_responses(NotFound, Forbidden, InvalidRequest, BudgetExhausted),
     },
 )
-def create_release(
+async def create_release(
     dataset_id: uuid.UUID,
     body: ReleaseCreate,
+    request: Request,
     user: CurrentUser,
-    session: SessionDep,
     services: ServicesDep,
+    transaction: DeferredTransactionDep,
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> ReleaseOut:
     """Request a release: the budget is reserved now (409 ``budget_exhausted`` if it does
     not fit) and a worker measures and synthesises in the background."""
-    release, created = service.create_release(
-        session, services, user, dataset_id, body, idempotency_key
+    # No SessionDep: the checks may take seconds and must hold no write lock meanwhile;
+    # only the recording takes a (deferred) write transaction.
+    checked = await run_in_threadpool(
+        service.validate_release, services, user, dataset_id, body, idempotency_key
+    )
+    release, created = await transaction.run(
+        service.create_release,
+        services,
+        user,
+        dataset_id,
+        body,
+        checked,
+        idempotency_key,
+        request.state.api_key_id,
     )
     if not created:
         response.status_code = status.HTTP_200_OK

@@ -39,6 +39,7 @@ from app.releases import adapters as _adapters  # noqa: F401 - registers the rel
 from app.releases import registry
 from app.releases.registry import ColumnInfo, DatasetInfo, Mechanism
 from app.releases.schemas import ArtifactOut, PreviewOut, ReleaseCreate, ReleaseOut
+from app.users.service import ensure_key_active
 
 MEASURE_TASK = "release.measure"
 SYNTHESIZE_TASK = "release.synthesize"
@@ -103,6 +104,15 @@ class Validated:
     delta: float
 
 
+def _check_opt_in(dataset: Dataset, mechanism: Mechanism) -> None:
+    """A release that is not differentially private needs the curator's opt-in (409)."""
+    if mechanism.privacy_kind == "non_dp" and not dataset.allow_non_dp_releases:
+        raise Conflict(
+            f"{mechanism.name} is not differentially private; the curator must first "
+            "allow non-DP releases on this dataset (PATCH allow_non_dp_releases)"
+        )
+
+
 def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
     """Everything about a request that can be checked without data, or 422/409."""
     mechanism = registry.get(body.mechanism)
@@ -112,11 +122,7 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
                 f"{mechanism.name} is not differentially private ({mechanism.guarantee}); "
                 "omit epsilon and delta"
             )
-        if not dataset.allow_non_dp_releases:
-            raise Conflict(
-                f"{mechanism.name} is not differentially private; the curator must first "
-                "allow non-DP releases on this dataset (PATCH allow_non_dp_releases)"
-            )
+        _check_opt_in(dataset, mechanism)
         epsilon, delta = 0.0, 0.0
     else:
         if body.epsilon is None:
@@ -171,22 +177,51 @@ def _existing(session: Session, user: User, key: str, request_hash: str) -> Rele
     return release
 
 
+def validate_release(
+    services: Services,
+    user: User,
+    dataset_id: uuid.UUID,
+    body: ReleaseCreate,
+    idempotency_key: str | None,
+) -> Validated:
+    """The checks of a release request (:func:`_validated`), with the dataset read in a
+    short read-only transaction of its own and the checks run after it: some take seconds
+    (a tree's noise calibration at extreme budgets, ~12 s), and inside the write
+    transaction they held SQLite's write lock from every other writer meanwhile.
+    :func:`create_release` then records what was checked."""
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+        raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
+    with services.db.transaction(read_only=True) as session:
+        dataset = owned_dataset(session, user, dataset_id)
+    return _validated(dataset, body)
+
+
 def create_release(
     session: Session,
     services: Services,
     user: User,
     dataset_id: uuid.UUID,
     body: ReleaseCreate,
+    checked: Validated,
     idempotency_key: str | None,
+    key_id: uuid.UUID | None = None,
 ) -> tuple[ReleaseOut, bool]:
-    """Validate, reserve the budget and record the release in the caller's transaction;
-    the measure job is enqueued once that transaction commits. Returns (release, created)."""
+    """Reserve the budget and record the release checked by :func:`validate_release`, in
+    the caller's (write) transaction; the measure job is enqueued once it commits.
+    Returns (release, created).
+
+    What may have changed since the checks is checked again here: the caller's API key
+    (``key_id``, revoked meanwhile: nothing is recorded), the dataset's ownership and
+    non-DP opt-in, and its columns (a dataset's schema is fixed at upload, so a mismatch
+    is a 409, not a silent release of other columns)."""
+    if key_id is not None:
+        ensure_key_active(session, key_id)
     dataset = owned_dataset(session, user, dataset_id)
-    checked = _validated(dataset, body)
+    _check_opt_in(dataset, checked.mechanism)
+    if dataset_info(dataset, checked.mechanism, body.columns) != checked.info:
+        raise Conflict("the dataset changed while the request was checked; send it again")
     request_hash = _request_hash(dataset.id, body, checked)
     if idempotency_key is not None:
-        if not 1 <= len(idempotency_key) <= 200:
-            raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
         existing = _existing(session, user, idempotency_key, request_hash)
         if existing is not None:
             return to_out(existing), False

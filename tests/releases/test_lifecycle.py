@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -487,3 +488,95 @@ def test_table_mechanisms_refuse_graphs(client: TestClient, curator: Caller) -> 
     response = request_release(client, curator, graph_id)
     assert response.status_code == 422
     assert "releases table datasets; this one is a graph" in response.json()["error"]["message"]
+
+
+def _checks_that(monkeypatch: pytest.MonkeyPatch, mechanism: str, meanwhile: Any) -> None:
+    """Make ``mechanism``'s request checks call ``meanwhile()`` before they run."""
+    from app.releases import registry
+
+    target = type(registry.get(mechanism))
+    check = target.check
+
+    def check_meanwhile(self: Any, *args: Any) -> None:
+        meanwhile()
+        check(self, *args)
+
+    monkeypatch.setattr(target, "check", check_meanwhile)
+
+
+def test_release_checks_hold_no_write_lock(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's checks may take seconds (a tree's calibration at extreme budgets took
+    12 s); another writer goes ahead meanwhile. On SQLite they used to run inside the
+    request's BEGIN IMMEDIATE transaction, and the PATCH below waited for them (on
+    PostgreSQL the PATCH never waited: no row lock is taken before the checks)."""
+    dataset_id = dataset(client, curator)
+    entered, proceed = threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def held() -> None:
+        entered.set()
+        waited.append(proceed.wait(timeout=10))
+
+    _checks_that(monkeypatch, "test_means", held)
+    codes: list[int] = []
+    requester = threading.Thread(
+        target=lambda: codes.append(request_release(client, curator, dataset_id).status_code)
+    )
+    requester.start()
+    try:
+        assert entered.wait(timeout=30)
+        patched = client.patch(
+            f"/v1/datasets/{dataset_id}",
+            headers=curator.headers,
+            json={"allow_non_dp_releases": True},
+        )
+    finally:
+        proceed.set()
+        requester.join(timeout=60)
+    assert patched.status_code == 200, patched.text
+    assert waited == [True], "the PATCH waited for the release request's checks"
+    assert codes == [202]
+    assert budget(client, curator, dataset_id)["epsilon_reserved"] == 0.2
+
+
+def test_key_revoked_while_a_release_is_checked_reserves_nothing(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.datasets.test_upload import revoke_key
+
+    dataset_id = dataset(client, curator)
+    _checks_that(monkeypatch, "test_means", lambda: revoke_key(client, curator))
+    response = request_release(client, curator, dataset_id)
+    assert response.status_code == 401, response.text
+    monkeypatch.undo()
+    with services_of(client).db.transaction() as session:
+        assert session.execute(text("SELECT count(*) FROM releases")).scalar_one() == 0
+        assert session.execute(text("SELECT count(*) FROM ledger_entries")).scalar_one() == 0
+    assert services_of(client).queue.pending() == 0
+
+
+def test_opt_in_withdrawn_while_a_release_is_checked_is_409(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The non-DP opt-in is read again when the release is recorded."""
+    from app.models import Dataset
+
+    dataset_id = dataset(client, curator)
+    client.patch(
+        f"/v1/datasets/{dataset_id}", headers=curator.headers, json={"allow_non_dp_releases": True}
+    )
+
+    def withdraw() -> None:
+        with services_of(client).db.transaction() as session:
+            row = session.get(Dataset, uuid.UUID(dataset_id))
+            assert row is not None
+            row.allow_non_dp_releases = False
+
+    _checks_that(monkeypatch, "test_non_dp", withdraw)
+    response = request_release(client, curator, dataset_id, {"mechanism": "test_non_dp"})
+    assert response.status_code == 409, response.text
+    assert "allow non-DP releases" in response.json()["error"]["message"]
+    assert budget(client, curator, dataset_id)["entries"] == []
+    assert services_of(client).queue.pending() == 0
