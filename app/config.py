@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     worker_threads: int = Field(default=1, ge=1, le=64)
     queue_name: str = Field(default="curator", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     lease_seconds: float = Field(default=60.0, ge=0.5, le=3600)
+    #: Memory each API process keeps of decoded releases for answers (estimated by
+    #: :func:`app.core.footprint.footprint`); a release larger than this is decoded per
+    #: request and not kept. 0 keeps none.
+    answer_cache_bytes: int = Field(default=2 << 30, ge=0)
 
     @field_validator("log_level", mode="before")
     @classmethod

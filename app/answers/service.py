@@ -12,12 +12,14 @@ from sqlalchemy.orm import Session
 
 from app.answers.schemas import AnswersOut
 from app.core.errors import Conflict
+from app.core.footprint import footprint
 from app.core.services import Services
 from app.models import ReleaseMeasurement, User
 from app.releases import registry
 from app.releases.service import release_info, visible_release
 from app.storage.artifacts import ArtifactStore
 
+#: Decoded releases each process keeps at most (besides the byte limit of the settings).
 CACHE_SIZE = 16
 
 
@@ -25,27 +27,48 @@ Key = tuple[uuid.UUID, int]
 
 
 class _LoadedReleases:
-    """Decoded releases by (id, synthesis version): measurements are immutable and a
-    version's artifacts never change, so entries never go stale."""
+    """Decoded releases by (id, synthesis version), least recently used first out:
+    measurements are immutable and a version's artifacts never change, so entries never go
+    stale. Bounded by count and by estimated bytes (a 20000-vertex graph release decodes
+    to 3 GB; sixteen of them would not fit)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[Key, Any] = OrderedDict()
+        self._items: OrderedDict[Key, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._items
 
     def get(self, key: Key) -> Any | None:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
-                return self._items[key]
+                return self._items[key][0]
             return None
 
-    def put(self, key: Key, value: Any) -> None:
+    def put(self, key: Key, value: Any, nbytes: int, max_bytes: int) -> None:
+        """Keep ``value`` (``nbytes`` estimated) unless it alone exceeds ``max_bytes``;
+        drop the least recently used until the count and the bytes fit."""
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            if key in self._items:
+                self._bytes -= self._items.pop(key)[1]
+            if nbytes > max_bytes:
+                return
+            self._items[key] = (value, nbytes)
+            self._bytes += nbytes
+            while len(self._items) > self.size or self._bytes > max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
 
 
 _cache = _LoadedReleases(CACHE_SIZE)
@@ -65,6 +88,7 @@ def answer(
     info = release_info(session, release)
     key = (release.id, release.synthesis_version)
     loaded = _cache.get(key)
+    cached = loaded is not None
     if loaded is None:
         measurement = session.get(ReleaseMeasurement, release.id)
         if measurement is None:
@@ -73,8 +97,10 @@ def answer(
             release.id, release.synthesis_version
         )
         loaded = mechanism.load(measurement.payload, info, artifacts)
-        _cache.put(key, loaded)
     answers = mechanism.answer(loaded, info, queries)
+    if not cached:  # measured after answering: that fills the lazily built tables too
+        limit = services.settings.answer_cache_bytes
+        _cache.put(key, loaded, footprint(loaded), limit)
     return AnswersOut(
         release_id=release.id,
         mechanism=mechanism.name,

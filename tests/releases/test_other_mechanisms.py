@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from typing import Any
 
 import numpy as np
@@ -358,3 +359,47 @@ def test_graph_read_publishes_no_row_progress(
     assert len(sources) == 2
     kinds = {source.on_rows is None for source in sources.values()}
     assert kinds == {True, False}  # the graph's read has no progress callback, the table's has
+
+
+def test_answer_cache_is_bounded_by_bytes(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoded releases are kept within CURATOR_ANSWER_CACHE_BYTES (an audit held 3.2 GB in
+    one 20000-vertex graph release, with room for sixteen), measured after answering so that
+    the adjacency built by the first answer is counted; a release larger than the limit is
+    answered and not kept."""
+    from app.answers.service import _cache
+    from tests.releases.helpers import services_of
+
+    n = 300
+    content = ("\n".join(f"{v} {v + 1}" for v in range(n - 1)) + "\n").encode()
+    dataset_id = upload_graph(
+        client,
+        curator,
+        content,
+        {"name": "g", "kind": "graph", "vertices": n, "budget": {"epsilon": 5}},
+    ).json()["id"]
+    releases = []
+    for _ in range(2):  # epsilon 0.01: about half of the 44850 vertex pairs released as edges
+        body = {"mechanism": "graph_cuts", "epsilon": 0.01}
+        release_id = request_release(client, curator, dataset_id, body).json()["id"]
+        run_all(client, release_id)
+        releases.append(release_id)
+    keys = [(uuid.UUID(r), 0) for r in releases]
+    query = [{"type": "cut", "S": list(range(150)), "T": list(range(150, n))}]
+    settings = services_of(client).settings
+    _cache.clear()
+    first = _answers(client, curator, releases[0], query).json()["answers"][0]["value"]
+    assert keys[0] in _cache
+    one = _cache.nbytes
+    edges = 16 * 20_000  # at least 20000 released edges of two int64
+    assert one > 2 * edges  # the edges and the adjacency built while answering
+    monkeypatch.setattr(settings, "answer_cache_bytes", int(1.5 * one))
+    _answers(client, curator, releases[1], query)
+    assert keys[1] in _cache and keys[0] not in _cache
+    assert _cache.nbytes <= settings.answer_cache_bytes
+    monkeypatch.setattr(settings, "answer_cache_bytes", one // 2)
+    _cache.clear()
+    again = _answers(client, curator, releases[0], query).json()["answers"][0]["value"]
+    assert again == first
+    assert keys[0] not in _cache and _cache.nbytes == 0
