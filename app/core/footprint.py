@@ -15,9 +15,9 @@ MAX_OBJECTS = 100_000
 
 def footprint(root: Any) -> int:
     """Bytes held by ``root`` and what it references: each numpy buffer counted once (a
-    view leads to the array or bytes owning its buffer), plus the shallow size of every container and object met
-    through tuples, lists, sets, dicts, instance ``__dict__`` (which holds
-    ``functools.cached_property`` values once computed) and dataclass fields.
+    view leads to the array or bytes owning its buffer), plus the shallow size of every
+    container and object met through tuples, lists, sets, dicts, instance ``__dict__``
+    (which holds ``functools.cached_property`` values once computed) and dataclass fields.
 
     An estimate for a cache's budget, not an exact accounting: objects are met once each by
     ``id``, interned constants are counted as if owned, and C extension objects other than
