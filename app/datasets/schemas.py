@@ -105,8 +105,9 @@ Column = Annotated[
 class BudgetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    epsilon: float
-    delta: float = 0.0
+    # strict: a budget is a JSON number, never true or "1" (lax mode read both)
+    epsilon: float = Field(strict=True)
+    delta: float = Field(default=0.0, strict=True)
 
     @model_validator(mode="after")
     def _valid(self) -> BudgetIn:

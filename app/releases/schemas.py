@@ -19,8 +19,9 @@ class ReleaseCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mechanism: str
-    epsilon: float | None = None
-    delta: float = 0.0
+    # strict: a privacy parameter is a JSON number, never true or "1" (lax mode read both)
+    epsilon: float | None = Field(default=None, strict=True)
+    delta: float = Field(default=0.0, strict=True)
     columns: list[str] | None = Field(default=None, min_length=1)
     params: dict[str, Any] = Field(default_factory=dict)
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from tests.conftest import Caller
-from tests.datasets.helpers import csv_bytes, upload
+from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.datasets.test_graphs import upload_graph
+from tests.releases.helpers import budget as budget_of
 from tests.releases.helpers import dataset, request_release, run_all
 
 
@@ -80,3 +82,26 @@ def test_audit_cursor_and_user_names_are_bounded(client: TestClient, admin: Call
         ).status_code
         == 201
     )
+
+
+def test_privacy_parameters_are_json_numbers(client: TestClient, curator: Caller) -> None:
+    """``true`` and ``"1"`` are not numbers: in pydantic's lax mode both were read as 1, and
+    a request sent with a stray boolean would have spent epsilon 1."""
+    for budget in ({"epsilon": True}, {"epsilon": "1"}, {"epsilon": 1, "delta": False}):
+        refused = upload(client, curator, csv_bytes(), {**SCHEMA, "budget": budget})
+        assert refused.status_code == 422, (budget, refused.text)
+        assert "budget" in refused.json()["error"]["message"]
+    assert client.get("/v1/datasets", headers=curator.headers).json() == []
+    dataset_id = dataset(client, curator)
+    for body in (
+        {"mechanism": "test_means", "epsilon": True},
+        {"mechanism": "test_means", "epsilon": "0.2"},
+        {"mechanism": "test_means", "epsilon": 0.2, "delta": "0"},
+    ):
+        refused = request_release(client, curator, dataset_id, body)
+        assert refused.status_code == 422, (body, refused.text)
+    assert budget_of(client, curator, dataset_id)["entries"] == []
+    accepted = request_release(
+        client, curator, dataset_id, {"mechanism": "test_means", "epsilon": 1}
+    )
+    assert accepted.status_code == 202, accepted.text
