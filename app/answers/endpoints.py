@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from app.answers import service
 from app.answers.schemas import AnswerRequest, AnswersOut
-from app.core.deps import CurrentUser, ReadSessionDep, ServicesDep
+from app.core.deps import CurrentUser, ServicesDep
 from app.core.errors import Conflict, InvalidRequest, NotFound, Unauthorized, error_responses
 
 router = APIRouter(prefix="/v1", tags=["answers"], responses=error_responses(Unauthorized))
@@ -23,9 +23,10 @@ def answers(
     release_id: uuid.UUID,
     body: AnswerRequest,
     user: CurrentUser,
-    session: ReadSessionDep,
     services: ServicesDep,
 ) -> AnswersOut:
     """Answer a batch of queries from a release, with standard errors where the mechanism
     allows. Post-processing: no budget is spent."""
-    return service.answer(session, services, user, release_id, body.queries)
+    # No ReadSessionDep: answering may take seconds and must not hold a session slot; the
+    # service reads what it needs in a short transaction of its own.
+    return service.answer(services, user, release_id, body.queries)

@@ -8,8 +8,6 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from app.answers.schemas import AnswersOut
 from app.core.errors import Conflict
 from app.core.footprint import footprint
@@ -75,34 +73,40 @@ _cache = _LoadedReleases(CACHE_SIZE)
 
 
 def answer(
-    session: Session,
     services: Services,
     user: User,
     release_id: uuid.UUID,
     queries: Sequence[Mapping[str, Any]],
 ) -> AnswersOut:
-    release = visible_release(session, user, release_id)
-    if release.status != "succeeded":
-        raise Conflict(f"the release is {release.status}; answers exist once it succeeded")
-    mechanism = registry.get(release.mechanism)
-    info = release_info(session, release)
-    key = (release.id, release.synthesis_version)
-    loaded = _cache.get(key)
+    """Answers from a succeeded release. The release, its dataset's columns and (unless
+    the decoded release is cached) its measurements are read in a short read-only
+    transaction; decoding and answering, which may take seconds, hold no session (as an
+    upload's validation does not: the process has few session slots)."""
+    with services.db.transaction(read_only=True) as session:
+        release = visible_release(session, user, release_id)
+        if release.status != "succeeded":
+            raise Conflict(f"the release is {release.status}; answers exist once it succeeded")
+        mechanism = registry.get(release.mechanism)
+        info = release_info(session, release)
+        key = (release.id, release.synthesis_version)
+        loaded = _cache.get(key)
+        payload = None
+        if loaded is None:
+            measurement = session.get(ReleaseMeasurement, release.id)
+            if measurement is None:
+                raise Conflict("the release has no stored measurements")
+            payload = measurement.payload
     cached = loaded is not None
     if loaded is None:
-        measurement = session.get(ReleaseMeasurement, release.id)
-        if measurement is None:
-            raise Conflict("the release has no stored measurements")
-        artifacts = ArtifactStore(services.settings.releases_dir).version_dir(
-            release.id, release.synthesis_version
-        )
-        loaded = mechanism.load(measurement.payload, info, artifacts)
+        assert payload is not None
+        artifacts = ArtifactStore(services.settings.releases_dir).version_dir(*key)
+        loaded = mechanism.load(payload, info, artifacts)
     answers = mechanism.answer(loaded, info, queries)
     if not cached:  # measured after answering: that fills the lazily built tables too
         limit = services.settings.answer_cache_bytes
         _cache.put(key, loaded, footprint(loaded), limit)
     return AnswersOut(
-        release_id=release.id,
+        release_id=release_id,
         mechanism=mechanism.name,
         guarantee=mechanism.guarantee,
         answers=answers,
