@@ -12,7 +12,6 @@ from fastapi.responses import FileResponse
 from app.core.deps import (
     CurrentUser,
     DeferredTransactionDep,
-    ReadSessionDep,
     ServicesDep,
     SessionDep,
 )
@@ -89,11 +88,13 @@ def list_releases(
     responses=error_responses(NotFound, Forbidden, InvalidRequest),
 )
 def preview(
-    dataset_id: uuid.UUID, body: ReleaseCreate, user: CurrentUser, session: ReadSessionDep
+    dataset_id: uuid.UUID, body: ReleaseCreate, user: CurrentUser, services: ServicesDep
 ) -> PreviewOut:
     """What a release request would resolve to, cost and achieve; no data is read and no
     budget is spent."""
-    return service.preview(session, user, dataset_id, body)
+    # No ReadSessionDep: the checks may take seconds; the service reads in its own short
+    # transaction and holds no session slot while it computes.
+    return service.preview(services, user, dataset_id, body)
 
 
 @router.get(

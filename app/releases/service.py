@@ -441,9 +441,15 @@ def resynthesize(
     return to_out(release)
 
 
-def preview(session: Session, user: User, dataset_id: uuid.UUID, body: ReleaseCreate) -> PreviewOut:
-    """Resolved parameters, privacy cost and predicted accuracy; no data read, no budget."""
-    dataset = owned_dataset(session, user, dataset_id)
+def preview(
+    services: Services, user: User, dataset_id: uuid.UUID, body: ReleaseCreate
+) -> PreviewOut:
+    """Resolved parameters, privacy cost and predicted accuracy; no data read, no budget.
+    The dataset and its balance are read in a short read-only transaction; the checks and
+    the prediction (seconds at extreme budgets) run after it, holding no session."""
+    with services.db.transaction(read_only=True) as session:
+        dataset = owned_dataset(session, user, dataset_id)
+        balance = ledger.balance(session, dataset)
     checked = _validated(dataset, body)
     try:
         predicted = checked.mechanism.preview(
@@ -451,7 +457,6 @@ def preview(session: Session, user: User, dataset_id: uuid.UUID, body: ReleaseCr
         )
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
-    balance = ledger.balance(session, dataset)
     fits = (
         epsilon_units(checked.epsilon, charge=True) <= balance.epsilon_remaining
         and delta_units(checked.delta, charge=True) <= balance.delta_remaining

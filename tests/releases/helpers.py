@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -51,3 +53,54 @@ def budget(client: TestClient, caller: Caller, dataset_id: str) -> dict[str, Any
     response = client.get(f"/v1/datasets/{dataset_id}/budget", headers=caller.headers)
     assert response.status_code == 200
     return dict(response.json())
+
+
+def assert_sessions_free_while_held(
+    client: TestClient,
+    caller: Caller,
+    monkeypatch: Any,
+    target: type,
+    method: str,
+    send: Callable[[], int],
+    expected: int = 200,
+) -> None:
+    """With more requests inside ``target.method`` than there are session slots (each held
+    there until released), a request that needs a session (GET /v1/datasets) is still
+    served; then every held request completes with ``expected``."""
+    from app.core.deps import MAX_CONCURRENT_TRANSACTIONS
+
+    original = getattr(target, method)
+    arrived = threading.Semaphore(0)
+    finish = threading.Event()
+
+    def held(self: Any, *args: Any) -> Any:
+        arrived.release()
+        finish.wait(timeout=60)
+        return original(self, *args)
+
+    monkeypatch.setattr(target, method, held)
+    codes: list[int] = []
+    served: list[int] = []
+    senders = [
+        threading.Thread(target=lambda: codes.append(send()))
+        for _ in range(MAX_CONCURRENT_TRANSACTIONS + 1)
+    ]
+    other = threading.Thread(
+        target=lambda: served.append(client.get("/v1/datasets", headers=caller.headers).status_code)
+    )
+    try:
+        for thread in senders:
+            thread.start()
+        assert all(arrived.acquire(timeout=30) for _ in range(MAX_CONCURRENT_TRANSACTIONS)), (
+            "fewer requests than session slots reached the held method"
+        )
+        other.start()
+        other.join(timeout=10)
+        served_while_held = list(served)
+    finally:
+        finish.set()
+        for thread in [*senders, other]:
+            if thread.ident is not None:  # started
+                thread.join(timeout=60)
+    assert served_while_held == [200], "GET /v1/datasets waited for the held requests"
+    assert codes == [expected] * (MAX_CONCURRENT_TRANSACTIONS + 1)

@@ -580,3 +580,26 @@ def test_opt_in_withdrawn_while_a_release_is_checked_is_409(
     assert "allow non-DP releases" in response.json()["error"]["message"]
     assert budget(client, curator, dataset_id)["entries"] == []
     assert services_of(client).queue.pending() == 0
+
+
+def test_previews_in_progress_leave_sessions_to_other_requests(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preview's checks and prediction (seconds at extreme budgets) hold no session (it
+    used to hold a read session throughout)."""
+    from app.releases import registry
+    from tests.releases.helpers import assert_sessions_free_while_held
+
+    dataset_id = dataset(client, curator)
+    assert_sessions_free_while_held(
+        client,
+        curator,
+        monkeypatch,
+        type(registry.get("test_means")),
+        "preview",
+        lambda: (
+            client.post(
+                f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=REQUEST
+            ).status_code
+        ),
+    )

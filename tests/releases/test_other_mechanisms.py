@@ -17,7 +17,12 @@ from app.releases import stages
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
 from tests.datasets.test_graphs import upload_graph
-from tests.releases.helpers import budget, request_release, run_all
+from tests.releases.helpers import (
+    assert_sessions_free_while_held,
+    budget,
+    request_release,
+    run_all,
+)
 
 
 def _table(
@@ -413,9 +418,6 @@ def test_answers_in_progress_leave_sessions_to_other_requests(
     """Answering holds no session: with more answer requests in progress than there are
     session slots, a request that needs a session (GET /v1/datasets) is still served
     (answers used to hold a read session while decoding and answering)."""
-    import threading
-
-    from app.core.deps import MAX_CONCURRENT_TRANSACTIONS
     from app.releases import registry
 
     content = b"0 1\n1 2\n"
@@ -428,41 +430,12 @@ def test_answers_in_progress_leave_sessions_to_other_requests(
     body = {"mechanism": "graph_cuts", "epsilon": 1}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     run_all(client, release_id)
-    target = type(registry.get("graph_cuts"))
-    original = target.answer
-    arrived = threading.Semaphore(0)
-    finish = threading.Event()
-
-    def held_answer(self: Any, *args: Any) -> Any:
-        arrived.release()
-        finish.wait(timeout=60)
-        return original(self, *args)
-
-    monkeypatch.setattr(target, "answer", held_answer)
     query = [{"type": "cut", "S": [0], "T": [1]}]
-    codes: list[int] = []
-    served: list[int] = []
-    askers = [
-        threading.Thread(
-            target=lambda: codes.append(_answers(client, curator, release_id, query).status_code)
-        )
-        for _ in range(MAX_CONCURRENT_TRANSACTIONS + 1)
-    ]
-    other = threading.Thread(
-        target=lambda: served.append(
-            client.get("/v1/datasets", headers=curator.headers).status_code
-        )
+    assert_sessions_free_while_held(
+        client,
+        curator,
+        monkeypatch,
+        type(registry.get("graph_cuts")),
+        "answer",
+        lambda: _answers(client, curator, release_id, query).status_code,
     )
-    try:
-        for thread in askers:
-            thread.start()
-        assert all(arrived.acquire(timeout=30) for _ in range(MAX_CONCURRENT_TRANSACTIONS))
-        other.start()
-        other.join(timeout=10)
-        served_while_answering = list(served)
-    finally:
-        finish.set()
-        for thread in [*askers, other]:
-            thread.join(timeout=60)
-    assert served_while_answering == [200], "GET /v1/datasets waited for the answers"
-    assert codes == [200] * (MAX_CONCURRENT_TRANSACTIONS + 1)
