@@ -65,6 +65,23 @@ def _answers(
     )
 
 
+def _graph_release(
+    client: TestClient, curator: Caller, content: bytes, vertices: int, epsilon: float
+) -> tuple[str, str]:
+    """Upload a graph (edge list ``content``) and run a graph_cuts release of it to the end:
+    ``(dataset_id, release_id)``."""
+    dataset_id = upload_graph(
+        client,
+        curator,
+        content,
+        {"name": "g", "kind": "graph", "vertices": vertices, "budget": {"epsilon": 5}},
+    ).json()["id"]
+    body = {"mechanism": "graph_cuts", "epsilon": epsilon}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    return dataset_id, release_id
+
+
 def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> None:
     dataset_id, data = _table(client, curator)
     body = {
@@ -378,18 +395,8 @@ def test_answer_cache_is_bounded_by_bytes(
 
     n = 300
     content = ("\n".join(f"{v} {v + 1}" for v in range(n - 1)) + "\n").encode()
-    dataset_id = upload_graph(
-        client,
-        curator,
-        content,
-        {"name": "g", "kind": "graph", "vertices": n, "budget": {"epsilon": 5}},
-    ).json()["id"]
-    releases = []
-    for _ in range(2):  # epsilon 0.01: about half of the 44850 vertex pairs released as edges
-        body = {"mechanism": "graph_cuts", "epsilon": 0.01}
-        release_id = request_release(client, curator, dataset_id, body).json()["id"]
-        run_all(client, release_id)
-        releases.append(release_id)
+    # epsilon 0.01: about half of the 44850 vertex pairs released as edges
+    releases = [_graph_release(client, curator, content, n, 0.01)[1] for _ in range(2)]
     keys = [(uuid.UUID(r), 0) for r in releases]
     query = [{"type": "cut", "S": list(range(150)), "T": list(range(150, n))}]
     settings = services_of(client).settings
@@ -420,16 +427,7 @@ def test_answers_in_progress_leave_sessions_to_other_requests(
     (answers used to hold a read session while decoding and answering)."""
     from app.releases import registry
 
-    content = b"0 1\n1 2\n"
-    dataset_id = upload_graph(
-        client,
-        curator,
-        content,
-        {"name": "g", "kind": "graph", "vertices": 4, "budget": {"epsilon": 5}},
-    ).json()["id"]
-    body = {"mechanism": "graph_cuts", "epsilon": 1}
-    release_id = request_release(client, curator, dataset_id, body).json()["id"]
-    run_all(client, release_id)
+    _, release_id = _graph_release(client, curator, b"0 1\n1 2\n", 4, 1.0)
     query = [{"type": "cut", "S": [0], "T": [1]}]
     assert_sessions_free_while_held(
         client,
