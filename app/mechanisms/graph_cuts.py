@@ -34,18 +34,32 @@ is eq. 34 at the paper's ``p`` (``1/(1 - 2p) = (1 + e^-eps)/(1 - e^-eps)`` and
 variance ``|S||T| p (1 - p) / (1 - 2p)^2`` does not depend on the graph, so
 :meth:`GraphRelease.stderr` is exact; :meth:`GraphRelease.bound` is bound (35),
 ``E|q_hat - q| <= sqrt(|S||T|) / (1 - 2p)``, at least twice the standard error.
+
+Confidence interval
+-------------------
+:meth:`GraphRelease.interval`. The noisy cut ``N = q_{S,T}(y)`` of a cut with ``e`` edges
+among ``k = |S||T|`` pairs is ``Bin(e, 1 - p) + Bin(k - e, p)``, stochastically increasing
+in ``e`` (``1 - p > p``). When its variance ``v = k p (1 - p)`` is below
+:data:`EXACT_INTERVAL_VARIANCE`, the interval inverts that law (the Clopper-Pearson
+construction): ``e`` is kept when ``P_e(N <= n) > a`` and ``P_e(N >= n) > a``,
+``a = (1 - level) / 2``, so its coverage is at least ``level`` whatever the graph; it lies
+in ``[0, k]``. Above it, the normal interval ``q_hat +- z sd`` (clipped to ``[0, k]``):
+the skewness ``(1 - 2p) / sqrt(v)`` is then at most 0.05. The normal interval alone covered
+0.90 on 6-pair cuts at ``epsilon = 4`` and 0.91 on 2000-pair cuts at ``epsilon = 8``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import sparse
+from scipy import sparse, special
 
 from app.mechanisms import secure_random
 from app.mechanisms.errors import MechanismError
@@ -53,6 +67,10 @@ from app.mechanisms.privacy import CostPart, PrivacyCost, check_budget
 
 #: The release is dense (about ``p |V|^2 / 2`` noisy edges); beyond this it stops being practical.
 MAX_VERTICES = 20_000
+
+#: Below this variance ``k p (1 - p)`` of a noisy cut, :meth:`GraphRelease.interval` is
+#: exact (module docstring); above it, normal.
+EXACT_INTERVAL_VARIANCE = 400.0
 
 #: Vertex pairs perturbed per block (bounds the working memory to ~100 MB).
 _BLOCK_PAIRS = 1 << 22
@@ -276,6 +294,21 @@ class GraphRelease:
         p = self.flip_probability
         return float(np.sqrt(float(s.sum()) * float(t.sum())) / (1.0 - 2.0 * p))
 
+    def interval(self, S: VertexSet, T: VertexSet, level: float = 0.95) -> tuple[float, float]:
+        """Confidence interval for the cut ``q_{S,T}(x)`` with coverage ``level`` (module
+        docstring): exact while ``|S||T| p (1 - p) <`` :data:`EXACT_INTERVAL_VARIANCE`,
+        normal beyond."""
+        if not 0.0 < level < 1.0:
+            raise MechanismError(f"level ({level!r}) must lie in (0, 1)")
+        s, t = self._masks(S, T)
+        pairs = int(s.sum()) * int(t.sum())
+        p = self.flip_probability
+        if pairs * p * (1.0 - p) < EXACT_INTERVAL_VARIANCE:
+            return cut_interval(self.noisy_cut(s, t), pairs, p, level)
+        value = self.cut(s, t)
+        half = float(special.ndtri(0.5 + level / 2)) * self.stderr(s, t)
+        return max(value - half, 0.0), min(value + half, float(pairs))
+
     def to_dict(self) -> dict[str, object]:
         """Scalars for JSON plus the ``(k, 2)`` array ``edges`` (two Parquet columns)."""
         return {
@@ -295,6 +328,65 @@ class GraphRelease:
             epsilon=float(data["epsilon"]),  # type: ignore[arg-type]
             flip_threshold=int(data["flip_threshold"]),  # type: ignore[call-overload]
         )
+
+
+def noisy_cut_cdf(x: int, edges: int, pairs: int, p: float) -> float:
+    """``P(N <= x)`` for ``N = Bin(edges, 1 - p) + Bin(pairs - edges, p)``: the noisy cut of
+    a cut with ``edges`` of its ``pairs`` vertex pairs in the graph.
+
+    ``sum_j P(Bin(edges, 1 - p) = j) P(Bin(pairs - edges, p) <= x - j)`` over the ``j``
+    within 12 standard deviations of ``edges (1 - p)`` (the rest holds below 1e-30).
+    """
+    if x < 0:
+        return 0.0
+    if x >= pairs:
+        return 1.0
+    mean = edges * (1.0 - p)
+    sd = math.sqrt(edges * p * (1.0 - p))
+    lo = max(0, math.floor(mean - 12.0 * sd) - 1)
+    hi = min(edges, math.ceil(mean + 12.0 * sd) + 1, x)
+    if hi < lo:
+        return 0.0
+    j = np.arange(lo, hi + 1, dtype=np.float64)
+    log_pmf = (
+        special.gammaln(edges + 1.0)
+        - special.gammaln(j + 1.0)
+        - special.gammaln(edges - j + 1.0)
+        + j * math.log1p(-p)
+        + (edges - j) * math.log(p)
+    )
+    rest = pairs - edges
+    below = np.minimum(x - j, rest)  # x - j >= 0; P(Bin(rest, p) <= rest) = 1
+    full = below >= rest
+    tail = np.ones_like(j)
+    tail[~full] = special.bdtr(below[~full], rest, p)
+    return float(min(np.sum(np.exp(log_pmf) * tail), 1.0))
+
+
+def cut_interval(noisy: int, pairs: int, p: float, level: float = 0.95) -> tuple[float, float]:
+    """Exact confidence interval ``[e_lo, e_hi]`` for the edges of a cut of ``pairs`` pairs
+    whose noisy cut is ``noisy`` (flip probability ``p < 1/2``): ``e_hi`` is the largest
+    ``e`` with ``P_e(N <= noisy) > a`` and ``e_lo`` the smallest with
+    ``P_e(N >= noisy) > a``, ``a = (1 - level) / 2`` (found by bisection: both
+    probabilities are monotone in ``e``). Coverage at least ``level`` for every ``e``."""
+    a = (1.0 - level) / 2.0
+
+    def first(holds: Any) -> int:
+        """Smallest ``e`` in ``[0, pairs]`` where the monotone ``holds`` (false, then true)
+        is true; ``pairs + 1`` if nowhere."""
+        lo, hi = -1, pairs + 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if holds(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    e_lo = min(first(lambda e: 1.0 - noisy_cut_cdf(noisy - 1, e, pairs, p) > a), pairs)
+    e_hi = first(lambda e: noisy_cut_cdf(noisy, e, pairs, p) <= a) - 1
+    # both sets empty only for a count unlikely (below a) under every e: a point remains
+    return float(e_lo), float(max(e_hi, e_lo))
 
 
 def release(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from app.mechanisms import graph_cuts as gc
 from app.mechanisms import secure_random
@@ -192,3 +193,63 @@ def test_cut_rejects() -> None:
         released.cut(np.ones(3, bool), [4])
     with pytest.raises(MechanismError, match="same number"):
         released.cuts([[0]], [[1], [2]])
+
+
+def _noisy_cut_pmf(edges: int, pairs: int, p: float) -> np.ndarray:
+    """Brute force: the law of Bin(edges, 1 - p) + Bin(pairs - edges, p) by convolution."""
+    return np.convolve(
+        stats.binom.pmf(np.arange(edges + 1), edges, 1 - p),
+        stats.binom.pmf(np.arange(pairs - edges + 1), pairs - edges, p),
+    )
+
+
+@pytest.mark.parametrize("p", [0.018, 0.27, 0.45])
+def test_noisy_cut_cdf_matches_the_convolution(p: float) -> None:
+    for pairs in range(12):
+        for edges in range(pairs + 1):
+            cdf = np.cumsum(_noisy_cut_pmf(edges, pairs, p))
+            for x in range(-2, pairs + 3):
+                expected = 0.0 if x < 0 else 1.0 if x >= pairs else cdf[x]
+                assert gc.noisy_cut_cdf(x, edges, pairs, p) == pytest.approx(expected, abs=1e-10)
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 4.0, 8.0])
+@pytest.mark.parametrize("pairs", [1, 2, 6, 25, 60])
+def test_exact_interval_covers_whatever_the_graph(epsilon: float, pairs: int) -> None:
+    """Coverage computed exactly (no simulation): for every number of edges e of the cut,
+    the probability under the noisy cut's law that the interval holds e is >= 0.95. The
+    normal interval fell to 0.90 (6 pairs, epsilon 4)."""
+    p = 1 / (1 + math.exp(epsilon))
+    intervals = [gc.cut_interval(n, pairs, p) for n in range(pairs + 1)]
+    assert all(0 <= lo <= hi <= pairs for lo, hi in intervals)
+    for edges in range(pairs + 1):
+        pmf = _noisy_cut_pmf(edges, pairs, p)
+        covered = sum(pmf[n] for n, (lo, hi) in enumerate(intervals) if lo <= edges <= hi)
+        assert covered >= 0.95 - 1e-9, (edges, covered)
+    if (epsilon, pairs) == (4.0, 6):
+        sd = math.sqrt(pairs * p * (1 - p))
+        normal = sum(
+            _noisy_cut_pmf(0, pairs, p)[n]
+            for n in range(pairs + 1)
+            if abs(n - pairs * p) <= 1.96 * sd
+        )
+        assert normal < 0.93  # what the exact interval replaces
+
+
+def test_release_interval_is_exact_for_small_cuts_and_normal_beyond() -> None:
+    n_vertices = 120
+    edges = random_graph(n_vertices, 800, seed=9)
+    released = gc.release(edges, n_vertices, 2.0)
+    p = released.flip_probability
+    small_S, small_T = np.arange(0, 3), np.arange(3, 8)
+    noisy = released.noisy_cut(small_S, small_T)
+    assert released.interval(small_S, small_T) == gc.cut_interval(noisy, 15, p)
+    S, T = np.arange(0, 60), np.arange(60, 120)  # 3600 pairs: variance 846 at epsilon 0.5
+    wide = gc.release(edges, n_vertices, 0.5)
+    value, stderr = wide.cut(S, T), wide.stderr(S, T)
+    assert 3600 * wide.flip_probability * (1 - wide.flip_probability) >= gc.EXACT_INTERVAL_VARIANCE
+    lo, hi = wide.interval(S, T)
+    assert lo == pytest.approx(max(value - 1.959963984540054 * stderr, 0.0))
+    assert hi == pytest.approx(min(value + 1.959963984540054 * stderr, 3600.0))
+    with pytest.raises(MechanismError, match="level"):
+        released.interval(small_S, small_T, level=1.0)

@@ -273,6 +273,9 @@ def test_graph_cuts_end_to_end(client: TestClient, curator: Caller, analyst: Cal
     ][0]
     assert abs(answer["value"] - truth) < 5 * answer["stderr"]
     assert answer["error_bound"] > answer["stderr"] > 0
+    low, high = answer["interval"]
+    assert 0 <= low <= high <= len(S) * len(T)
+    assert "exact" in answer["note"]
     overlap = _answers(client, analyst, release_id, [{"type": "cut", "S": [0, 1], "T": [1, 2]}])
     assert overlap.status_code == 422
     assert (
