@@ -9,6 +9,9 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from sqlalchemy.exc import DBAPIError
 
 from app import __version__
 from app.config import ConfigError, Settings, load_settings
@@ -39,23 +42,59 @@ def _settings() -> Settings:
     return settings
 
 
+def _without_password(url: str) -> str:
+    """``url`` with its password (if any) shown as ``***``, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
+
+
+def _unusable(what: str, url: str, exc: BaseException) -> int:
+    """Refuse to start: the store at ``url`` cannot be reached or opened. Exit code 1
+    (the environment, not the command line, is at fault)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return _fail(f"the {what} cannot be used ({_without_password(url)}): {lines[0]}", code=1)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     settings = _settings()
     url = settings.resolved_database_url
-    migrations.upgrade(url, args.revision)
-    print(f"database at revision {migrations.current_revision(url)}")
+    try:
+        migrations.upgrade(url, args.revision)
+        revision = migrations.current_revision(url)
+    except DBAPIError as exc:
+        return _unusable("database", url, exc.orig)
+    print(f"database at revision {revision}")
     return 0
 
 
 def _check_schema(settings: Settings, migrate: bool) -> int | None:
     url = settings.resolved_database_url
-    if migrate:
-        migrations.upgrade(url)
-        return None
-    current, head = migrations.current_revision(url), migrations.head_revision(url)
+    try:
+        if migrate:
+            migrations.upgrade(url)
+            return None
+        current, head = migrations.current_revision(url), migrations.head_revision(url)
+    except DBAPIError as exc:
+        return _unusable("database", url, exc.orig)
     if current != head:
         return _fail(
             f"the database is at revision {current}, the code needs {head}; run: curator migrate"
+        )
+    return None
+
+
+def _check_queue(services: Services) -> int | None:
+    """Refuse to start a consumer whose queue (Redis) cannot be reached: it would only log
+    a traceback a second."""
+    try:
+        services.queue.ping()
+    except Exception as exc:
+        return _unusable(
+            "queue", services.settings.redis_url or str(services.settings.queue_path), exc
         )
     return None
 
@@ -70,6 +109,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     app = create_app(settings, embedded_worker=not args.no_worker)
+    refused = _check_queue(app.state.services)
+    if refused is not None:
+        app.state.services.close()
+        return refused
     log.info(
         "privacy curator %s on http://%s:%s (data in %s, %s, worker %s)",
         __version__,
@@ -91,6 +134,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from app.releases.stages import Sweeper
 
     services = Services.build(settings)
+    refused = _check_queue(services)
+    if refused is not None:
+        services.close()
+        return refused
     set_current(services)
     consumer = services.queue.consumer(args.threads or settings.worker_threads, embedded=False)
     sweeper = Sweeper(services).start()

@@ -28,8 +28,13 @@ from typing import Literal
 from cryptography.fernet import Fernet
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 KEY_FILE_NAME = "data.key"
+#: SQLAlchemy drivers the service is installed with (a bare ``postgresql://`` means psycopg2
+#: in SQLAlchemy 2.0, which is not installed).
+_DATABASE_DRIVERS = frozenset({"sqlite", "sqlite+pysqlite", "postgresql+psycopg"})
 
 
 class ConfigError(Exception):
@@ -63,8 +68,19 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _known_database(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("sqlite:", "postgresql")):
-            raise ValueError("must start with sqlite:/// or postgresql+psycopg://")
+        if value is None:
+            return None
+        try:
+            url = make_url(value)
+        except (ArgumentError, ValueError):
+            raise ValueError(
+                "is not a database URL (sqlite:///<path> or postgresql+psycopg://<user>@<host>/<db>)"
+            ) from None
+        if url.drivername not in _DATABASE_DRIVERS:
+            raise ValueError(
+                f"names the driver {url.drivername!r}; use sqlite:///<path> or "
+                "postgresql+psycopg://<user>@<host>/<db>"
+            )
         return value
 
     @field_validator("redis_url")

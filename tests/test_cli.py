@@ -105,3 +105,90 @@ def test_serve_no_migrate_refuses_an_old_database(tmp_path: Path) -> None:
     result = _run(tmp_path, "serve", "--no-migrate", "--port", str(_free_port()))
     assert result.returncode == 2
     assert "run: curator migrate" in result.stderr
+
+
+def _sentinel_password() -> str:
+    return "s3cr3t-pw-7f1c"
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        (
+            f"postgresql+psycopg://postgres:{_sentinel_password()}@127.0.0.1:1/x",
+            "Connection refused",
+        ),
+        ("sqlite:////nonexistent-curator-dir/curator.db", "unable to open database file"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [["migrate"], ["create-user", "--name", "a", "--role", "admin"]]
+)
+def test_an_unusable_database_exits_1_with_one_line(
+    url: str,
+    reason: str,
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", url)
+    with pytest.raises(SystemExit) as info:
+        main(command)
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("curator: the database cannot be used (")
+    assert reason in err
+    assert "Traceback" not in err
+    assert _sentinel_password() not in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:",
+        "postgresql+psycopg://u@127.0.0.1:notaport/x",
+        "postgresql+psycopg2://u@127.0.0.1/x",
+        "mysql://u@127.0.0.1/x",
+    ],
+)
+def test_a_malformed_database_url_is_a_configuration_error(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", url)
+    with pytest.raises(SystemExit) as info:
+        main(["migrate"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err
+    assert "CURATOR_DATABASE_URL" in err
+    assert "postgresql+psycopg://<user>@<host>/<db>" in err
+
+
+@pytest.mark.parametrize("command", [["worker"], ["serve", "--port", "1"]])
+def test_an_unreachable_queue_refuses_to_start(
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["migrate"])
+    assert info.value.code == 0
+    monkeypatch.setenv("CURATOR_REDIS_URL", f"redis://:{_sentinel_password()}@127.0.0.1:1/0")
+
+    def started(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("started against an unreachable queue")
+
+    monkeypatch.setattr("app.worker.queue.Queue.consumer", started)
+    monkeypatch.setattr("uvicorn.run", started)
+    with pytest.raises(SystemExit) as info:
+        main(command)
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert "curator: the queue cannot be used (redis://:***@127.0.0.1:1/0): " in err
+    assert "Connection refused" in err
+    assert _sentinel_password() not in err
