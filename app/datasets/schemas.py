@@ -26,7 +26,7 @@ class ContinuousColumn(BaseModel):
     """A real-valued column with public bounds; stored normalised to ``[-1, 1]``:
     ``x' = 2 (x - lower) / (upper - lower) - 1``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: ColumnName
     kind: Literal["continuous"]
@@ -56,7 +56,7 @@ class CategoricalColumn(BaseModel):
     """A column taking one of the declared categories; stored as the category's index.
     Cells match categories by their text (``"3"`` matches category ``3``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: ColumnName
     kind: Literal["categorical"]
@@ -77,7 +77,7 @@ class CategoricalColumn(BaseModel):
 class BinaryColumn(BaseModel):
     """A 0/1 column (cells ``0``, ``1``, ``true``, ``false``); stored as 0/1."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: ColumnName
     kind: Literal["binary"]
@@ -90,7 +90,7 @@ class PublicColumn(BaseModel):
     narrows the guarantee: the column is released row by row, so differential privacy then
     holds between datasets that agree on it (the release's ``guarantee`` says so)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: ColumnName
     kind: Literal["public"]
@@ -103,7 +103,7 @@ Column = Annotated[
 
 
 class BudgetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # strict: a budget is a JSON number, never true or "1" (lax mode read both)
     epsilon: float = Field(strict=True)
@@ -128,7 +128,7 @@ DatasetName = Annotated[str, StringConstraints(strip_whitespace=True, min_length
 class DatasetDeclaration(BaseModel):
     """The ``schema`` form field of ``POST /v1/datasets`` for a table."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: DatasetName
     kind: Literal["table"] = "table"
@@ -153,7 +153,7 @@ class GraphDeclaration(BaseModel):
     """The ``schema`` form field for a graph: an undirected edge list over the vertex ids
     ``0..vertices-1``. The vertex count is public; the edges (and their number) are not."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: DatasetName
     kind: Literal["graph"]
@@ -203,7 +203,7 @@ class DatasetOut(BaseModel):
 
 
 class DatasetUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     allow_non_dp_releases: bool
 
@@ -225,7 +225,7 @@ class BudgetOut(BudgetSummary):
 class BudgetUpdate(BaseModel):
     """New totals. A total may go up, or down to no less than spent + reserved."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     epsilon: float | None = None
     delta: float | None = None

@@ -105,3 +105,58 @@ def test_privacy_parameters_are_json_numbers(client: TestClient, curator: Caller
         client, curator, dataset_id, {"mechanism": "test_means", "epsilon": 1}
     )
     assert accepted.status_code == 202, accepted.text
+
+
+def test_declarations_opt_ins_and_parameters_are_json_typed(
+    client: TestClient, curator: Caller
+) -> None:
+    """Every request model is strict: in lax mode ``"yes"`` and ``1`` opted a dataset into
+    non-DP releases, ``true`` set a budget total or a public bound to 1, and ``"4"`` was a
+    parameter of 4."""
+    bounds = {"name": "age", "kind": "continuous", "lower": True, "upper": 100}
+    for schema in (
+        {**SCHEMA, "columns": [bounds, *SCHEMA["columns"][1:]]},
+        {**SCHEMA, "columns": [{**bounds, "lower": "0"}, *SCHEMA["columns"][1:]]},
+        {**SCHEMA, "allow_non_dp_releases": "yes"},
+        {**SCHEMA, "allow_non_dp_releases": 1},
+    ):
+        refused = upload(client, curator, csv_bytes(), schema)
+        assert refused.status_code == 422, (schema, refused.text)
+    assert client.get("/v1/datasets", headers=curator.headers).json() == []
+
+    dataset_id = dataset(client, curator, epsilon=5.0)
+    for body in ({"allow_non_dp_releases": "yes"}, {"allow_non_dp_releases": 1}):
+        refused = client.patch(f"/v1/datasets/{dataset_id}", headers=curator.headers, json=body)
+        assert refused.status_code == 422, (body, refused.text)
+    shown = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()
+    assert shown["allow_non_dp_releases"] is False
+    for body in ({"epsilon": True}, {"delta": "0.5"}):
+        refused = client.patch(
+            f"/v1/datasets/{dataset_id}/budget", headers=curator.headers, json=body
+        )
+        assert refused.status_code == 422, (body, refused.text)
+    assert budget_of(client, curator, dataset_id)["epsilon_total"] == 5.0
+
+    for params in ({"method": "marginals", "bins": "4"}, {"method": "marginals", "bins": True}):
+        refused = request_release(
+            client,
+            curator,
+            dataset_id,
+            {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": params},
+        )
+        assert refused.status_code == 422, (params, refused.text)
+    assert budget_of(client, curator, dataset_id)["entries"] == []
+
+    smooth = request_release(
+        client,
+        curator,
+        dataset_id,
+        {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": {"method": "marginals"}},
+    ).json()["id"]
+    run_all(client, smooth)
+    for sigma in (True, "0.5"):
+        query = {"type": "gaussian_mixture", "centers": [[0, 0]], "weights": [1], "sigma": sigma}
+        refused = client.post(
+            f"/v1/releases/{smooth}/answers", headers=curator.headers, json={"queries": [query]}
+        )
+        assert refused.status_code == 422, (sigma, refused.text)

@@ -33,7 +33,7 @@ from app.storage.source import EncryptedTableSource
 
 
 class CompressedParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     delta_max: float = Field(
         gt=0, description="Delta_max of paper 002 (eq. 5-6), declared by the curator"
@@ -51,7 +51,7 @@ class CompressedParams(BaseModel):
 class PCAQuery(BaseModel):
     """Top-k principal directions of the compressed covariance."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["pca"]
     k: int = Field(ge=1)

@@ -34,13 +34,13 @@ from app.storage.source import EncryptedTableSource
 
 
 class GraphParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CutQuery(BaseModel):
     """The number of edges between the disjoint vertex sets ``S`` and ``T``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["cut"]
     S: list[int] = Field(min_length=1)

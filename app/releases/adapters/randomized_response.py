@@ -45,7 +45,7 @@ Z_95 = 1.959963984540054
 
 
 class RRParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     bits: Annotated[int | None, Field(ge=1, le=16)] = Field(
         default=None,
@@ -64,7 +64,7 @@ class ConjunctionQuery(BaseModel):
     ``where`` maps a column to a value, a list of values, or ``{"between": [lo, hi]}``
     (continuous columns: the cells whose midpoint lies in the range, original units)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["conjunction"]
     where: dict[str, Condition] = Field(min_length=1)
@@ -74,7 +74,7 @@ class ConjunctionQuery(BaseModel):
 class TableQuery(BaseModel):
     """Mean over rows of ``values[cell]``: one value per cell of the domain (small domains)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["table"]
     #: bounded so that squares and sums of squares stay finite (1e155 overflowed: 500)
@@ -86,7 +86,7 @@ class HeterogeneousQuery(BaseModel):
     """A row function chosen by the row's public value: ``by_public`` maps every value of
     the public column (they are released, see ``sample.csv``) to a ``where`` conjunction."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["heterogeneous"]
     by_public: dict[str, dict[str, Condition]] = Field(min_length=1)

@@ -56,7 +56,7 @@ MAX_CENTER_PAIRS = 10_000_000
 
 
 class GaussianMixtureForm(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["gaussian_mixture"]
     centers: list[list[float]] = Field(min_length=1, max_length=MAX_CENTERS)
@@ -66,14 +66,14 @@ class GaussianMixtureForm(BaseModel):
 
 
 class Term(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     coefficient: float
     powers: dict[str, Annotated[int, Field(ge=0, le=MAX_DEGREE)]] = Field(default_factory=dict)
 
 
 class PolynomialForm(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["polynomial"]
     terms: list[Term] = Field(min_length=1, max_length=1000)
@@ -81,7 +81,7 @@ class PolynomialForm(BaseModel):
 
 
 class GaussianFactor(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["gaussian"]
     center: float
@@ -89,14 +89,14 @@ class GaussianFactor(BaseModel):
 
 
 class PolynomialFactor(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["polynomial"]
     coefficients: list[float] = Field(min_length=1, max_length=MAX_DEGREE + 1)
 
 
 class ChebyshevFactor(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["chebyshev"]
     coefficients: list[float] = Field(min_length=1, max_length=1000)
@@ -106,7 +106,7 @@ Factor = Annotated[GaussianFactor | PolynomialFactor | ChebyshevFactor, Field(di
 
 
 class ProductForm(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["product"]
     factors: dict[str, Factor] = Field(min_length=1)

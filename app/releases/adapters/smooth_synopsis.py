@@ -31,7 +31,7 @@ from app.storage.source import EncryptedTableSource
 
 
 class SynopsisParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     smoothness: int = Field(default=4, ge=1, le=100, description="K of paper 001")
     basis: Literal["auto", "nominal", "paper", "total_degree", "full_tensor"] = "auto"

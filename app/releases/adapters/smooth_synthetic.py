@@ -112,7 +112,7 @@ class SyntheticParams(BaseModel):
     ``ellipsoid_radius`` except ``grid_size``, ``sample_size`` to ``method="moments"`` only
     (defaults: :mod:`app.mechanisms.smooth_synthetic`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     method: Literal["marginals", "tree", "moments"] | None = Field(
         default=None,
