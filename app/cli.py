@@ -66,7 +66,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         migrations.upgrade(url, args.revision)
         revision = migrations.current_revision(url)
     except DBAPIError as exc:
-        return _unusable("database", url, exc.orig)
+        return _unusable("database", url, exc.orig or exc)
     print(f"database at revision {revision}")
     return 0
 
@@ -79,7 +79,7 @@ def _check_schema(settings: Settings, migrate: bool) -> int | None:
             return None
         current, head = migrations.current_revision(url), migrations.head_revision(url)
     except DBAPIError as exc:
-        return _unusable("database", url, exc.orig)
+        return _unusable("database", url, exc.orig or exc)
     if current != head:
         return _fail(
             f"the database is at revision {current}, the code needs {head}; run: curator migrate"
