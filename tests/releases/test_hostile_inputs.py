@@ -13,6 +13,18 @@ from tests.releases.helpers import budget as budget_of
 from tests.releases.helpers import dataset, request_release, run_all
 
 
+def _smooth_release(client: TestClient, curator: Caller, dataset_id: str) -> str:
+    """A finished ``smooth_synthetic`` (marginals) release of ``dataset_id`` at epsilon 0.5."""
+    release_id: str = request_release(
+        client,
+        curator,
+        dataset_id,
+        {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": {"method": "marginals"}},
+    ).json()["id"]
+    run_all(client, release_id)
+    return release_id
+
+
 def test_a_deeply_nested_schema_is_a_422(client: TestClient, curator: Caller) -> None:
     deep = '{"name":' + "[" * 100_000 + "]" * 100_000 + "}"
     response = upload(client, curator, csv_bytes(), deep)
@@ -29,14 +41,8 @@ def test_huge_table_values_and_tiny_widths_are_422(client: TestClient, curator: 
         dataset_id,
         {"mechanism": "randomized_response", "epsilon": 1.0, "columns": ["blood"]},
     ).json()["id"]
-    smooth = request_release(
-        client,
-        curator,
-        dataset_id,
-        {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": {"method": "marginals"}},
-    ).json()["id"]
     run_all(client, rr)
-    run_all(client, smooth)
+    smooth = _smooth_release(client, curator, dataset_id)
     for release_id, query in (
         (rr, {"type": "table", "values": [1e155] + [0.0] * 3}),  # squares overflowed
         (
@@ -147,13 +153,7 @@ def test_declarations_opt_ins_and_parameters_are_json_typed(
         assert refused.status_code == 422, (params, refused.text)
     assert budget_of(client, curator, dataset_id)["entries"] == []
 
-    smooth = request_release(
-        client,
-        curator,
-        dataset_id,
-        {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": {"method": "marginals"}},
-    ).json()["id"]
-    run_all(client, smooth)
+    smooth = _smooth_release(client, curator, dataset_id)
     for sigma in (True, "0.5"):
         query = {"type": "gaussian_mixture", "centers": [[0, 0]], "weights": [1], "sigma": sigma}
         refused = client.post(
