@@ -40,7 +40,10 @@ The reference ``Sigma_1``. The truncation region must be the same for every data
 ``S_n``, so ``Sigma_1`` should be public: pass ``reference`` (a declared ``p x p``
 matrix); the data must then lie in ``S_n`` (``max |Sigma - Sigma_1| <= Delta_max``) or the
 release is refused (a data-dependent refusal: Definition 2.4 promises nothing outside
-``S_n``), and ``alpha`` depends on public quantities only. Without
+``S_n``), and ``alpha`` depends on public quantities only. The refusal is one bit about
+the data; the service (:meth:`app.releases.adapters.compressed.Compressed.pinned`) lets a
+dataset ask it about one reference only, since free retries with moving references
+bisect an entry of the data's ``Sigma``. Without
 ``reference`` the data's own ``Sigma`` is used (``reference_kind = "data"``): the
 truncation region then moves with the data, which the paper's proof does not cover (an
 output that a neighbour's region excludes has probability at most ``1/n^2`` by Lemma 4.4,

@@ -175,6 +175,14 @@ class Mechanism(ABC):
         state. By default nothing to check."""
         return None
 
+    def pinned(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Parameters (from a release's stored ``params``) that every release of this
+        mechanism on a dataset must repeat, with the same columns, once one has been
+        requested: for a mechanism whose success depends on the data through a declared
+        parameter, so that the outcome answers one fixed question and cannot be bisected
+        by free retries. ``None``: nothing pinned (the default)."""
+        return None
+
     @abstractmethod
     def preview(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel

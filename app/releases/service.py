@@ -196,6 +196,29 @@ def validate_release(
     return _validated(dataset, body)
 
 
+def _check_pinned(session: Session, dataset_id: uuid.UUID, checked: Validated) -> None:
+    """Refuse (409) a request whose :meth:`Mechanism.pinned` parameters or columns differ
+    from an earlier release of the same mechanism on the dataset (any status: a failed
+    one has answered its question too). Runs under the dataset lock."""
+    mechanism = checked.mechanism
+    pin = mechanism.pinned(checked.params_json)
+    if pin is None:
+        return
+    earlier = session.scalars(
+        select(Release)
+        .where(Release.dataset_id == dataset_id, Release.mechanism == mechanism.name)
+        .order_by(Release.created_at)
+    )
+    for release in earlier:
+        other = mechanism.pinned(release.params)
+        if other is not None and (other != pin or release.columns != checked.info.names):
+            raise Conflict(
+                f"release {release.id} fixed this dataset's {mechanism.name} "
+                f"{', '.join(sorted(other))} and columns; a later request must repeat them "
+                "(varying them would make the release's refusal a free query on the data)"
+            )
+
+
 def create_release(
     session: Session,
     services: Services,
@@ -227,6 +250,7 @@ def create_release(
             return to_out(existing), False
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
     ledger.lock_dataset(session, dataset.id)
+    _check_pinned(session, dataset.id, checked)
     now = utcnow()
     release = Release(
         dataset_id=dataset.id,

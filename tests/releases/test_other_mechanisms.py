@@ -351,6 +351,47 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     assert summary["epsilon_spent"] == 0.0
 
 
+def test_a_declared_compressed_reference_is_pinned_per_dataset(
+    client: TestClient, curator: Caller
+) -> None:
+    """A declared reference makes the release's success depend on the data (refused outside
+    S_n); with free retries an audit bisected an entry of the exact normalised covariance
+    to 2e-8 in 24 requests. The first such request fixes the reference, delta_max and
+    columns for the dataset: the question is asked once."""
+    dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    far = {"delta_max": 0.05, "reference": [[1.0, 0.9], [0.9, 1.0]]}
+    base = {"mechanism": "compressed", "columns": ["age", "weight"]}
+    first = request_release(client, curator, dataset_id, {**base, "params": far})
+    assert first.status_code == 202, first.text
+    run_all(client, first.json()["id"])
+    failed = client.get(f"/v1/releases/{first.json()['id']}", headers=curator.headers).json()
+    assert failed["status"] == "failed"
+    assert "outside the protected class" in failed["message"]
+    entries = budget(client, curator, dataset_id)["entries"]
+    for params, columns in (
+        ({**far, "delta_max": 0.5}, base["columns"]),  # the next step of a bisection
+        ({**far, "reference": [[1.0, 0.5], [0.5, 1.0]]}, base["columns"]),
+        ({"delta_max": 0.05, "reference": [[1.0]]}, ["age"]),
+    ):
+        refused = request_release(
+            client, curator, dataset_id, {**base, "columns": columns, "params": params}
+        )
+        assert refused.status_code == 409, (params, refused.text)
+        assert first.json()["id"] in refused.json()["error"]["message"]
+    assert budget(client, curator, dataset_id)["entries"] == entries
+    again = request_release(client, curator, dataset_id, {**base, "params": {**far, "m": 300}})
+    assert again.status_code == 202, again.text  # the same question (m only draws Phi)
+    run_all(client, again.json()["id"])
+    repeated = client.get(f"/v1/releases/{again.json()['id']}", headers=curator.headers).json()
+    assert repeated["status"] == "failed"
+    unpinned = request_release(client, curator, dataset_id, {**base, "params": {"delta_max": 0.5}})
+    assert unpinned.status_code == 202, unpinned.text  # the data's own reference never refuses
+    other, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    near = {"delta_max": 0.5, "reference": [[1.0, 0.0], [0.0, 1.0]]}
+    elsewhere = request_release(client, curator, other, {**base, "params": near})
+    assert elsewhere.status_code == 202, elsewhere.text  # pinned per dataset
+
+
 def test_graph_read_publishes_no_row_progress(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
