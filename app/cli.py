@@ -7,15 +7,18 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
+from alembic.script.revision import RevisionError
+from alembic.util import CommandError
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.exc import DBAPIError
 
 from app import __version__
 from app.config import ConfigError, Settings, load_settings
 from app.core import migrations
+from app.core.errors import NotFound
 from app.core.services import Services, set_current
 from app.models import Role
 
@@ -43,13 +46,13 @@ def _settings() -> Settings:
 
 
 def _without_password(url: str) -> str:
-    """``url`` with its password (if any) shown as ``***``, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its password (if any) shown as ``***``, for messages. The user info
+    ends at the last ``@`` (an unescaped password may contain ``@``, ``/`` or ``:``)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not (sep and at) or ":" not in userinfo:
         return url
-    user, _, host = parts.netloc.rpartition("@")
-    name = user.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def _unusable(what: str, url: str, exc: BaseException) -> int:
@@ -63,10 +66,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     settings = _settings()
     url = settings.resolved_database_url
     try:
+        target = migrations.resolve_revision(url, args.revision)
+    except (CommandError, RevisionError) as exc:
+        return _fail(f"--revision {args.revision!r}: {exc}")
+    try:
         migrations.upgrade(url, args.revision)
         revision = migrations.current_revision(url)
     except DBAPIError as exc:
         return _unusable("database", url, exc.orig or exc)
+    if revision != target:
+        return _fail(
+            f"the database is at revision {revision}, past {target}; curator migrate only "
+            "upgrades (a downgrade loses data: run alembic downgrade deliberately)"
+        )
     print(f"database at revision {revision}")
     return 0
 
@@ -154,7 +166,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_create_user(args: argparse.Namespace) -> int:
     from app.users import service
+    from app.users.schemas import Name
 
+    try:
+        name = TypeAdapter(Name).validate_python(args.name)
+    except ValidationError:
+        return _fail("--name must be 1 to 200 characters, without control characters")
     settings = _settings()
     refused = _check_schema(settings, migrate=False)
     if refused is not None:
@@ -162,7 +179,7 @@ def cmd_create_user(args: argparse.Namespace) -> int:
     services = Services.build(settings)
     try:
         with services.db.transaction() as session:
-            user, key, secret = service.create_user(session, args.name, Role(args.role), None)
+            user, key, secret = service.create_user(session, name, Role(args.role), None)
             out = {
                 "id": str(user.id),
                 "name": user.name,
@@ -184,10 +201,15 @@ def cmd_create_key(args: argparse.Namespace) -> int:
     from app.users import service
 
     settings = _settings()
+    refused = _check_schema(settings, migrate=False)
+    if refused is not None:
+        return refused
     services = Services.build(settings)
     try:
         with services.db.transaction() as session:
             key, secret = service.create_key(session, args.user_id, None)
+    except NotFound:
+        return _fail(f"no user with id {args.user_id}", code=1)
     finally:
         services.close()
     out = {"key_id": str(key.id), "api_key": secret}
@@ -206,14 +228,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bounded(lower: int, upper: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[lower, upper]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lower <= value <= upper:
+            raise argparse.ArgumentTypeError(f"{value} is not in {lower}-{upper}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="curator", description="privacy curator service")
     parser.add_argument("--version", action="version", version=f"curator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the API with an embedded worker")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument(
+        "--port", type=_bounded(1, 65535), default=8000, help="port to listen on (1-65535)"
+    )
     serve.add_argument(
         "--no-migrate",
         action="store_true",
@@ -223,17 +262,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a worker (no API)")
-    worker.add_argument("--threads", type=int, default=None)
+    worker.add_argument(
+        "--threads",
+        type=_bounded(1, 64),
+        default=None,
+        help="worker threads, 1-64 (default: CURATOR_WORKER_THREADS)",
+    )
     worker.set_defaults(func=cmd_worker)
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema")
-    migrate.add_argument("--revision", default="head")
+    migrate.add_argument(
+        "--revision", default="head", help="upgrade to this revision (default: head)"
+    )
     migrate.set_defaults(func=cmd_migrate)
 
     create_user = sub.add_parser("create-user", help="create a user and print its API key")
-    create_user.add_argument("--name", required=True)
+    create_user.add_argument("--name", required=True, help="1-200 characters")
     create_user.add_argument("--role", required=True, choices=[r.value for r in Role])
-    create_user.add_argument("--json", action="store_true")
+    create_user.add_argument("--json", action="store_true", help="print one JSON object")
     create_user.set_defaults(func=cmd_create_user)
 
     demo = sub.add_parser(
@@ -245,8 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     create_key = sub.add_parser("create-key", help="issue another API key for a user")
-    create_key.add_argument("--user-id", required=True, type=uuid.UUID)
-    create_key.add_argument("--json", action="store_true")
+    create_key.add_argument("--user-id", required=True, type=uuid.UUID, help="the user's id")
+    create_key.add_argument("--json", action="store_true", help="print one JSON object")
     create_key.set_defaults(func=cmd_create_key)
     return parser
 
@@ -257,4 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = args.func(args)
     except ConfigError as exc:
         code = _fail(f"configuration error: {exc}")
+    except DBAPIError as exc:  # the database went away after the start-up checks
+        lines = str(exc.orig or exc).strip().splitlines() or [type(exc).__name__]
+        code = _fail(f"database error: {lines[0]}", code=1)
     raise SystemExit(code)

@@ -192,3 +192,94 @@ def test_an_unreachable_queue_refuses_to_start(
     assert "curator: the queue cannot be used (redis://:***@127.0.0.1:1/0): " in err
     assert "Connection refused" in err
     assert _sentinel_password() not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--port", "99999"], "argument --port: 99999 is not in 1-65535"),
+        (["serve", "--port", "0"], "argument --port: 0 is not in 1-65535"),
+        (["worker", "--threads", "0"], "argument --threads: 0 is not in 1-64"),
+        (["worker", "--threads", "-1"], "argument --threads: -1 is not in 1-64"),
+        (["worker", "--threads", "x"], "argument --threads: 'x' is not an integer"),
+    ],
+)
+def test_out_of_range_flags_are_usage_errors(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+
+    def started(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("started with an out-of-range flag")
+
+    monkeypatch.setattr("app.worker.queue.Queue.consumer", started)
+    monkeypatch.setattr("uvicorn.run", started)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code, capsys.readouterr().err
+
+
+def test_migrate_refuses_unknown_and_older_revisions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    code, err = _exit(["migrate", "--revision", "nonexistent"], capsys)
+    assert code == 2
+    assert err.startswith("curator: --revision 'nonexistent': ")
+    assert "Traceback" not in err
+    assert _exit(["migrate"], capsys)[0] == 0
+    code, err = _exit(["migrate", "--revision", "0001"], capsys)  # was a silent no-op, exit 0
+    assert code == 2
+    assert "past 0001; curator migrate only upgrades" in err
+    monkeypatch.setenv("CURATOR_ALEMBIC_INI", str(tmp_path / "missing.ini"))
+    code, err = _exit(["migrate"], capsys)
+    assert code == 2
+    assert "configuration error: alembic.ini not found at" in err
+
+
+def test_create_key_and_create_user_refuse_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    nobody = "00000000-0000-0000-0000-000000000000"
+    code, err = _exit(["create-key", "--user-id", nobody], capsys)  # unmigrated: a traceback
+    assert code == 2
+    assert "run: curator migrate" in err
+    assert _exit(["migrate"], capsys)[0] == 0
+    code, err = _exit(["create-key", "--user-id", nobody], capsys)  # was NotFound's traceback
+    assert code == 1
+    assert err == f"curator: no user with id {nobody}\n"
+    for name in ("", "  ", "bad\x00name"):
+        code, err = _exit(["create-user", "--name", name, "--role", "admin"], capsys)
+        assert code == 2
+        assert "--name must be 1 to 200 characters" in err
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "postgresql+psycopg://curator:p@ss/w0rd@db:5432/c",
+            "postgresql+psycopg://curator:***@db:5432/c",
+        ),
+        ("postgresql+psycopg://curator:a:b@db/c", "postgresql+psycopg://curator:***@db/c"),
+        ("redis://:pw@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("postgresql+psycopg://curator@db/c", "postgresql+psycopg://curator@db/c"),
+        ("sqlite:////data/a@b.db", "sqlite:////data/a@b.db"),
+    ],
+)
+def test_messages_hide_the_whole_password(url: str, shown: str) -> None:
+    from app.cli import _without_password
+
+    assert _without_password(url) == shown

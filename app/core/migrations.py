@@ -10,6 +10,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from app.config import ConfigError
 from app.core.db import make_engine
 
 
@@ -18,7 +19,7 @@ def alembic_ini() -> Path:
     explicit = os.environ.get("CURATOR_ALEMBIC_INI")
     path = Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "alembic.ini"
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ConfigError(
             f"alembic.ini not found at {path}; set CURATOR_ALEMBIC_INI to its location"
         )
     return path
@@ -41,6 +42,14 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 def head_revision(url: str) -> str | None:
     return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+
+
+def resolve_revision(url: str, revision: str) -> str | None:
+    """The revision id ``revision`` names (``head``, an id or a unique prefix); raises
+    Alembic's ``CommandError`` or ``RevisionError`` when it names none or several."""
+    script = ScriptDirectory.from_config(alembic_config(url))
+    found = script.get_revision(revision)
+    return None if found is None else found.revision
 
 
 def current_revision(url: str) -> str | None:
