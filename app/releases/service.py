@@ -381,8 +381,10 @@ def list_releases(session: Session, user: User, dataset_id: uuid.UUID) -> list[R
 def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> ReleaseOut:
     """Cancel: refund if nothing was measured; once measured the spend stays.
 
-    A queued release is cancelled at once. A release being measured is marked, and its
-    worker refunds instead of committing (or, if it already persisted, the spend stays).
+    A queued release is cancelled at once and refunded. A release being measured is
+    marked; its worker stops at its next heartbeat and refunds only if it has read no row
+    of the data yet (DESIGN rule 6), otherwise the reservation is spent; a measurement it
+    completes is persisted and spent, and stays reachable by re-synthesis.
     """
     owned_release(session, user, release_id)
     release = lock_release(session, release_id)
@@ -402,7 +404,9 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
         release.message = "cancelled after measuring; the budget stays spent"
         release.finished_at = now
     else:
-        release.message = "cancellation requested; the worker refunds unless it already measured"
+        release.message = (
+            "cancellation requested; the worker refunds only if it has not read the data yet"
+        )
     session.flush()
     record(session, user.id, "release.cancel", "release", release.id, status=release.status)
     return to_out(release)

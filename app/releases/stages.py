@@ -192,14 +192,19 @@ def _owned(services: Services, claim: Claim, status: str) -> Iterator[Release | 
             yield release
 
 
-def _end_before_measuring(services: Services, claim: Claim, status: str, message: str) -> None:
-    """Fail or cancel a release that has not been measured: refund its reservation."""
+def _end_measuring(
+    services: Services, claim: Claim, status: str, message: str, *, read: bool
+) -> None:
+    """Fail or cancel a release whose measurement was not persisted. Nothing of the data
+    read (``read=False``): the reservation is refunded. Once rows have been read the
+    reservation is spent (a non-DP release gets its ``non_dp`` entry): DESIGN rule 6,
+    refund only if nothing was measured, since a refunded failure after reading could
+    depend on the data and be repeated for free."""
     with services.db.transaction() as session:
         release = lock_release(session, claim.release_id)
         if release is None or release.lease_owner != claim.owner or release.status != "measuring":
             return
-        if ledger.reservation_state(session, release.id) == "reserved":
-            ledger.refund(session, release.id, WORKER)
+        _settle_unpersisted(session, release, read=read)
         release.status = status
         release.message = message
         release.finished_at = utcnow()
@@ -207,12 +212,35 @@ def _end_before_measuring(services: Services, claim: Claim, status: str, message
         release.lease_expires_at = None
 
 
+def _settle_unpersisted(session: Session, release: Release, *, read: bool) -> None:
+    """Refund (nothing read) or spend (rows read) a release ending without measurements."""
+    if ledger.reservation_state(session, release.id) == "reserved":
+        if read:
+            ledger.commit(session, release.id, WORKER)
+        else:
+            ledger.refund(session, release.id, WORKER)
+    elif read and registry.get(release.mechanism).privacy_kind != "dp":
+        ledger.record_non_dp(session, release.dataset_id, release.id, WORKER)
+
+
+def _outcome(read: bool, mechanism: registry.Mechanism) -> str:
+    if mechanism.privacy_kind != "dp":
+        return "the data had been read (a non_dp ledger entry)" if read else "nothing was read"
+    return (
+        "the data had been read, so the budget stays spent"
+        if read
+        else "nothing was read; the budget was refunded"
+    )
+
+
 def run_measure(services: Services, release_id: uuid.UUID) -> None:
     claim = _claim(services, release_id, "measure")
     if claim is None:
         return
     if claim.cancel_requested:
-        _end_before_measuring(services, claim, "cancelled", "cancelled before measuring; refunded")
+        _end_measuring(
+            services, claim, "cancelled", "cancelled before measuring; refunded", read=False
+        )
         return
     with services.db.transaction() as session:
         dataset = session.get(Dataset, claim.dataset_id)
@@ -226,6 +254,7 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
         # so a graph's read reports no progress.
         count_rows = dataset.kind != "graph"
     eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
+    source: EncryptedTableSource | None = None
     with Heartbeat(services, claim) as heartbeat:
         try:
             params = mechanism.parse_params(claim.params)
@@ -248,14 +277,24 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             log.warning("release %s: lease lost while measuring; work discarded", release_id)
             return
         except StageCancelled:
-            _end_before_measuring(
-                services, claim, "cancelled", "cancelled while measuring; refunded"
+            read = source is not None and source.rows_read > 0
+            _end_measuring(
+                services,
+                claim,
+                "cancelled",
+                f"cancelled while measuring; {_outcome(read, mechanism)}",
+                read=read,
             )
             return
         except Exception as exc:
             _log_failure(release_id, "measure", exc)
-            _end_before_measuring(
-                services, claim, "failed", f"{describe_failure(exc)}; the budget was refunded"
+            read = source is not None and source.rows_read > 0
+            _end_measuring(
+                services,
+                claim,
+                "failed",
+                f"{describe_failure(exc)}; {_outcome(read, mechanism)}",
+                read=read,
             )
             return
     with _owned(services, claim, "measuring") as release:
@@ -263,25 +302,24 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             log.warning("release %s: lease lost before persisting; work discarded", release_id)
             return
         session = _session_of(release)
-        if release.cancel_requested:
-            if ledger.reservation_state(session, release.id) == "reserved":
-                ledger.refund(session, release.id, WORKER)
-            release.status = "cancelled"
-            release.message = "cancelled while measuring; refunded"
-            release.finished_at = utcnow()
-            release.lease_owner = None
-            release.lease_expires_at = None
-            return
         now = utcnow()
         session.add(ReleaseMeasurement(release_id=release.id, payload=measured.payload))
         if mechanism.privacy_kind == "dp":
             ledger.commit(session, release.id, WORKER)
         else:
             ledger.record_non_dp(session, release.dataset_id, release.id, WORKER)
-        release.status = "synthesizing"
         release.measured_at = now
         release.resolved = measured.resolved
         release.privacy_cost = measured.privacy_cost.as_dict()
+        if release.cancel_requested:
+            # measured in full: spent, and kept so that a re-synthesis can reach the output
+            release.status = "cancelled"
+            release.message = "cancelled after measuring; the budget stays spent"
+            release.finished_at = now
+            release.lease_owner = None
+            release.lease_expires_at = None
+            return
+        release.status = "synthesizing"
         release.progress = 0.0
         release.lease_owner = QUEUED
         release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)

@@ -55,6 +55,8 @@ class TestMeans(registry.Mechanism):
     ) -> Measured:
         assert isinstance(params, MeansParams)
         pause = params.pause_measure if _mark(params, "measure") else 0.0
+        if params.fail_in == "measure_before_reading":
+            raise RuntimeError("failed before reading a row")
         total = np.zeros(info.d)
         for batch in iter_checked(source):
             total += batch.sum(axis=0)

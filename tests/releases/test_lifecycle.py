@@ -213,9 +213,11 @@ def test_cancel_before_measuring_refunds(client: TestClient, curator: Caller) ->
     assert client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 409
 
 
-def test_cancel_while_measuring_refunds(
+def _cancel_while_measuring(
     client: TestClient, curator: Caller, tmp_path: Path
-) -> None:
+) -> tuple[str, str, dict[str, Any]]:
+    """A release whose worker is cancelled while it measures (after reading its one batch,
+    pausing 1.5 s); returns the dataset, the release and its final state."""
     dataset_id = dataset(client, curator)
     body = {**REQUEST, "params": {"pause_measure": 1.5, "marker_dir": str(tmp_path)}}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
@@ -231,9 +233,40 @@ def test_cancel_while_measuring_refunds(
     worker.join(timeout=60)
     final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert final["status"] == "cancelled"
-    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    return dataset_id, release_id, final
+
+
+def test_cancel_seen_while_measuring_after_reading_spends(
+    client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN rule 6: refund only if nothing was measured. The heartbeat (every 0.1 s
+    here) sees the cancel before the measurement ends; the rows had been read, so the
+    reservation is spent (it was refunded before) and nothing is stored."""
+    monkeypatch.setattr(services_of(client).settings, "lease_seconds", 0.4)
+    dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path)
+    assert final["message"] == (
+        "cancelled while measuring; the data had been read, so the budget stays spent"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
     with services_of(client).db.transaction() as session:
         assert session.get(ReleaseMeasurement, uuid.UUID(release_id)) is None
+
+
+def test_cancel_seen_after_the_measurement_keeps_it(
+    client: TestClient, curator: Caller, tmp_path: Path
+) -> None:
+    """With the default lease the worker sees the cancel only when it persists: the
+    measurement is complete, so it is stored and spent, and a re-synthesis reaches it
+    (it was refunded and dropped before)."""
+    dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path)
+    assert final["message"] == "cancelled after measuring; the budget stays spent"
+    assert final["measured_at"] is not None
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize", headers=curator.headers, json={"params": {}}
+    )
+    assert again.status_code == 202, again.text
+    _synthesizes_without_new_spend(client, curator, dataset_id, release_id)
 
 
 def test_cancel_after_measuring_keeps_the_spend(client: TestClient, curator: Caller) -> None:
@@ -279,19 +312,28 @@ def test_cancelled_resynthesis_can_be_run_again(client: TestClient, curator: Cal
     _synthesizes_without_new_spend(client, curator, dataset_id, release_id)
 
 
-def test_measure_failure_refunds_without_leaking(client: TestClient, curator: Caller) -> None:
+@pytest.mark.parametrize(
+    ("fail_in", "outcome", "entries"),
+    [
+        ("measure_before_reading", "nothing was read; the budget was refunded", "refund"),
+        # a refunded failure after reading could depend on the data and be repeated for free
+        ("measure", "the data had been read, so the budget stays spent", "commit"),
+    ],
+)
+def test_measure_failure_refunds_only_before_reading(
+    fail_in: str, outcome: str, entries: str, client: TestClient, curator: Caller
+) -> None:
     dataset_id = dataset(client, curator)
-    body = {**REQUEST, "params": {"fail_in": "measure"}}
+    body = {**REQUEST, "params": {"fail_in": fail_in}}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     run_all(client, release_id)
     release = client.get(f"/v1/releases/{release_id}", headers=curator.headers)
     assert release.json()["status"] == "failed"
     assert (
-        release.json()["message"]
-        == "internal error (RuntimeError); see the worker log; the budget was refunded"
+        release.json()["message"] == f"internal error (RuntimeError); see the worker log; {outcome}"
     )
     assert all(value not in release.text for value in SENTINELS)
-    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", entries]
 
 
 def test_synthesis_failure_keeps_measurements_and_resynthesis_is_free(

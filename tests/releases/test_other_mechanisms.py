@@ -368,6 +368,7 @@ def test_a_declared_compressed_reference_is_pinned_per_dataset(
     assert failed["status"] == "failed"
     assert "outside the protected class" in failed["message"]
     entries = budget(client, curator, dataset_id)["entries"]
+    assert [e["kind"] for e in entries] == ["non_dp"]  # the data were read: recorded
     for params, columns in (
         ({**far, "delta_max": 0.5}, base["columns"]),  # the next step of a bisection
         ({**far, "reference": [[1.0, 0.5], [0.5, 1.0]]}, base["columns"]),
