@@ -137,6 +137,12 @@ def _entries_of(session: Session, release_id: uuid.UUID) -> list[LedgerEntry]:
     )
 
 
+def has_read_data(session: Session, release_id: uuid.UUID) -> bool:
+    """Whether the release's worker read the data: a spend (``commit``) or a ``non_dp``
+    entry exists (a release that ended before reading was refunded or recorded nothing)."""
+    return any(e.kind in ("commit", "non_dp") for e in _entries_of(session, release_id))
+
+
 def reservation_state(session: Session, release_id: uuid.UUID) -> str:
     """``"none"``, ``"reserved"``, ``"committed"`` or ``"refunded"``."""
     kinds = {entry.kind for entry in _entries_of(session, release_id)}

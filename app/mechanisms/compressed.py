@@ -41,9 +41,10 @@ The reference ``Sigma_1``. The truncation region must be the same for every data
 matrix); the data must then lie in ``S_n`` (``max |Sigma - Sigma_1| <= Delta_max``) or the
 release is refused (a data-dependent refusal: Definition 2.4 promises nothing outside
 ``S_n``), and ``alpha`` depends on public quantities only. The refusal is one bit about
-the data; the service (:meth:`app.releases.adapters.compressed.Compressed.pinned`) lets a
-dataset ask it about one reference only, since free retries with moving references
-bisect an entry of the data's ``Sigma``. Without
+the data; the service allows one compressed release per dataset
+(:attr:`app.releases.adapters.compressed.Compressed.single_release`), since retries with
+moving references bisect an entry of the data's ``Sigma`` and independent repeats of
+``Phi X`` average towards it. Without
 ``reference`` the data's own ``Sigma`` is used (``reference_kind = "data"``): the
 truncation region then moves with the data, which the paper's proof does not cover (an
 output that a neighbour's region excludes has probability at most ``1/n^2`` by Lemma 4.4,

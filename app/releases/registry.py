@@ -139,6 +139,10 @@ class Mechanism(ABC):
     post_processing: ClassVar[frozenset[str]] = frozenset()
     #: Whether the request's delta must be > 0.
     requires_delta: ClassVar[bool] = False
+    #: At most one release of this mechanism per dataset (any that read the data, or is
+    #: still running, counts): for a release whose guarantee covers one output only, so
+    #: that repeats cannot be averaged, nor its data-dependent refusals bisected.
+    single_release: ClassVar[bool] = False
 
     def parse_params(self, raw: Mapping[str, Any]) -> BaseModel:
         try:
@@ -173,14 +177,6 @@ class Mechanism(ABC):
         memory). A new request's :meth:`check` runs it before any budget is reserved; a
         re-synthesis runs it on the merged ``params`` before the release leaves its current
         state. By default nothing to check."""
-        return None
-
-    def pinned(self, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        """Parameters (from a release's stored ``params``) that every release of this
-        mechanism on a dataset must repeat, with the same columns, once one has been
-        requested: for a mechanism whose success depends on the data through a declared
-        parameter, so that the outcome answers one fixed question and cannot be bisected
-        by free retries. ``None``: nothing pinned (the default)."""
         return None
 
     @abstractmethod

@@ -35,6 +35,7 @@ from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import check_budget
 from app.models import Dataset, Release, ReleaseMeasurement, User
 from app.models.base import utcnow
+from app.models.release import ACTIVE_STATUSES
 from app.releases import adapters as _adapters  # noqa: F401 - registers the release types
 from app.releases import registry
 from app.releases.registry import ColumnInfo, DatasetInfo, Mechanism
@@ -196,13 +197,12 @@ def validate_release(
     return _validated(dataset, body)
 
 
-def _check_pinned(session: Session, dataset_id: uuid.UUID, checked: Validated) -> None:
-    """Refuse (409) a request whose :meth:`Mechanism.pinned` parameters or columns differ
-    from an earlier release of the same mechanism on the dataset (any status: a failed
-    one has answered its question too). Runs under the dataset lock."""
+def _check_single_release(session: Session, dataset_id: uuid.UUID, checked: Validated) -> None:
+    """Refuse (409) a second release of a :attr:`Mechanism.single_release` mechanism on the
+    dataset: one still running, or one whose worker read the data (measured, or ended after
+    reading), counts; one that ended before reading does not. Runs under the dataset lock."""
     mechanism = checked.mechanism
-    pin = mechanism.pinned(checked.params_json)
-    if pin is None:
+    if not mechanism.single_release:
         return
     earlier = session.scalars(
         select(Release)
@@ -210,12 +210,15 @@ def _check_pinned(session: Session, dataset_id: uuid.UUID, checked: Validated) -
         .order_by(Release.created_at)
     )
     for release in earlier:
-        other = mechanism.pinned(release.params)
-        if other is not None and (other != pin or release.columns != checked.info.names):
+        if (
+            release.status in ACTIVE_STATUSES
+            or release.measured_at is not None
+            or ledger.has_read_data(session, release.id)
+        ):
             raise Conflict(
-                f"release {release.id} fixed this dataset's {mechanism.name} "
-                f"{', '.join(sorted(other))} and columns; a later request must repeat them "
-                "(varying them would make the release's refusal a free query on the data)"
+                f"this dataset already has its {mechanism.name} release ({release.id}, "
+                f"{release.status}): its guarantee covers one output, and independent repeats "
+                "average towards the data's exact statistics; use that release"
             )
 
 
@@ -250,7 +253,7 @@ def create_release(
             return to_out(existing), False
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
     ledger.lock_dataset(session, dataset.id)
-    _check_pinned(session, dataset.id, checked)
+    _check_single_release(session, dataset.id, checked)
     now = utcnow()
     release = Release(
         dataset_id=dataset.id,
