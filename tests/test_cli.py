@@ -167,6 +167,24 @@ def test_a_malformed_database_url_is_a_configuration_error(
     assert "postgresql+psycopg://<user>@<host>/<db>" in err
 
 
+def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code, capsys.readouterr().err
+
+
+@pytest.fixture
+def never_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a command gets as far as starting a consumer or the server."""
+
+    def started(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a consumer or the server was started")
+
+    monkeypatch.setattr("app.worker.queue.Queue.consumer", started)
+    monkeypatch.setattr("uvicorn.run", started)
+
+
+@pytest.mark.usefixtures("never_started")
 @pytest.mark.parametrize("command", [["worker"], ["serve", "--port", "1"]])
 def test_an_unreachable_queue_refuses_to_start(
     command: list[str],
@@ -175,25 +193,16 @@ def test_an_unreachable_queue_refuses_to_start(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
-    with pytest.raises(SystemExit) as info:
-        main(["migrate"])
-    assert info.value.code == 0
+    assert _exit(["migrate"], capsys)[0] == 0
     monkeypatch.setenv("CURATOR_REDIS_URL", f"redis://:{_sentinel_password()}@127.0.0.1:1/0")
-
-    def started(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError("started against an unreachable queue")
-
-    monkeypatch.setattr("app.worker.queue.Queue.consumer", started)
-    monkeypatch.setattr("uvicorn.run", started)
-    with pytest.raises(SystemExit) as info:
-        main(command)
-    assert info.value.code == 1
-    err = capsys.readouterr().err
+    code, err = _exit(command, capsys)
+    assert code == 1
     assert "curator: the queue cannot be used (redis://:***@127.0.0.1:1/0): " in err
     assert "Connection refused" in err
     assert _sentinel_password() not in err
 
 
+@pytest.mark.usefixtures("never_started")
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -212,22 +221,9 @@ def test_out_of_range_flags_are_usage_errors(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
-
-    def started(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError("started with an out-of-range flag")
-
-    monkeypatch.setattr("app.worker.queue.Queue.consumer", started)
-    monkeypatch.setattr("uvicorn.run", started)
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    assert message in capsys.readouterr().err
-
-
-def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    return info.value.code, capsys.readouterr().err
+    code, err = _exit(argv, capsys)
+    assert code == 2
+    assert message in err
 
 
 def test_migrate_refuses_unknown_and_older_revisions(
