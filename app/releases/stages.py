@@ -92,6 +92,9 @@ class Claim:
     synthesis_version: int
     seed: int
     cancel_requested: bool
+    #: Earlier claims of this release (for the measure stage: attempts that may have read
+    #: the data before their worker died or lost its lease).
+    prior_attempts: int = 0
 
 
 def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | None:
@@ -109,6 +112,7 @@ def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | Non
         release.status = "measuring" if stage == "measure" else "synthesizing"
         release.lease_owner = owner
         release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
+        prior_attempts = release.attempts
         release.attempts += 1
         release.progress = 0.0
         return Claim(
@@ -124,6 +128,7 @@ def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | Non
             synthesis_version=release.synthesis_version,
             seed=release.seed,
             cancel_requested=release.cancel_requested,
+            prior_attempts=prior_attempts,
         )
 
 
@@ -225,12 +230,18 @@ def _settle_unpersisted(session: Session, release: Release, *, read: bool) -> No
 
 def _outcome(read: bool, mechanism: registry.Mechanism) -> str:
     if mechanism.privacy_kind != "dp":
-        return "the data had been read (a non_dp ledger entry)" if read else "nothing was read"
+        return "the data may have been read (a non_dp ledger entry)" if read else "nothing was read"
     return (
-        "the data had been read, so the budget stays spent"
+        "the data may have been read, so the budget stays spent"
         if read
         else "nothing was read; the budget was refunded"
     )
+
+
+def _has_read(claim: Claim, source: EncryptedTableSource | None) -> bool:
+    """Whether the data may have been read: rows read in this attempt, or an earlier
+    attempt of the stage (its worker died or lost its lease, possibly after reading)."""
+    return claim.prior_attempts > 0 or (source is not None and source.rows_read > 0)
 
 
 def run_measure(services: Services, release_id: uuid.UUID) -> None:
@@ -238,9 +249,13 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
     if claim is None:
         return
     if claim.cancel_requested:
-        _end_measuring(
-            services, claim, "cancelled", "cancelled before measuring; refunded", read=False
+        read = _has_read(claim, None)
+        message = (
+            f"cancelled while measuring; {_outcome(read, registry.get(claim.mechanism))}"
+            if read
+            else "cancelled before measuring; refunded"
         )
+        _end_measuring(services, claim, "cancelled", message, read=read)
         return
     with services.db.transaction() as session:
         dataset = session.get(Dataset, claim.dataset_id)
@@ -277,7 +292,7 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             log.warning("release %s: lease lost while measuring; work discarded", release_id)
             return
         except StageCancelled:
-            read = source is not None and source.rows_read > 0
+            read = _has_read(claim, source)
             _end_measuring(
                 services,
                 claim,
@@ -288,7 +303,7 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             return
         except Exception as exc:
             _log_failure(release_id, "measure", exc)
-            read = source is not None and source.rows_read > 0
+            read = _has_read(claim, source)
             _end_measuring(
                 services,
                 claim,

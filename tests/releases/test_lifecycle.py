@@ -17,7 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
-from app.models import ReleaseMeasurement
+from app.models import Release, ReleaseMeasurement
+from app.releases.service import QUEUED
 from app.releases.stages import run_measure, run_synthesize, sweep
 from tests.conftest import Caller
 from tests.datasets.helpers import SENTINELS
@@ -245,7 +246,7 @@ def test_cancel_seen_while_measuring_after_reading_spends(
     monkeypatch.setattr(services_of(client).settings, "lease_seconds", 0.4)
     dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path)
     assert final["message"] == (
-        "cancelled while measuring; the data had been read, so the budget stays spent"
+        "cancelled while measuring; the data may have been read, so the budget stays spent"
     )
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
     with services_of(client).db.transaction() as session:
@@ -317,7 +318,7 @@ def test_cancelled_resynthesis_can_be_run_again(client: TestClient, curator: Cal
     [
         ("measure_before_reading", "nothing was read; the budget was refunded", "refund"),
         # a refunded failure after reading could depend on the data and be repeated for free
-        ("measure", "the data had been read, so the budget stays spent", "commit"),
+        ("measure", "the data may have been read, so the budget stays spent", "commit"),
     ],
 )
 def test_measure_failure_refunds_only_before_reading(
@@ -334,6 +335,31 @@ def test_measure_failure_refunds_only_before_reading(
     )
     assert all(value not in release.text for value in SENTINELS)
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", entries]
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "failed"])
+def test_a_measure_retried_after_a_lost_worker_never_refunds(
+    ending: str, client: TestClient, curator: Caller
+) -> None:
+    """The sweeper re-queues a measure whose worker died, maybe after reading the data;
+    a retry that ends without measurements, even before reading anything itself, keeps the
+    spend (it was refunded)."""
+    dataset_id = dataset(client, curator)
+    params = {"fail_in": "measure_before_reading"} if ending == "failed" else {}
+    release_id = request_release(client, curator, dataset_id, {**REQUEST, "params": params})
+    release_id = release_id.json()["id"]
+    with services_of(client).db.transaction() as session:  # a first attempt, then a dead worker
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.status, release.attempts, release.lease_owner = "measuring", 1, QUEUED
+    if ending == "cancelled":
+        cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+        assert cancelled.json()["cancel_requested"] is True
+    run_measure(services_of(client), uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == ending
+    assert final["message"].endswith("the data may have been read, so the budget stays spent")
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
 
 
 def test_synthesis_failure_keeps_measurements_and_resynthesis_is_free(
