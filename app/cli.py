@@ -76,8 +76,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return _unusable("database", url, exc.orig or exc)
     if revision != target:
         return _fail(
-            f"the database is at revision {revision}, past {target}; curator migrate only "
-            "upgrades (a downgrade loses data: run alembic downgrade deliberately)"
+            f"the database is at revision {revision}, past {target or 'base'}; curator "
+            "migrate only upgrades (a downgrade loses data: run alembic downgrade deliberately)"
         )
     print(f"database at revision {revision}")
     return 0

@@ -76,6 +76,10 @@ class Settings(BaseSettings):
             raise ValueError(
                 "is not a database URL (sqlite:///<path> or postgresql+psycopg://<user>@<host>/<db>)"
             ) from None
+        if url.drivername.startswith("postgresql") and "@" in f"{url.host}{url.database}":
+            # make_url ends the password at its first @: the rest became the host, and the
+            # driver's error would print it
+            raise ValueError("has an unescaped @ in its user or password: write it as %40")
         if url.drivername not in _DATABASE_DRIVERS:
             raise ValueError(
                 f"names the driver {url.drivername!r}; use sqlite:///<path> or "

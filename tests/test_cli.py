@@ -167,6 +167,21 @@ def test_a_malformed_database_url_is_a_configuration_error(
     assert "postgresql+psycopg://<user>@<host>/<db>" in err
 
 
+def test_an_unescaped_at_in_the_password_is_refused_without_echoing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The URL parser ends the password at its first @, so the rest reads as the host; the
+    driver's error would print that tail of the password."""
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(
+        "CURATOR_DATABASE_URL", f"postgresql+psycopg://curator:se@{_sentinel_password()}@db/x"
+    )
+    code, err = _exit(["migrate"], capsys)
+    assert code == 2
+    assert "has an unescaped @ in its user or password: write it as %40" in err
+    assert _sentinel_password() not in err
+
+
 def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
     with pytest.raises(SystemExit) as info:
         main(argv)

@@ -215,10 +215,15 @@ def _check_single_release(session: Session, dataset_id: uuid.UUID, checked: Vali
             or release.measured_at is not None
             or ledger.has_read_data(session, release.id)
         ):
+            advice = (
+                "use that release"
+                if release.status == "succeeded"
+                else "re-synthesise it if it was measured; a dataset gets one"
+            )
             raise Conflict(
                 f"this dataset already has its {mechanism.name} release ({release.id}, "
                 f"{release.status}): its guarantee covers one output, and independent repeats "
-                "average towards the data's exact statistics; use that release"
+                f"average towards the data's exact statistics; {advice}"
             )
 
 
@@ -253,6 +258,12 @@ def create_release(
             return to_out(existing), False
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
     ledger.lock_dataset(session, dataset.id)
+    if idempotency_key is not None:
+        # again under the lock: a concurrent copy of this request may have committed while
+        # this one waited (on PostgreSQL), and the checks below would refuse its replay
+        existing = _existing(session, user, idempotency_key, request_hash)
+        if existing is not None:
+            return to_out(existing), False
     _check_single_release(session, dataset.id, checked)
     now = utcnow()
     release = Release(
@@ -408,7 +419,8 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
         release.finished_at = now
     else:
         release.message = (
-            "cancellation requested; the worker refunds only if it has not read the data yet"
+            "cancellation requested; the reservation is refunded only if no attempt has "
+            "read the data yet"
         )
     session.flush()
     record(session, user.id, "release.cancel", "release", release.id, status=release.status)

@@ -287,7 +287,8 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             measured = mechanism.measure(source, info, eps_value, delta_value_, params)
             if not measured.privacy_cost.within(eps_value, delta_value_):
                 raise RuntimeError("the mechanism's privacy cost exceeds the reservation")
-            heartbeat.check()
+            if heartbeat.lost:  # a cancel is handled where the finished measurement is kept
+                raise LeaseLost
         except LeaseLost:
             log.warning("release %s: lease lost while measuring; work discarded", release_id)
             return

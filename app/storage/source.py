@@ -52,16 +52,18 @@ class EncryptedTableSource:
                 if batch.num_rows
                 else np.empty((0, self.n_cols))
             )
-            self.rows_read += batch.num_rows
+            # progress first: a cancel it raises hands nothing to the mechanism, and the
+            # release then counts as unread (refunded)
             if self.on_rows is not None:
-                self.on_rows(self.rows_read)
+                self.on_rows(self.rows_read + batch.num_rows)
+            self.rows_read += batch.num_rows
             yield block
 
     def codes(self) -> Iterator[pa.RecordBatch]:
         """The raw Arrow batches (category codes, 0/1 and normalised values), for the
         mechanisms over finite domains."""
         for batch in iter_batches(self.path, self.key, self.columns, self.batch_rows):
-            self.rows_read += batch.num_rows
             if self.on_rows is not None:
-                self.on_rows(self.rows_read)
+                self.on_rows(self.rows_read + batch.num_rows)
+            self.rows_read += batch.num_rows
             yield batch

@@ -33,6 +33,10 @@ class MeansParams(BaseModel):
     rows: int = Field(default=20, ge=1, le=10_000)
     pause_measure: float = Field(default=0.0, ge=0.0)
     pause_synthesize: float = Field(default=0.0, ge=0.0)
+    #: seconds to wait after the stage starts and before the first row is read
+    pause_before_reading: float = Field(default=0.0, ge=0.0)
+    #: how many times the data are read (the pause follows each batch)
+    passes: int = Field(default=1, ge=1, le=5)
     marker_dir: str | None = None
     fail_in: str | None = None
 
@@ -54,13 +58,17 @@ class TestMeans(registry.Mechanism):
         self, source: Any, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
     ) -> Measured:
         assert isinstance(params, MeansParams)
-        pause = params.pause_measure if _mark(params, "measure") else 0.0
+        first = _mark(params, "measure")
+        pause = params.pause_measure if first else 0.0
+        time.sleep(params.pause_before_reading if first else 0.0)
         if params.fail_in == "measure_before_reading":
             raise RuntimeError("failed before reading a row")
         total = np.zeros(info.d)
-        for batch in iter_checked(source):
-            total += batch.sum(axis=0)
-            time.sleep(pause)
+        for _ in range(params.passes):
+            total = np.zeros(info.d)
+            for batch in iter_checked(source):
+                total += batch.sum(axis=0)
+                time.sleep(pause)
         if params.fail_in == "measure":
             raise RuntimeError("value 37.123456 must never reach a client")
         means = total / info.n_rows

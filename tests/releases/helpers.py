@@ -49,6 +49,28 @@ def run_all(client: TestClient, release_id: str) -> None:
     run_synthesize(services, uuid.UUID(release_id))
 
 
+def race_same_key(
+    client: TestClient, caller: Caller, dataset_id: str, body: dict[str, Any], copies: int = 10
+) -> None:
+    """``copies`` identical requests with one Idempotency-Key, released together: one
+    creates the release (202) and every other replays it (200)."""
+    barrier = threading.Barrier(copies)
+    results: list[tuple[int, str]] = []
+
+    def attempt() -> None:
+        barrier.wait()
+        response = request_release(client, caller, dataset_id, body, key="same")
+        results.append((response.status_code, response.json().get("id", response.text)))
+
+    threads = [threading.Thread(target=attempt) for _ in range(copies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(code for code, _ in results) == [200] * (copies - 1) + [202], results
+    assert len({release_id for _, release_id in results}) == 1
+
+
 def budget(client: TestClient, caller: Caller, dataset_id: str) -> dict[str, Any]:
     response = client.get(f"/v1/datasets/{dataset_id}/budget", headers=caller.headers)
     assert response.status_code == 200

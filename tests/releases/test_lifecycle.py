@@ -22,7 +22,15 @@ from app.releases.service import QUEUED
 from app.releases.stages import run_measure, run_synthesize, sweep
 from tests.conftest import Caller
 from tests.datasets.helpers import SENTINELS
-from tests.releases.helpers import REQUEST, budget, dataset, request_release, run_all, services_of
+from tests.releases.helpers import (
+    REQUEST,
+    budget,
+    dataset,
+    race_same_key,
+    request_release,
+    run_all,
+    services_of,
+)
 
 
 def _entries(client: TestClient, caller: Caller, dataset_id: str, release_id: str) -> list[str]:
@@ -184,21 +192,7 @@ def test_idempotent_retry_charges_once(client: TestClient, curator: Caller) -> N
 
 def test_idempotent_retries_race(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator)
-    barrier = threading.Barrier(10)
-    results: list[tuple[int, str]] = []
-
-    def attempt() -> None:
-        barrier.wait()
-        response = request_release(client, curator, dataset_id, key="same")
-        results.append((response.status_code, response.json()["id"]))
-
-    threads = [threading.Thread(target=attempt) for _ in range(10)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert sorted(code for code, _ in results) == [200] * 9 + [202]
-    assert len({release_id for _, release_id in results}) == 1
+    race_same_key(client, curator, dataset_id, REQUEST)
     assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
 
 
@@ -215,12 +209,13 @@ def test_cancel_before_measuring_refunds(client: TestClient, curator: Caller) ->
 
 
 def _cancel_while_measuring(
-    client: TestClient, curator: Caller, tmp_path: Path
+    client: TestClient, curator: Caller, tmp_path: Path, **params: Any
 ) -> tuple[str, str, dict[str, Any]]:
-    """A release whose worker is cancelled while it measures (after reading its one batch,
-    pausing 1.5 s); returns the dataset, the release and its final state."""
+    """A release whose worker is cancelled while it measures (the fake mechanism pauses
+    1.5 s after each batch it reads, and ``params`` add to that); returns the dataset, the
+    release and its final state."""
     dataset_id = dataset(client, curator)
-    body = {**REQUEST, "params": {"pause_measure": 1.5, "marker_dir": str(tmp_path)}}
+    body = {**REQUEST, "params": {"pause_measure": 1.5, "marker_dir": str(tmp_path), **params}}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
     worker.start()
@@ -237,31 +232,63 @@ def _cancel_while_measuring(
     return dataset_id, release_id, final
 
 
+def _stored(client: TestClient, release_id: str) -> bool:
+    with services_of(client).db.transaction() as session:
+        return session.get(ReleaseMeasurement, uuid.UUID(release_id)) is not None
+
+
+def test_cancel_seen_before_reading_refunds(
+    client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat (every 0.1 s here) sees the cancel while the worker has yet to read
+    a row: the progress callback of the first batch raises before the batch reaches the
+    mechanism, so nothing was read and the reservation is refunded."""
+    monkeypatch.setattr(services_of(client).settings, "lease_seconds", 0.4)
+    dataset_id, release_id, final = _cancel_while_measuring(
+        client, curator, tmp_path, pause_before_reading=1.5
+    )
+    assert (
+        final["message"] == "cancelled while measuring; nothing was read; the budget was refunded"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    assert not _stored(client, release_id)
+
+
 def test_cancel_seen_while_measuring_after_reading_spends(
     client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DESIGN rule 6: refund only if nothing was measured. The heartbeat (every 0.1 s
-    here) sees the cancel before the measurement ends; the rows had been read, so the
-    reservation is spent (it was refunded before) and nothing is stored."""
+    """DESIGN rule 6: refund only if nothing was measured. The mechanism reads the data
+    twice; the heartbeat sees the cancel and the second pass's first batch stops the
+    measurement. The rows had been read, so the reservation is spent (it was refunded
+    before) and nothing is stored."""
     monkeypatch.setattr(services_of(client).settings, "lease_seconds", 0.4)
-    dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path)
+    dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path, passes=2)
     assert final["message"] == (
         "cancelled while measuring; the data may have been read, so the budget stays spent"
     )
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
-    with services_of(client).db.transaction() as session:
-        assert session.get(ReleaseMeasurement, uuid.UUID(release_id)) is None
+    assert not _stored(client, release_id)
 
 
+@pytest.mark.parametrize("lease_seconds", [None, 0.4])
 def test_cancel_seen_after_the_measurement_keeps_it(
-    client: TestClient, curator: Caller, tmp_path: Path
+    lease_seconds: float | None,
+    client: TestClient,
+    curator: Caller,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With the default lease the worker sees the cancel only when it persists: the
-    measurement is complete, so it is stored and spent, and a re-synthesis reaches it
-    (it was refunded and dropped before)."""
+    """A cancel that arrives after the last batch was read, whether the heartbeat sees it
+    before the mechanism returns (a short lease) or only when the worker persists (the
+    default lease), finds a complete measurement: it is stored and spent, and a
+    re-synthesis reaches it (it was refunded and dropped before, and once the heartbeat
+    saw it first)."""
+    if lease_seconds is not None:
+        monkeypatch.setattr(services_of(client).settings, "lease_seconds", lease_seconds)
     dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path)
     assert final["message"] == "cancelled after measuring; the budget stays spent"
     assert final["measured_at"] is not None
+    assert _stored(client, release_id)
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
     again = client.post(
         f"/v1/releases/{release_id}/resynthesize", headers=curator.headers, json={"params": {}}

@@ -20,6 +20,7 @@ from tests.datasets.test_graphs import upload_graph
 from tests.releases.helpers import (
     assert_sessions_free_while_held,
     budget,
+    race_same_key,
     request_release,
     run_all,
 )
@@ -350,6 +351,16 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     summary = budget(client, curator, dataset_id)
     assert [e["kind"] for e in summary["entries"]] == ["non_dp"]
     assert summary["epsilon_spent"] == 0.0
+
+
+def test_idempotent_copies_of_a_compressed_request_replay(
+    client: TestClient, curator: Caller
+) -> None:
+    """A copy of the request that waited on the dataset lock while the first committed
+    replays it; the one-release check does not refuse it (it did on PostgreSQL)."""
+    dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    body = {"mechanism": "compressed", "columns": ["age", "weight"], "params": {"delta_max": 0.5}}
+    race_same_key(client, curator, dataset_id, body, copies=6)
 
 
 def test_one_compressed_release_per_dataset(client: TestClient, curator: Caller) -> None:
