@@ -30,6 +30,24 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+class WithheldMultipartDetail(logging.Filter):
+    """The multipart parser's warnings quote bytes of the body it could not parse (``Found
+    invalid character ... in header``): DESIGN rule 5 allows no raw value in a log line, so
+    the record keeps its level and loses its detail."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            record.msg = "malformed multipart body (the parser's detail is withheld)"
+            record.args = ()
+        return True
+
+
+def withhold_multipart_detail() -> None:
+    parser_log = logging.getLogger("python_multipart.multipart")
+    if not any(isinstance(f, WithheldMultipartDetail) for f in parser_log.filters):
+        parser_log.addFilter(WithheldMultipartDetail())
+
+
 #: The one route whose body is a dataset file (``upload_limit``); every other body is JSON.
 UPLOAD_PATH = "/v1/datasets"
 
@@ -104,6 +122,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     """Build the API. With ``embedded_worker`` the process also runs a queue consumer
     (threads), started and stopped with the server."""
     settings = settings or load_settings()
+    withhold_multipart_detail()
     services = Services.build(settings)
 
     @asynccontextmanager

@@ -55,6 +55,25 @@ def test_validation_errors_do_not_echo_input(client: TestClient, admin: Caller) 
     assert "s3cr3t-value" not in response.text
 
 
+def test_multipart_parser_warnings_quote_no_body_bytes(
+    client: TestClient, curator: Caller, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parser logs the byte it choked on (``Found invalid character 200 in header``)."""
+    caplog.set_level(logging.DEBUG)
+    body = (
+        b'--abc\r\nContent-Disposition: form-data; name="file"\r\nX-\xc8: v\r\n\r\n'
+        b"7,8\r\n--abc--\r\n"
+    )
+    headers = {**curator.headers, "Content-Type": "multipart/form-data; boundary=abc"}
+    response = client.post("/v1/datasets", headers=headers, content=body)
+    assert response.status_code == 422
+    parser = [r for r in caplog.records if r.name.startswith("python_multipart")]
+    assert parser, "the parser logged nothing: the test no longer exercises the filter"
+    assert {r.getMessage() for r in parser} == {
+        "malformed multipart body (the parser's detail is withheld)"
+    }
+
+
 def test_body_limit_by_content_length(client: TestClient, curator: Caller) -> None:
     services: Services = client.app.state.services  # type: ignore[attr-defined]
     too_big = services.settings.max_upload_bytes + (9 << 20)
