@@ -60,6 +60,11 @@ def run_migrations_online() -> None:
                 compare_type=True,
                 render_item=_render_item,
                 render_as_batch=sqlite,
+                # One transaction for the whole command on SQLite too (its DDL is
+                # transactional; Alembic assumes otherwise): a migration that refuses, or
+                # fails, part-way through a multi-step upgrade or downgrade leaves the
+                # database where it was, not at some revision in between.
+                transactional_ddl=True,
             )
             with context.begin_transaction():
                 context.run_migrations()

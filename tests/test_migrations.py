@@ -253,3 +253,84 @@ def test_0005_scrubs_stored_clip_counts(empty_database: str) -> None:
     stored = _scalar(url, "datasets", "validation")
     assert stored == {"format": "csv", "n_rows": 3, "clipped": None}
     migrations.downgrade(url, "0004")
+
+
+def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> None:
+    """At head: a dataset, one release of it with ``ledger_kinds`` entries, and its stored
+    measurements if ``measured``."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import MetaData
+
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        now = datetime.now(UTC)
+        user, dataset, release = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        with engine.begin() as connection:
+            _owner_and_dataset(
+                connection, meta.tables["users"], meta.tables["datasets"], user, dataset, now
+            )
+            connection.execute(
+                meta.tables["releases"]
+                .insert()
+                .values(
+                    id=release.hex,
+                    dataset_id=dataset.hex,
+                    mechanism="smooth_synthetic",
+                    status="succeeded",
+                    epsilon=1,
+                    delta=0,
+                    params={"method": "moments"},
+                    created_by=user.hex,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            for kind in ledger_kinds:
+                connection.execute(
+                    meta.tables["ledger_entries"]
+                    .insert()
+                    .values(
+                        dataset_id=dataset.hex,
+                        release_id=release.hex,
+                        kind=kind,
+                        epsilon=0 if kind == "non_dp" else 1,
+                        delta=0,
+                        actor="worker",
+                        created_at=now,
+                    )
+                )
+            if measured:
+                connection.execute(
+                    meta.tables["release_measurements"]
+                    .insert()
+                    .values(release_id=release.hex, payload={"m": [0.5]}, created_at=now)
+                )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("ledger_kinds", "measured", "target", "refusal"),
+    [
+        (["non_dp"], False, "0002", "1 non_dp ledger entries exist"),
+        (["reserve", "commit"], True, "0001", "1 stored measurements exist"),
+        (["reserve", "refund"], False, "base", "2 ledger entries exist"),
+    ],
+)
+def test_a_downgrade_that_would_drop_privacy_records_refuses_and_changes_nothing(
+    ledger_kinds: list[str], measured: bool, target: str, refusal: str, empty_database: str
+) -> None:
+    """The append-only ledger and the immutable measurements are never dropped by a
+    downgrade; the refusal comes part-way through the command, after later revisions
+    were undone, and the whole command rolls back on SQLite as on PostgreSQL."""
+    url = empty_database
+    _head_with_a_release(url, ledger_kinds, measured)
+    with pytest.raises(RuntimeError, match=refusal):
+        migrations.downgrade(url, target)
+    assert migrations.current_revision(url) == migrations.head_revision(url)
+    assert _scalar(url, "releases", "params") == {"method": "moments"}  # 0004 not undone
+    assert _tables(url) == set(Base.metadata.tables)

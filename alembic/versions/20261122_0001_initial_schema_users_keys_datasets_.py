@@ -179,6 +179,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    count = op.get_bind().execute(sa.text("SELECT COUNT(*) FROM ledger_entries")).scalar_one()
+    if count:
+        raise RuntimeError(
+            f"{count} ledger entries exist; the append-only ledger cannot drop them"
+        )
     _drop_append_only_triggers()
     with op.batch_alter_table('ledger_entries', schema=None) as batch_op:
         batch_op.drop_index('uq_ledger_entries_settlement', sqlite_where=sa.text("kind IN ('commit', 'refund')"), postgresql_where=sa.text("kind IN ('commit', 'refund')"))

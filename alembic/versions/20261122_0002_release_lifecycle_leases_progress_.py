@@ -76,6 +76,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    count = op.get_bind().execute(sa.text("SELECT COUNT(*) FROM release_measurements")).scalar_one()
+    if count:
+        raise RuntimeError(
+            f"{count} stored measurements exist; they are immutable (measure once) and this "
+            "downgrade would drop them"
+        )
     with op.batch_alter_table('releases', schema=None) as batch_op:
         batch_op.drop_index('uq_releases_idempotency', sqlite_where=sa.text('idempotency_key IS NOT NULL'), postgresql_where=sa.text('idempotency_key IS NOT NULL'))
         batch_op.drop_index('ix_releases_status_lease')
