@@ -23,6 +23,7 @@ def test_compose_has_the_services_and_their_order() -> None:
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert "--no-migrate" in services["api"]["command"]
     assert "--no-worker" in services["api"]["command"]
+    assert "http://127.0.0.1:8000/readyz" in services["api"]["healthcheck"]["test"][-1]
     assert services["worker"]["command"] == ["curator", "worker"]
     env = services["api"]["environment"]
     assert env["CURATOR_DATABASE_URL"].startswith("postgresql+psycopg://")
