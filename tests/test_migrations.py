@@ -274,34 +274,32 @@ def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> N
                 connection, meta.tables["users"], meta.tables["datasets"], user, dataset, now
             )
             connection.execute(
-                meta.tables["releases"]
-                .insert()
-                .values(
-                    id=release.hex,
-                    dataset_id=dataset.hex,
-                    mechanism="smooth_synthetic",
-                    status="succeeded",
-                    epsilon=1,
-                    delta=0,
-                    params={"method": "moments"},
-                    created_by=user.hex,
-                    created_at=now,
-                    updated_at=now,
-                )
+                meta.tables["releases"].insert(),
+                {
+                    "id": release.hex,
+                    "dataset_id": dataset.hex,
+                    "mechanism": "smooth_synthetic",
+                    "status": "succeeded",
+                    "epsilon": 1,
+                    "delta": 0,
+                    "params": {"method": "moments"},
+                    "created_by": user.hex,
+                    "created_at": now,
+                    "updated_at": now,
+                },
             )
             for kind in ledger_kinds:
                 connection.execute(
-                    meta.tables["ledger_entries"]
-                    .insert()
-                    .values(
-                        dataset_id=dataset.hex,
-                        release_id=release.hex,
-                        kind=kind,
-                        epsilon=0 if kind == "non_dp" else 1,
-                        delta=0,
-                        actor="worker",
-                        created_at=now,
-                    )
+                    meta.tables["ledger_entries"].insert(),
+                    {
+                        "dataset_id": dataset.hex,
+                        "release_id": release.hex,
+                        "kind": kind,
+                        "epsilon": 0 if kind == "non_dp" else 1,
+                        "delta": 0,
+                        "actor": "worker",
+                        "created_at": now,
+                    },
                 )
             if measured:
                 connection.execute(
