@@ -13,7 +13,11 @@ another worker, which measures afresh. Once measurements exist they are immutabl
 release, so a retry reproduces the same artifacts; it may run any number of times.
 
 A stage's worker renews its lease from a heartbeat thread, which also publishes progress
-and notices cancellation; a worker that lost its lease discards its work.
+and notices cancellation; a worker that lost its lease discards its work. A stage that
+ignores a cancel for ``CANCEL_GRACE_LEASES`` lease periods (a mechanism hung after its last
+progress call) stops renewing its lease, so the sweeper hands the release to a worker that
+ends it. The measure stage is claimed at most ``MAX_MEASURE_ATTEMPTS`` times: each attempt
+may read the data, and the last one ends the release as failed, with the budget spent.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,12 +49,18 @@ from app.models import Dataset, Release, ReleaseMeasurement
 from app.models.base import utcnow
 from app.models.release import ACTIVE_STATUSES
 from app.releases import registry
+from app.releases.registry import Measured
 from app.releases.service import MEASURE_TASK, QUEUED, SYNTHESIZE_TASK, dataset_info, lock_release
 from app.storage.artifacts import ArtifactStore
 from app.storage.source import EncryptedTableSource
 
 log = logging.getLogger("curator.releases")
 WORKER = ledger.Actor.worker()
+
+#: Claims of the measure stage before it gives up (workers died or lost their leases).
+MAX_MEASURE_ATTEMPTS = 3
+#: Lease periods a stage may ignore a cancel before its heartbeat stops renewing the lease.
+CANCEL_GRACE_LEASES = 4
 
 
 class LeaseLost(Exception):
@@ -143,6 +154,7 @@ class Heartbeat:
         self.progress = 0.0
         self.lost = False
         self.cancelled = False
+        self._cancel_seen_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
@@ -162,11 +174,21 @@ class Heartbeat:
             if release is None or release.lease_owner != self.claim.owner:
                 self.lost = True
                 return
+            self.cancelled = release.cancel_requested
+            if self.cancelled:
+                now = time.monotonic()
+                self._cancel_seen_at = self._cancel_seen_at or now
+                grace = CANCEL_GRACE_LEASES * self.services.settings.lease_seconds
+                if now - self._cancel_seen_at > grace:
+                    # the stage ignored the cancel (hung after its last progress call):
+                    # let the lease run out; the next claim ends the release
+                    log.warning("release %s: cancel ignored; lease released", release.id)
+                    self.lost = True
+                    return
             release.lease_expires_at = utcnow() + timedelta(
                 seconds=self.services.settings.lease_seconds
             )
             release.progress = self.progress
-            self.cancelled = release.cancel_requested
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -248,31 +270,42 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
     claim = _claim(services, release_id, "measure")
     if claim is None:
         return
+    mechanism = registry.get(claim.mechanism)
     if claim.cancel_requested:
         read = _has_read(claim, None)
         message = (
-            f"cancelled while measuring; {_outcome(read, registry.get(claim.mechanism))}"
+            f"cancelled while measuring; {_outcome(read, mechanism)}"
             if read
             else "cancelled before measuring; refunded"
         )
         _end_measuring(services, claim, "cancelled", message, read=read)
         return
-    with services.db.transaction() as session:
-        dataset = session.get(Dataset, claim.dataset_id)
-        assert dataset is not None
-        mechanism = registry.get(claim.mechanism)
-        info = dataset_info(dataset, mechanism, claim.columns)
-        path = services.settings.datasets_dir / dataset.storage_name
-        stored_rows = dataset.n_rows
-        # Progress is rows read over stored rows. A graph's row count is its edge count,
-        # which is private: published fractions of whole batches would give it exactly,
-        # so a graph's read reports no progress.
-        count_rows = dataset.kind != "graph"
-    eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
+    if claim.prior_attempts >= MAX_MEASURE_ATTEMPTS:
+        # every attempt may have read the data: a stage that keeps dying is not retried
+        # for ever, each retry reading the data again
+        _end_measuring(
+            services,
+            claim,
+            "failed",
+            f"the measure stage was attempted {claim.prior_attempts} times (its workers died "
+            f"or lost their leases); {_outcome(True, mechanism)}",
+            read=True,
+        )
+        return
     source: EncryptedTableSource | None = None
-    with Heartbeat(services, claim) as heartbeat:
-        try:
-            params = mechanism.parse_params(claim.params)
+    try:
+        with services.db.transaction() as session:
+            dataset = session.get(Dataset, claim.dataset_id)
+            assert dataset is not None
+            info = dataset_info(dataset, mechanism, claim.columns)
+            path = services.settings.datasets_dir / dataset.storage_name
+            stored_rows = dataset.n_rows
+            # Progress is rows read over stored rows. A graph's row count is its edge
+            # count, which is private: published fractions of whole batches would give it
+            # exactly, so a graph's read only checks for a cancel or a lost lease.
+            count_rows = dataset.kind != "graph"
+        eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
+        with Heartbeat(services, claim) as heartbeat:
             source = EncryptedTableSource(
                 path,
                 services.data_key,
@@ -281,42 +314,51 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
                 on_rows=(
                     (lambda rows: heartbeat.set_progress(0.99 * min(1.0, rows / stored_rows)))
                     if count_rows
-                    else None
+                    else (lambda _rows: heartbeat.check())
                 ),
             )
+            params = mechanism.parse_params(claim.params)
             measured = mechanism.measure(source, info, eps_value, delta_value_, params)
             if not measured.privacy_cost.within(eps_value, delta_value_):
                 raise RuntimeError("the mechanism's privacy cost exceeds the reservation")
             if heartbeat.lost:  # a cancel is handled where the finished measurement is kept
                 raise LeaseLost
-        except LeaseLost:
-            log.warning("release %s: lease lost while measuring; work discarded", release_id)
-            return
-        except StageCancelled:
-            read = _has_read(claim, source)
-            _end_measuring(
-                services,
-                claim,
-                "cancelled",
-                f"cancelled while measuring; {_outcome(read, mechanism)}",
-                read=read,
-            )
-            return
-        except Exception as exc:
-            _log_failure(release_id, "measure", exc)
-            read = _has_read(claim, source)
-            _end_measuring(
-                services,
-                claim,
-                "failed",
-                f"{describe_failure(exc)}; {_outcome(read, mechanism)}",
-                read=read,
-            )
-            return
+        _persist_measurement(services, claim, mechanism, measured)
+    except LeaseLost:
+        log.warning("release %s: lease lost while measuring; work discarded", release_id)
+    except StageCancelled:
+        read = _has_read(claim, source)
+        _end_measuring(
+            services,
+            claim,
+            "cancelled",
+            f"cancelled while measuring; {_outcome(read, mechanism)}",
+            read=read,
+        )
+    except Exception as exc:
+        # also a failure to store a complete measurement: it ends the release (spent,
+        # since the data were read) rather than leaving it to retries that read the
+        # data again and draw fresh noise
+        _log_failure(release_id, "measure", exc)
+        read = _has_read(claim, source)
+        _end_measuring(
+            services,
+            claim,
+            "failed",
+            f"{describe_failure(exc)}; {_outcome(read, mechanism)}",
+            read=read,
+        )
+
+
+def _persist_measurement(
+    services: Services, claim: Claim, mechanism: registry.Mechanism, measured: Measured
+) -> None:
+    """Store the noisy measurements, turn the reservation into a spend and hand the release
+    to the synthesis stage, in one transaction (or, if the curator cancelled meanwhile,
+    keep the measurements and end the release)."""
     with _owned(services, claim, "measuring") as release:
         if release is None:
-            log.warning("release %s: lease lost before persisting; work discarded", release_id)
-            return
+            raise LeaseLost
         session = _session_of(release)
         now = utcnow()
         session.add(ReleaseMeasurement(release_id=release.id, payload=measured.payload))

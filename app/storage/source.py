@@ -40,7 +40,13 @@ class EncryptedTableSource:
 
     def batches(self) -> Iterator[NDArray[np.float64]]:
         for batch in iter_batches(self.path, self.key, self.columns, self.batch_rows):
-            block = (
+            # progress first: a cancel it raises hands nothing to the mechanism, and the
+            # release then counts as unread (refunded); then the count, so that anything
+            # that fails once values are touched counts as read
+            if self.on_rows is not None:
+                self.on_rows(self.rows_read + batch.num_rows)
+            self.rows_read += batch.num_rows
+            yield (
                 np.column_stack(
                     [
                         np.asarray(
@@ -52,12 +58,6 @@ class EncryptedTableSource:
                 if batch.num_rows
                 else np.empty((0, self.n_cols))
             )
-            # progress first: a cancel it raises hands nothing to the mechanism, and the
-            # release then counts as unread (refunded)
-            if self.on_rows is not None:
-                self.on_rows(self.rows_read + batch.num_rows)
-            self.rows_read += batch.num_rows
-            yield block
 
     def codes(self) -> Iterator[pa.RecordBatch]:
         """The raw Arrow batches (category codes, 0/1 and normalised values), for the

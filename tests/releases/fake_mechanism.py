@@ -80,8 +80,11 @@ class TestMeans(registry.Mechanism):
         )
         noisy = np.asarray(noise(means.tolist()))
         cost = float(noise.map(2 * info.d / info.n_rows))
+        payload: dict[str, Any] = {"means": noisy.tolist(), "scale": scale}
+        if params.fail_in == "persist":
+            payload["unstorable"] = {1, 2}  # a set: storing the measurement fails
         return Measured(
-            payload={"means": noisy.tolist(), "scale": scale},
+            payload=payload,
             privacy_cost=PrivacyCost.compose([CostPart("means", cost)]),
             resolved={"scale": scale},
         )

@@ -254,6 +254,40 @@ def test_cancel_seen_before_reading_refunds(
     assert not _stored(client, release_id)
 
 
+def test_a_graph_cancel_seen_before_reading_refunds(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph's read publishes no progress (its edge count is private), and it had no
+    cancellation point either: a cancel seen before the first edge was charged."""
+    from app.releases.adapters.graph_cuts import GraphCuts
+    from tests.datasets.test_graphs import upload_graph
+
+    services = services_of(client)
+    monkeypatch.setattr(services.settings, "lease_seconds", 0.4)
+    original, started = GraphCuts.measure, threading.Event()
+
+    def slow_start(self: GraphCuts, source: Any, *args: Any) -> Any:
+        started.set()
+        time.sleep(1.0)  # the heartbeat (every 0.1 s) sees the cancel meanwhile
+        return original(self, source, *args)
+
+    monkeypatch.setattr(GraphCuts, "measure", slow_start)
+    graph_id = upload_graph(client, curator, b"0 1\n1 2\n2 3\n").json()["id"]
+    body = {"mechanism": "graph_cuts", "epsilon": 1.0}
+    release_id = request_release(client, curator, graph_id, body).json()["id"]
+    worker = threading.Thread(target=run_measure, args=(services, uuid.UUID(release_id)))
+    worker.start()
+    assert started.wait(30)
+    assert client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 200
+    worker.join(timeout=60)
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert (
+        final["message"] == "cancelled while measuring; nothing was read; the budget was refunded"
+    )
+    assert final["progress"] == 0.0  # still no progress published
+    assert _entries(client, curator, graph_id, release_id) == ["reserve", "refund"]
+
+
 def test_cancel_seen_while_measuring_after_reading_spends(
     client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -387,6 +421,82 @@ def test_a_measure_retried_after_a_lost_worker_never_refunds(
     assert final["status"] == ending
     assert final["message"].endswith("the data may have been read, so the budget stays spent")
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+
+
+def test_a_measurement_that_cannot_be_stored_ends_the_release_spent(
+    client: TestClient, curator: Caller
+) -> None:
+    """Storing a complete measurement failed outside the stage's error handling: the
+    release stayed measuring with its reservation open, and every sweep handed it to
+    another attempt that read the data again and drew fresh noise."""
+    dataset_id = dataset(client, curator)
+    body = {**REQUEST, "params": {"fail_in": "persist"}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_measure(services_of(client), uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "failed"
+    assert final["message"].startswith("internal error (")  # the class depends on the driver
+    assert final["message"].endswith(
+        "see the worker log; the data may have been read, so the budget stays spent"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    assert not _stored(client, release_id)
+
+
+def test_the_measure_stage_gives_up_after_its_attempts(client: TestClient, curator: Caller) -> None:
+    """Each claim of the measure stage may read the data: after MAX_MEASURE_ATTEMPTS claims
+    whose workers died, the next ends the release (spent) instead of reading again."""
+    from app.releases.stages import MAX_MEASURE_ATTEMPTS
+
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    with services_of(client).db.transaction() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.status, release.lease_owner = "measuring", QUEUED
+        release.attempts = MAX_MEASURE_ATTEMPTS
+    run_measure(services_of(client), uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "failed"
+    assert final["message"] == (
+        f"the measure stage was attempted {MAX_MEASURE_ATTEMPTS} times (its workers died or "
+        "lost their leases); the data may have been read, so the budget stays spent"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+
+
+def test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper(
+    client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mechanism busy after its last progress call (4 s here) never raised the cancel,
+    and its heartbeat renewed the lease, so the release stayed measuring for as long as
+    the worker lived. After CANCEL_GRACE_LEASES lease periods the heartbeat lets the
+    lease run out; the sweeper re-queues the stage and the next claim ends it (spent:
+    the first attempt read the data)."""
+    services = services_of(client)
+    monkeypatch.setattr(services.settings, "lease_seconds", 0.5)
+    dataset_id = dataset(client, curator)
+    body = {**REQUEST, "params": {"pause_measure": 4.0, "marker_dir": str(tmp_path)}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    worker = threading.Thread(target=run_measure, args=(services, uuid.UUID(release_id)))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "measure.started").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 200
+    while sweep(services) == 0:  # the grace (2 s) and then the lease (0.5 s) run out
+        assert worker.is_alive(), "the hung attempt ended before the sweeper took over"
+        time.sleep(0.1)
+    run_measure(services, uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "cancelled"
+    assert final["message"] == (
+        "cancelled while measuring; the data may have been read, so the budget stays spent"
+    )
+    worker.join(timeout=30)  # the hung attempt finishes, finds its lease gone, stores nothing
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    assert not _stored(client, release_id)
 
 
 def test_synthesis_failure_keeps_measurements_and_resynthesis_is_free(
