@@ -3,9 +3,11 @@
 *Measure* (DESIGN §2 rule 4) is the only code that reads raw rows. It claims the release
 under a lease, streams the encrypted table into the mechanism, and then, in ONE
 transaction, stores the noisy measurements, turns the ledger reservation into a spend and
-moves the release on to *synthesise*. If it fails before that transaction, the
-reservation is refunded and nothing is stored; if its worker dies, the noise it drew was
-never stored or shown to anyone, the lease expires and the sweeper hands the stage to
+moves the release on to *synthesise*. If it fails or is cancelled before that
+transaction, nothing is stored, and the reservation is refunded only if no row was read
+(by this attempt or an earlier one): otherwise it is spent (DESIGN rule 6; a refunded
+failure after reading could depend on the data). If its worker dies, the noise it drew
+was never stored or shown to anyone, the lease expires and the sweeper hands the stage to
 another worker, which measures afresh. Once measurements exist they are immutable
 (database triggers), so no retry ever redraws them.
 
@@ -16,8 +18,8 @@ A stage's worker renews its lease from a heartbeat thread, which also publishes 
 and notices cancellation; a worker that lost its lease discards its work. A stage that
 ignores a cancel for ``CANCEL_GRACE_LEASES`` lease periods (a mechanism hung after its last
 progress call) stops renewing its lease, so the sweeper hands the release to a worker that
-ends it. The measure stage is claimed at most ``MAX_MEASURE_ATTEMPTS`` times: each attempt
-may read the data, and the last one ends the release as failed, with the budget spent.
+ends it. The measure stage is claimed at most ``MAX_MEASURE_ATTEMPTS`` times to read the
+data (each attempt may); the claim after that ends the release as failed, budget spent.
 """
 
 from __future__ import annotations
