@@ -74,7 +74,12 @@ class StageCancelled(Exception):
 
 
 def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    """A new lease owner for each claim: host, process and thread for the logs, and a
+    random part, so that two workers sharing a hostname and PID (containers given one
+    hostname) or a thread re-claiming a release it lost never pass for each other."""
+    return (
+        f"{socket.gethostname()[:64]}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:12]}"
+    )
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -624,6 +624,26 @@ def test_sweeper_requeues_expired_leases(client: TestClient, curator: Caller) ->
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
 
 
+def test_a_reclaim_on_the_same_thread_is_another_owner(client: TestClient, curator: Caller) -> None:
+    """Owners were host:pid:thread, so an attempt whose lease lapsed and a new claim on
+    the same thread (or in another container with the same hostname and PID 1) were one
+    owner, and the stale attempt could still persist or settle the release."""
+    from app.releases.stages import _claim
+
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    release_id = uuid.UUID(request_release(client, curator, dataset_id).json()["id"])
+    first = _claim(services, release_id, "measure")
+    assert first is not None
+    with services.db.transaction() as session:
+        release = session.get(Release, release_id)
+        assert release is not None
+        release.lease_expires_at = release.created_at  # lapsed
+    second = _claim(services, release_id, "measure")
+    assert second is not None
+    assert first.owner != second.owner
+
+
 def test_preview_reads_nothing_and_spends_nothing(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator, epsilon=0.1)
     response = client.post(
