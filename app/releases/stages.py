@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,7 @@ from app.models import Dataset, Release, ReleaseMeasurement
 from app.models.base import utcnow
 from app.models.release import ACTIVE_STATUSES
 from app.releases import registry
-from app.releases.registry import Measured
+from app.releases.registry import Measured, Synthesized
 from app.releases.service import MEASURE_TASK, QUEUED, SYNTHESIZE_TASK, dataset_info, lock_release
 from app.storage.artifacts import ArtifactStore
 from app.storage.source import EncryptedTableSource
@@ -431,40 +432,49 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
     version = claim.synthesis_version
     rng = np.random.default_rng(np.random.SeedSequence([claim.seed, version]))
     work = store.begin(claim.release_id, version)
-    with Heartbeat(services, claim) as heartbeat:
-        try:
+    try:
+        with Heartbeat(services, claim) as heartbeat:
             params = mechanism.parse_params({**claim.params, **claim.synthesis_params})
             synthesized = mechanism.synthesize(
                 payload, info, params, rng, work, heartbeat.set_progress
             )
             heartbeat.check()
-        except (LeaseLost, StageCancelled) as exc:
-            store.discard(work)
-            if isinstance(exc, StageCancelled):
-                with _owned(services, claim, "synthesizing") as release:
-                    if release is not None:
-                        release.status = "cancelled"
-                        release.message = "cancelled after measuring; the budget stays spent"
-                        release.finished_at = utcnow()
-                        release.lease_owner = None
-            return
-        except Exception as exc:
-            store.discard(work)
-            _log_failure(release_id, "synthesize", exc)
-            with _owned(services, claim, "synthesizing") as release:
-                if release is not None:
-                    release.status = "failed"
-                    release.message = (
-                        f"{describe_failure(exc)}; the measurements are kept: re-synthesise "
-                        "with other parameters at no privacy cost"
-                    )
-                    release.finished_at = utcnow()
-                    release.lease_owner = None
-            return
+        _publish_synthesis(services, claim, store, work, synthesized)
+    except LeaseLost:
+        store.discard(work)
+    except StageCancelled:
+        store.discard(work)
+        with _owned(services, claim, "synthesizing") as release:
+            if release is not None:
+                release.status = "cancelled"
+                release.message = "cancelled after measuring; the budget stays spent"
+                release.finished_at = utcnow()
+                release.lease_owner = None
+    except Exception as exc:
+        # also a failure to store the finished synthesis (it escaped, and the sweeper
+        # retried it without end)
+        store.discard(work)
+        _log_failure(release_id, "synthesize", exc)
+        with _owned(services, claim, "synthesizing") as release:
+            if release is not None:
+                release.status = "failed"
+                release.message = (
+                    f"{describe_failure(exc)}; the measurements are kept: re-synthesise "
+                    "with other parameters at no privacy cost"
+                )
+                release.finished_at = utcnow()
+                release.lease_owner = None
+
+
+def _publish_synthesis(
+    services: Services, claim: Claim, store: ArtifactStore, work: Path, synthesized: Synthesized
+) -> None:
+    """Move the artifacts into place and mark the release succeeded, in one transaction
+    (earlier versions are pruned once it commits)."""
+    version = claim.synthesis_version
     with _owned(services, claim, "synthesizing") as release:
         if release is None:
-            store.discard(work)
-            return
+            raise LeaseLost
         store.publish(claim.release_id, version, work)
         release.status = "succeeded"
         release.progress = 1.0

@@ -499,11 +499,15 @@ def test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper(
     assert not _stored(client, release_id)
 
 
+@pytest.mark.parametrize("fail_in", ["synthesize", "store"])
 def test_synthesis_failure_keeps_measurements_and_resynthesis_is_free(
-    client: TestClient, curator: Caller
+    fail_in: str, client: TestClient, curator: Caller
 ) -> None:
+    """A synthesis fails in the mechanism or when its finished artifacts are stored (that
+    failure escaped: the release stayed synthesizing and the sweeper retried it without
+    end); the release fails and keeps its measurements."""
     dataset_id = dataset(client, curator)
-    body = {**REQUEST, "params": {"fail_in": "synthesize", "rows": 5}}
+    body = {**REQUEST, "params": {"fail_in": fail_in, "rows": 5}}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     run_all(client, release_id)
     failed = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
