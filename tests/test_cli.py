@@ -134,10 +134,8 @@ def test_an_unusable_database_exits_1_with_one_line(
 ) -> None:
     monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("CURATOR_DATABASE_URL", url)
-    with pytest.raises(SystemExit) as info:
-        main(command)
-    assert info.value.code == 1
-    err = capsys.readouterr().err
+    code, err = _exit(command, capsys)
+    assert code == 1
     assert err.startswith("curator: the database cannot be used (")
     assert reason in err
     assert "Traceback" not in err
@@ -158,10 +156,8 @@ def test_a_malformed_database_url_is_a_configuration_error(
 ) -> None:
     monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("CURATOR_DATABASE_URL", url)
-    with pytest.raises(SystemExit) as info:
-        main(["migrate"])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
+    code, err = _exit(["migrate"], capsys)
+    assert code == 2
     assert "configuration error" in err
     assert "CURATOR_DATABASE_URL" in err
     assert "postgresql+psycopg://<user>@<host>/<db>" in err

@@ -46,6 +46,8 @@ MEASURE_TASK = "release.measure"
 SYNTHESIZE_TASK = "release.synthesize"
 #: ``lease_owner`` of a stage that is enqueued but not yet claimed by a worker.
 QUEUED = "queued"
+#: The status message of a release cancelled once its measurements were stored.
+CANCELLED_AFTER_MEASURING = "cancelled after measuring; the budget stays spent"
 
 
 #: The stored columns of a graph dataset (see :mod:`app.datasets.graphs`).
@@ -415,7 +417,7 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
         release.finished_at = now
     elif release.status == "synthesizing":
         release.status = "cancelled"
-        release.message = "cancelled after measuring; the budget stays spent"
+        release.message = CANCELLED_AFTER_MEASURING
         release.finished_at = now
     else:
         release.message = (

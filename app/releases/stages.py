@@ -53,7 +53,14 @@ from app.models.base import utcnow
 from app.models.release import ACTIVE_STATUSES
 from app.releases import registry
 from app.releases.registry import Measured, Synthesized
-from app.releases.service import MEASURE_TASK, QUEUED, SYNTHESIZE_TASK, dataset_info, lock_release
+from app.releases.service import (
+    CANCELLED_AFTER_MEASURING,
+    MEASURE_TASK,
+    QUEUED,
+    SYNTHESIZE_TASK,
+    dataset_info,
+    lock_release,
+)
 from app.storage.artifacts import ArtifactStore
 from app.storage.source import EncryptedTableSource
 
@@ -380,7 +387,7 @@ def _persist_measurement(
         if release.cancel_requested:
             # measured in full: spent, and kept so that a re-synthesis can reach the output
             release.status = "cancelled"
-            release.message = "cancelled after measuring; the budget stays spent"
+            release.message = CANCELLED_AFTER_MEASURING
             release.finished_at = now
             release.lease_owner = None
             release.lease_expires_at = None
@@ -417,17 +424,11 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         mechanism = registry.get(claim.mechanism)
         info = dataset_info(dataset, mechanism, claim.columns)
         payload = measurement.payload if measurement is not None else None
-    if claim.cancel_requested or payload is None:
-        with _owned(services, claim, "synthesizing") as release:
-            if release is not None:
-                release.status = "cancelled" if claim.cancel_requested else "failed"
-                release.message = (
-                    "cancelled after measuring; the budget stays spent"
-                    if claim.cancel_requested
-                    else "no stored measurements to synthesise from"
-                )
-                release.finished_at = utcnow()
-                release.lease_owner = None
+    if claim.cancel_requested:
+        _end_synthesizing(services, claim, "cancelled", CANCELLED_AFTER_MEASURING)
+        return
+    if payload is None:
+        _end_synthesizing(services, claim, "failed", "no stored measurements to synthesise from")
         return
     version = claim.synthesis_version
     rng = np.random.default_rng(np.random.SeedSequence([claim.seed, version]))
@@ -444,26 +445,31 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         store.discard(work)
     except StageCancelled:
         store.discard(work)
-        with _owned(services, claim, "synthesizing") as release:
-            if release is not None:
-                release.status = "cancelled"
-                release.message = "cancelled after measuring; the budget stays spent"
-                release.finished_at = utcnow()
-                release.lease_owner = None
+        _end_synthesizing(services, claim, "cancelled", CANCELLED_AFTER_MEASURING)
     except Exception as exc:
         # also a failure to store the finished synthesis (it escaped, and the sweeper
         # retried it without end)
         store.discard(work)
         _log_failure(release_id, "synthesize", exc)
-        with _owned(services, claim, "synthesizing") as release:
-            if release is not None:
-                release.status = "failed"
-                release.message = (
-                    f"{describe_failure(exc)}; the measurements are kept: re-synthesise "
-                    "with other parameters at no privacy cost"
-                )
-                release.finished_at = utcnow()
-                release.lease_owner = None
+        _end_synthesizing(
+            services,
+            claim,
+            "failed",
+            f"{describe_failure(exc)}; the measurements are kept: re-synthesise with other "
+            "parameters at no privacy cost",
+        )
+
+
+def _end_synthesizing(services: Services, claim: Claim, status: str, message: str) -> None:
+    """Fail or cancel a synthesis this claim still owns (no ledger entry: the measurements
+    were spent when they were stored)."""
+    with _owned(services, claim, "synthesizing") as release:
+        if release is not None:
+            release.status = status
+            release.message = message
+            release.finished_at = utcnow()
+            release.lease_owner = None
+            release.lease_expires_at = None
 
 
 def _publish_synthesis(
