@@ -74,6 +74,25 @@ def _scalar(url: str, table: str, column: str) -> Any:
         engine.dispose()
 
 
+def test_the_package_carries_its_migrations() -> None:
+    """An install that is not a checkout migrates with what the package holds: the default
+    config sits in ``app/migrations`` and the non-Python files there are package data
+    (``.ci/run`` builds the wheel and migrates from it outside the repository)."""
+    import tomllib
+
+    import app
+
+    package = Path(app.__file__).resolve().parent
+    assert migrations.alembic_ini() == package / "migrations" / "alembic.ini"
+    assert (package / "migrations" / "env.py").is_file()
+    assert list((package / "migrations" / "versions").glob("*_0001_*.py"))
+    root = package.parent / "pyproject.toml"
+    declared = tomllib.loads(root.read_text())["tool"]["setuptools"]["package-data"]["app"]
+    for name in ("alembic.ini", "script.py.mako"):
+        assert f"migrations/{name}" in declared
+        assert (package / "migrations" / name).is_file()
+
+
 def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
     url = empty_database
     assert _tables(url) == set()

@@ -13,11 +13,15 @@ from alembic.script import ScriptDirectory
 from app.config import ConfigError
 from app.core.db import make_engine
 
+#: The migrations ship inside the package (``app/migrations``: ``alembic.ini``, ``env.py``,
+#: the revisions), so an install from a wheel migrates as a checkout does.
+PACKAGED_INI = Path(__file__).resolve().parents[1] / "migrations" / "alembic.ini"
+
 
 def alembic_ini() -> Path:
-    """``CURATOR_ALEMBIC_INI`` or the ``alembic.ini`` next to the ``app`` package."""
+    """``CURATOR_ALEMBIC_INI`` or the package's own :data:`PACKAGED_INI`."""
     explicit = os.environ.get("CURATOR_ALEMBIC_INI")
-    path = Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "alembic.ini"
+    path = Path(explicit) if explicit else PACKAGED_INI
     if not path.is_file():
         raise ConfigError(
             f"alembic.ini not found at {path}; set CURATOR_ALEMBIC_INI to its location"

@@ -4,8 +4,10 @@ or from the service settings; the engine is the service's own (same SQLite pragm
 from __future__ import annotations
 
 from logging.config import fileConfig
+from typing import Any, Literal
 
 from alembic import context
+from alembic.autogenerate.api import AutogenContext
 
 from app.config import load_settings
 from app.core.db import make_engine
@@ -19,7 +21,7 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 target_metadata = Base.metadata
 
 
-def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+def _render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
     """Render the service's column types as plain SQLAlchemy types, so that migrations
     never import application code."""
     if type_ == "type" and isinstance(obj, UTCDateTime):
@@ -49,11 +51,12 @@ def run_migrations_online() -> None:
     try:
         with engine.connect() as connection:
             sqlite = connection.dialect.name == "sqlite"
-            if sqlite:
+            raw = connection.connection.driver_connection
+            if sqlite and raw is not None:
                 # Batch migrations rebuild tables (copy, drop, rename); with foreign keys on,
                 # dropping a referenced table fails. Alembic's documented recipe: switch them
                 # off (outside any transaction) and check integrity afterwards.
-                connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+                raw.execute("PRAGMA foreign_keys=OFF")
             context.configure(
                 connection=connection,
                 target_metadata=target_metadata,
@@ -68,8 +71,7 @@ def run_migrations_online() -> None:
             )
             with context.begin_transaction():
                 context.run_migrations()
-            if sqlite:
-                raw = connection.connection.driver_connection
+            if sqlite and raw is not None:
                 violations = raw.execute("PRAGMA foreign_key_check").fetchall()
                 raw.execute("PRAGMA foreign_keys=ON")
                 if violations:
