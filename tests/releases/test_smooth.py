@@ -465,10 +465,14 @@ def test_smooth_synthetic_tree_end_to_end(
         assert resolved[key] == pytest.approx(preview.json()["resolved"][key]), key
     rows = _csv(client, curator, release_id, "?format=csv")
     assert rows.num_rows == n
+    # a column mean's error (noisy one-way cells, 10^4 support points, n rows drawn from
+    # them) over 300 simulated releases per grouping: rms 0.0037-0.0065 of the range,
+    # worst 0.0186 (a 0.02 tolerance failed about once in a few hundred CI runs). 0.04 is
+    # six times the largest rms; the uniform law is 0.15 (x) and 0.10 (y) off
     for j, (name, (lo, hi)) in enumerate(BOUNDS.items()):
         values = np.asarray(rows[name].to_pylist())
         assert np.all((values >= lo - 1e-9) & (values <= hi + 1e-9)), name
-        assert abs(values.mean() - data[:, j].mean()) <= 0.02 * (hi - lo), name
+        assert abs(values.mean() - data[:, j].mean()) <= 0.04 * (hi - lo), name
     support = _csv(client, curator, release_id, "?kind=support")
     assert support.num_rows == 10_000
 
