@@ -163,10 +163,15 @@ class Mechanism(ABC):
         if self.requires_delta and delta <= 0:
             raise InvalidRequest(f"{self.name} with these parameters needs delta > 0")
 
+    def post_processing_for(self, stored: Mapping[str, Any]) -> frozenset[str]:
+        """The :attr:`post_processing` fields a re-synthesis of a release with these
+        stored params may change (the list a refusal names). By default all of them."""
+        return self.post_processing
+
     def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
-        """Refuse (InvalidRequest) re-synthesis ``changes`` that the stored release cannot
-        use (``stored``: its params as requested); the keys are already within
-        :attr:`post_processing`. By default every post-processing parameter applies."""
+        """Refuse (InvalidRequest), with the reason, re-synthesis ``changes`` that the stored
+        release cannot use (``stored``: its params as requested), before the generic
+        refusal of fields outside :meth:`post_processing_for`. By default: none."""
         return None
 
     def check_synthesis(

@@ -445,13 +445,14 @@ def resynthesize(
     release = lock_release(session, release_id)
     assert release is not None
     mechanism = registry.get(release.mechanism)
-    not_allowed = sorted(set(raw_params) - mechanism.post_processing)
+    mechanism.check_post_processing(release.params, raw_params)
+    allowed = mechanism.post_processing_for(release.params)
+    not_allowed = sorted(set(raw_params) - allowed)
     if not_allowed:
         raise InvalidRequest(
             f"only post-processing parameters can change without spending budget "
-            f"({sorted(mechanism.post_processing)}); not: {not_allowed}"
+            f"({sorted(allowed)}); not: {not_allowed}"
         )
-    mechanism.check_post_processing(release.params, raw_params)
     if session.get(ReleaseMeasurement, release.id) is None:
         raise Conflict("the release has no measurements yet; nothing to re-synthesise")
     if release.status not in ("succeeded", "failed", "cancelled"):

@@ -307,13 +307,19 @@ class SmoothSynthetic(registry.Mechanism):
             max_bytes=ss.DEFAULT_MAX_BYTES,
         )
 
+    def post_processing_for(self, stored: Mapping[str, Any]) -> frozenset[str]:
+        if stored.get("method", "moments") in ("marginals", "tree"):
+            return POST_PROCESSING - MOMENTS_ONLY
+        return POST_PROCESSING
+
     def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
         method = stored.get("method", "moments")
         wrong = sorted(MOMENTS_ONLY & set(changes)) if method in ("marginals", "tree") else []
         if wrong:
+            allowed = ", ".join(sorted(self.post_processing_for(stored)))
             raise InvalidRequest(
                 f"params {', '.join(wrong)} apply to method 'moments' only; this release "
-                f"uses method {method!r} (re-synthesis may change grid_size, sample_size)"
+                f"uses method {method!r} (re-synthesis may change {allowed})"
             )
 
     def preview(
