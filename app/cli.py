@@ -25,12 +25,25 @@ from app.models import Role
 log = logging.getLogger("curator")
 
 
+class _AlembicPreamble(logging.Filter):
+    """Drops the two lines Alembic logs at INFO each time it opens a migration context
+    ("Context impl SQLiteImpl.", "Will assume non-transactional DDL."): every command
+    checks the schema's revision, and they said nothing to an operator. The lines of an
+    actual upgrade ("Running upgrade ...") pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Context impl", "Will assume"))
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    migration_log = logging.getLogger("alembic.runtime.migration")
+    if not any(isinstance(f, _AlembicPreamble) for f in migration_log.filters):
+        migration_log.addFilter(_AlembicPreamble())
 
 
 def _fail(message: str, code: int = 2) -> int:

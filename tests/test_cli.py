@@ -38,9 +38,14 @@ def test_create_user_prints_json_after_migrate(tmp_path: Path) -> None:
     unmigrated = _run(tmp_path, "create-user", "--name", "root", "--role", "admin", "--json")
     assert unmigrated.returncode == 2
     assert "run: curator migrate" in unmigrated.stderr
-    assert _run(tmp_path, "migrate").returncode == 0
+    assert "alembic" not in unmigrated.stderr  # Alembic's context preamble is not logged
+    migrated = _run(tmp_path, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "Running upgrade  -> 0001" in migrated.stderr  # an upgrade's own lines are
+    assert "Context impl" not in migrated.stderr
     created = _run(tmp_path, "create-user", "--name", "root", "--role", "admin", "--json")
     assert created.returncode == 0, created.stderr
+    assert created.stderr == ""
     out = json.loads(created.stdout)
     assert set(out) >= {"id", "api_key"}
     assert out["api_key"].startswith("cur_")
