@@ -138,6 +138,7 @@ def store_dataset(
                     declaration.out_of_bounds,
                     destination,
                     services.data_key,
+                    filename=upload.filename,
                 )
                 report = ValidationReport(
                     format=stored.format, n_rows=stored.n_rows, clipped=stored.clipped

@@ -296,13 +296,24 @@ def make_check(spec: Column, policy: Literal["clip", "reject"]) -> ColumnCheck:
 # Reading ---------------------------------------------------------------------------------
 
 
-def detect_format(reader: io.RawIOBase, size: int) -> FileFormat:
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def detect_format(reader: io.RawIOBase, size: int, filename: str | None = None) -> FileFormat:
+    """Parquet when the file starts with Parquet's magic bytes ``PAR1``, CSV otherwise; a
+    file the client named ``*.parquet`` that does not start with them is refused as such
+    (read as CSV, its bytes would get a CSV parser's complaint)."""
     if size == 0:
         raise file_problem("the file is empty")
     head = reader.read(4) or b""
     reader.seek(0)
     if size >= 8 and head == b"PAR1":
         return "parquet"
+    if filename is not None and filename.lower().endswith(PARQUET_SUFFIXES):
+        raise file_problem(
+            "the file is named as Parquet but is not a Parquet file "
+            "(it does not start with Parquet's magic bytes PAR1)"
+        )
     return "csv"
 
 
@@ -375,12 +386,14 @@ def validate_and_store(
     policy: Literal["clip", "reject"],
     destination: Path,
     key: bytes,
+    filename: str | None = None,
 ) -> StoredTable:
-    """Validate the whole file, write the normalised table encrypted to ``destination``.
+    """Validate the whole file, write the normalised table encrypted to ``destination``
+    (``filename``: the client's name for it, a hint to :func:`detect_format` only).
 
     Raises :class:`InvalidUpload` (nothing written) if any problem is found.
     """
-    fmt = detect_format(reader, size)
+    fmt = detect_format(reader, size, filename)
     declared = [c.name for c in columns]
     try:
         file_names = _header_names(reader, fmt)

@@ -276,6 +276,22 @@ def test_unreadable_files(
     assert_nothing_stored(client)
 
 
+@pytest.mark.parametrize("filename", ["data.parquet", "DATA.PQ"])
+def test_a_file_named_parquet_that_is_not_parquet_is_refused_as_such(
+    client: TestClient, curator: Caller, filename: str
+) -> None:
+    # read as CSV, these bytes would get "the file is not valid UTF-8 text"
+    content = b"\x89\xff" + SENTINELS[0].encode() + b"\xfe\x00" * 16
+    response = upload(client, curator, content, filename=filename)
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["error"]["problems"]
+    assert problem["problem"].startswith("the file is named as Parquet but is not a Parquet file")
+    assert_no_raw_values(response.text)
+    assert_nothing_stored(client)
+    # the name only ever adds this refusal (the Parquet tests upload as data.csv)
+    assert upload(client, curator, csv_bytes(), filename="data.csv").status_code == 201
+
+
 def test_headerless_file_is_not_quoted_back(client: TestClient, curator: Caller) -> None:
     # Without a header the first data row would be the "column names": never echo them.
     response = upload(client, curator, csv_bytes(header=ROWS[0], rows=ROWS[1:]))
@@ -493,9 +509,9 @@ def test_uploads_in_progress_leave_sessions_to_other_requests(
         arrived.release()
         return received
 
-    def held_validate(*args: Any) -> Any:
+    def held_validate(*args: Any, **kwargs: Any) -> Any:
         finish.wait(timeout=60)
-        return validate(*args)
+        return validate(*args, **kwargs)
 
     monkeypatch.setattr(endpoints, "receive_multipart", counted_receive)
     monkeypatch.setattr(service, "validate_and_store", held_validate)
@@ -535,8 +551,8 @@ def test_key_revoked_while_the_file_is_validated_creates_nothing(
 
     validate = service.validate_and_store
 
-    def validate_then_revoke(*args: Any) -> Any:
-        stored = validate(*args)
+    def validate_then_revoke(*args: Any, **kwargs: Any) -> Any:
+        stored = validate(*args, **kwargs)
         revoke_key(client, curator)
         return stored
 
