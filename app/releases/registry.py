@@ -168,6 +168,14 @@ class Mechanism(ABC):
         stored params may change (the list a refusal names). By default all of them."""
         return self.post_processing
 
+    def shown_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The part of a release's stored ``params`` that its output shows (of its
+        ``synthesis_params``: those in :meth:`post_processing_for`). The stored dict keeps
+        every field of :attr:`Params` (the request's hash and a re-synthesis read it); a
+        mechanism whose fields depend on a choice among them shows the ones that apply.
+        By default: all."""
+        return dict(params)
+
     def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
         """Refuse (InvalidRequest), with the reason, re-synthesis ``changes`` that the stored
         release cannot use (``stored``: its params as requested), before the generic

@@ -348,8 +348,16 @@ def to_out(release: Release) -> ReleaseOut:
         epsilon=epsilon_value(release.epsilon),
         delta=delta_value(release.delta),
         columns=list(release.columns),
-        params=release.params,
-        synthesis_params=release.synthesis_params,
+        params=mechanism.shown_params(release.params) if mechanism else release.params,
+        synthesis_params=(
+            {
+                k: v
+                for k, v in release.synthesis_params.items()
+                if k in mechanism.post_processing_for(release.params)
+            }
+            if mechanism
+            else release.synthesis_params
+        ),
         synthesis_version=release.synthesis_version,
         resolved=release.resolved,
         privacy_cost=release.privacy_cost,
@@ -513,7 +521,7 @@ def preview(
         epsilon=body.epsilon,
         delta=checked.delta,
         columns=checked.info.names,
-        params=checked.params_json,
+        params=checked.mechanism.shown_params(checked.params_json),
         resolved=predicted.get("resolved", {}),
         accuracy=predicted.get("accuracy", {}),
         fits_budget=fits,

@@ -545,6 +545,21 @@ def test_smooth_synthetic_default_method_follows_delta(
     release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert release["status"] == "succeeded", release
     assert release["resolved"]["method"] == method
+    # what the release shows of its params is what this method takes (with no moment-LP
+    # smoothness or solver beside a tree), also in the preview and after a re-synthesis
+    others = {"smoothness", "solver", "ellipsoid_radius"}
+    if method == "marginals":
+        others |= {"pair_bins", "pair_grouping"}
+    for shown in (preview.json()["params"], release["params"]):
+        assert not others & set(shown), shown
+        assert {"bins", "grid_size", "sample_size"} <= set(shown)
+    resynthesized = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"grid_size": 64}},
+    )
+    assert resynthesized.status_code == 202, resynthesized.text
+    assert resynthesized.json()["synthesis_params"] == {"grid_size": 64, "sample_size": None}
     refused = client.post(
         f"/v1/datasets/{dataset_id}/preview",
         headers=curator.headers,

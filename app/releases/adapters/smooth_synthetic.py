@@ -307,6 +307,15 @@ class SmoothSynthetic(registry.Mechanism):
             max_bytes=ss.DEFAULT_MAX_BYTES,
         )
 
+    def shown_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Without the fields of the methods this release does not use (a ``tree``
+        release stores the moment LP's defaults too, and showed them)."""
+        method = params.get("method")
+        if method not in METHOD_PARAMS:
+            return dict(params)
+        wrong, _ = foreign_params(method, set(params))
+        return {k: v for k, v in params.items() if k not in wrong}
+
     def post_processing_for(self, stored: Mapping[str, Any]) -> frozenset[str]:
         if stored.get("method", "moments") in ("marginals", "tree"):
             return POST_PROCESSING - MOMENTS_ONLY
