@@ -72,6 +72,12 @@ class PrivacyCost:
         """True when this cost does not exceed the requested (epsilon, delta)."""
         return self.epsilon <= epsilon * (1 + rtol) and self.delta <= delta * (1 + rtol)
 
+    def __getitem__(self, key: str) -> object:
+        """``cost["epsilon"]``, ``cost["delta"]`` (also ``"kind"``, ``"parts"``): the
+        library API of DESIGN.md §6 reads a release's ``privacy_cost`` as the dict
+        ``{"epsilon": ..., "delta": ...}``; the fields are the same values."""
+        return self.as_dict()[key]
+
     def as_dict(self) -> dict[str, object]:
         return {
             "kind": self.kind,
