@@ -74,6 +74,9 @@ class Release(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     resolved: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    #: The accuracy predicted at the request from public values (as the preview's);
+    #: ``None`` for releases recorded before migration 0006.
+    accuracy: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     privacy_cost: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     synthesis_params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     synthesis_version: Mapped[int] = mapped_column(Integer, default=0)

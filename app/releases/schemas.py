@@ -57,6 +57,10 @@ class ReleaseOut(BaseModel):
     synthesis_params: dict[str, Any]
     synthesis_version: int
     resolved: dict[str, Any]
+    accuracy: dict[str, Any] | None = Field(
+        description="the accuracy predicted at the request from public values only (the "
+        "preview's); null for releases recorded before the service kept it"
+    )
     privacy_cost: dict[str, Any] | None
     artifacts: list[ArtifactOut]
     created_at: datetime

@@ -7,7 +7,7 @@ import hashlib
 import json
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -105,6 +105,9 @@ class Validated:
     params_json: dict[str, Any]
     epsilon: float
     delta: float
+    #: :meth:`Mechanism.preview` of the request (resolved parameters, predicted accuracy),
+    #: from public values only; a request records its ``accuracy`` with the release.
+    predicted: dict[str, Any] = field(default_factory=dict)
 
 
 def _check_opt_in(dataset: Dataset, mechanism: Mechanism) -> None:
@@ -151,7 +154,13 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
         mechanism.check(info, epsilon, delta, params)
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
-    return Validated(mechanism, info, params, params.model_dump(mode="json"), epsilon, delta)
+    try:
+        predicted = mechanism.preview(info, epsilon, delta, params)
+    except MechanismError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return Validated(
+        mechanism, info, params, params.model_dump(mode="json"), epsilon, delta, predicted
+    )
 
 
 def _request_hash(dataset_id: uuid.UUID, body: ReleaseCreate, checked: Validated) -> str:
@@ -275,6 +284,7 @@ def create_release(
         epsilon=epsilon_units(checked.epsilon, charge=True),
         delta=delta_units(checked.delta, charge=True),
         params=checked.params_json,
+        accuracy=checked.predicted.get("accuracy", {}),
         columns=[] if dataset.kind == "graph" else checked.info.names,
         created_by=user.id,
         seed=secrets.randbits(62),
@@ -360,6 +370,7 @@ def to_out(release: Release) -> ReleaseOut:
         ),
         synthesis_version=release.synthesis_version,
         resolved=release.resolved,
+        accuracy=release.accuracy,
         privacy_cost=release.privacy_cost,
         artifacts=artifacts,
         created_at=release.created_at,
@@ -505,12 +516,7 @@ def preview(
         dataset = owned_dataset(session, user, dataset_id)
         balance = ledger.balance(session, dataset)
     checked = _validated(dataset, body)
-    try:
-        predicted = checked.mechanism.preview(
-            checked.info, checked.epsilon, checked.delta, checked.params
-        )
-    except MechanismError as exc:
-        raise InvalidRequest(str(exc)) from None
+    predicted = checked.predicted
     fits = (
         epsilon_units(checked.epsilon, charge=True) <= balance.epsilon_remaining
         and delta_units(checked.delta, charge=True) <= balance.delta_remaining

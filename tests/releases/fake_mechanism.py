@@ -143,6 +143,11 @@ class TestNonDP(TestMeans):
     guarantee: ClassVar[str] = "none (tests only)"
     privacy_kind: ClassVar[str] = "non_dp"
 
+    def preview(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> dict[str, Any]:
+        return {"resolved": {"d": info.d}, "accuracy": {"noise_scale": 0.0}}
+
     def measure(
         self, source: Any, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
     ) -> Measured:

@@ -545,6 +545,9 @@ def test_smooth_synthetic_default_method_follows_delta(
     release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert release["status"] == "succeeded", release
     assert release["resolved"]["method"] == method
+    # the release keeps the accuracy its request predicted (DESIGN.md section 4)
+    assert preview.json()["accuracy"]
+    assert response.json()["accuracy"] == release["accuracy"] == preview.json()["accuracy"]
     # what the release shows of its params is what this method takes (with no moment-LP
     # smoothness or solver beside a tree), also in the preview and after a re-synthesis
     others = {"smoothness", "solver", "ellipsoid_radius"}
