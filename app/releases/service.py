@@ -7,7 +7,7 @@ import hashlib
 import json
 import secrets
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -107,7 +107,7 @@ class Validated:
     delta: float
     #: :meth:`Mechanism.preview` of the request (resolved parameters, predicted accuracy),
     #: from public values only; a request records its ``accuracy`` with the release.
-    predicted: dict[str, Any] = field(default_factory=dict)
+    predicted: dict[str, Any]
 
 
 def _check_opt_in(dataset: Dataset, mechanism: Mechanism) -> None:
@@ -152,9 +152,6 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
     params = mechanism.resolve_params(info, epsilon, delta, mechanism.parse_params(body.params))
     try:
         mechanism.check(info, epsilon, delta, params)
-    except MechanismError as exc:
-        raise InvalidRequest(str(exc)) from None
-    try:
         predicted = mechanism.preview(info, epsilon, delta, params)
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
@@ -346,6 +343,11 @@ def to_out(release: Release) -> ReleaseOut:
         if release.status == "succeeded"
         else []
     )
+    params, synthesis_params = release.params, release.synthesis_params
+    if mechanism is not None:
+        applies = mechanism.post_processing_for(release.params)
+        params = mechanism.shown_params(release.params)
+        synthesis_params = {k: v for k, v in synthesis_params.items() if k in applies}
     return ReleaseOut(
         id=release.id,
         dataset_id=release.dataset_id,
@@ -358,16 +360,8 @@ def to_out(release: Release) -> ReleaseOut:
         epsilon=epsilon_value(release.epsilon),
         delta=delta_value(release.delta),
         columns=list(release.columns),
-        params=mechanism.shown_params(release.params) if mechanism else release.params,
-        synthesis_params=(
-            {
-                k: v
-                for k, v in release.synthesis_params.items()
-                if k in mechanism.post_processing_for(release.params)
-            }
-            if mechanism
-            else release.synthesis_params
-        ),
+        params=params,
+        synthesis_params=synthesis_params,
         synthesis_version=release.synthesis_version,
         resolved=release.resolved,
         accuracy=release.accuracy,

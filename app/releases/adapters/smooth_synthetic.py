@@ -317,17 +317,16 @@ class SmoothSynthetic(registry.Mechanism):
         return {k: v for k, v in params.items() if k not in wrong}
 
     def post_processing_for(self, stored: Mapping[str, Any]) -> frozenset[str]:
-        if stored.get("method", "moments") in ("marginals", "tree"):
-            return POST_PROCESSING - MOMENTS_ONLY
-        return POST_PROCESSING
+        wrong, _ = foreign_params(stored.get("method", "moments"), set(POST_PROCESSING))
+        return POST_PROCESSING - set(wrong)
 
     def check_post_processing(self, stored: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
         method = stored.get("method", "moments")
-        wrong = sorted(MOMENTS_ONLY & set(changes)) if method in ("marginals", "tree") else []
+        wrong, owners = foreign_params(method, set(changes))
         if wrong:
             allowed = ", ".join(sorted(self.post_processing_for(stored)))
             raise InvalidRequest(
-                f"params {', '.join(wrong)} apply to method 'moments' only; this release "
+                f"params {', '.join(wrong)} apply to method {owners} only; this release "
                 f"uses method {method!r} (re-synthesis may change {allowed})"
             )
 
