@@ -213,9 +213,10 @@ def main() -> None:
         "",
         "`product`: one Gaussian factor on one column, original units. `gaussian_mixture`: the",
         "paper-000 protocol, 10 kernels with centres in [-1, 1]^30, sigma = 4. The",
-        "`smooth_synthetic` answers come from the default (marginals) release's 10^4 support",
-        "points; the `smooth_synopsis` ones include the truncation estimate and the",
-        "independence extrapolation with its delta-method stderr.",
+        "`smooth_synthetic` answers are the default (marginals) release's exact expectations",
+        "under its law, with the parametric bootstrap's standard errors (20 replicate laws,",
+        "built on the first answer); the `smooth_synopsis` ones include the truncation",
+        "estimate and the independence extrapolation with its delta-method stderr.",
     ]
     run.write(
         "\n".join(lines),
