@@ -26,6 +26,8 @@ def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
         "budget after: spent epsilon 2.0, remaining 3.0 (4 ledger entries)",
         "synthetic database: 1000 rows downloaded by the analyst",
         "synopsis intervals contain the truth",
+        "synthetic +- noise stderr",
+        "the synthetic stderr is the DP noise's alone",
     ):
         assert line in report, line
     assert "\r" not in report  # not a terminal: one line per stage

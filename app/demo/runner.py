@@ -255,7 +255,10 @@ def _flow(settings: Settings, base: str, out: TextIO) -> dict[str, Any]:
         "POST", f"/v1/releases/{releases['smooth_synthetic']['id']}/answers", {"queries": queries}
     )["answers"]
     say(f"answers: Gaussian kernels, sigma = {sigma} on the normalised scale, random centres")
-    say(f"  {'query':>5}  {'truth':>7}  {'synopsis [95 % interval]':>30}  {'synthetic':>9}")
+    say(
+        f"  {'query':>5}  {'truth':>7}  {'synopsis [95 % interval]':>30}  "
+        f"{'synthetic +- noise stderr':>25}"
+    )
     covered = 0
     for i, center in enumerate(centers):
         truth = _truth(rows, center, sigma)
@@ -263,9 +266,10 @@ def _flow(settings: Settings, base: str, out: TextIO) -> dict[str, Any]:
         covered += int(low <= truth <= high)
         say(
             f"  {i + 1:>5}  {truth:7.4f}  {synopsis[i]['value']:7.4f} [{low:7.4f}, {high:7.4f}]"
-            f"{'':>5}  {synthetic[i]['value']:9.4f}"
+            f"{'':>5}  {synthetic[i]['value']:16.4f} +- {synthetic[i]['stderr']:.4f}"
         )
     say(f"  {covered} of {len(centers)} synopsis intervals contain the truth (computed locally)")
+    say("  (the synthetic stderr is the DP noise's alone, not the error of its model)")
     return {
         "dataset": dataset["id"],
         "releases": {k: v["id"] for k, v in releases.items()},
