@@ -1012,8 +1012,14 @@ class TreeMeasurements:
             )
         length = int(expansion.factors.shape[3])
         means = marginals.cell_means(self.one_way.bins, self.one_way.atoms, length)
+        values = cell_values(expansion, means)
         return bootstrap.standard_errors(
-            np.stack([model.expectations(expansion, means) for model in self.noise_replicates])
+            np.stack(
+                [
+                    model.expectations_of_cells(values, expansion.weights)
+                    for model in self.noise_replicates
+                ]
+            )
         )
 
     @functools.cached_property
@@ -1182,6 +1188,18 @@ def simulated_measurements(
     return replace(measurements, one_way=simulated, tables=tables)
 
 
+def cell_values(expansion: TensorExpansion, cell_means: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``(d, Q J, cells)``: ``sum_k a_{qjik} cell_means[c, k]``, kernel ``(q, j)``'s factor
+    on column ``i`` averaged over fine cell ``c`` (uniform in a bin, the bound itself for
+    an atom). It depends on the cells, not on the law, so the replicate laws of
+    :meth:`TreeMeasurements.stderrs` share it."""
+    Q, J, d, L = expansion.factors.shape
+    means = cell_means[:, :L].T  # (L, cells)
+    factors = np.moveaxis(expansion.factors, 2, 0).reshape(d, Q * J, L)
+    out: NDArray[np.float64] = factors @ means
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class TreeModel:
     """The Markov-tree law: fine marginals ``p`` (d, cells), coarse ``P`` (d, b), the
@@ -1228,28 +1246,38 @@ class TreeModel:
     ) -> NDArray[np.float64]:
         """``(Q,)`` exact expectations of separable queries under the tree law (module
         doc); ``cell_means[c, k]`` is ``E T_k`` under cell ``c``'s law."""
-        Q, J, d, L = expansion.factors.shape
+        return self.expectations_of_cells(cell_values(expansion, cell_means), expansion.weights)
+
+    def expectations_of_cells(
+        self, values: NDArray[np.float64], weights: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
+        """``(Q,)`` expectations from :func:`cell_values` (``(d, Q J, cells)``: each
+        kernel's factor averaged over each fine cell, the same for every law on these
+        cells) and the kernels' ``weights`` (``(Q, J)``), by belief propagation from the
+        leaves (module doc, "Answers")."""
         b = self.P.shape[1]
-        means = cell_means[:, :L]
-        # V[i][q, j, g] = E[g_qji(x_i) | group g]
-        V = np.empty((d, Q, J, b))
-        for i in range(d):
-            per_cell = expansion.factors[:, :, i, :] @ means.T
-            weighted = per_cell * self.p[i]
-            for g in range(b):
-                mass = self.P[i, g]
-                inside = self.group[i] == g
-                V[i, :, :, g] = weighted[..., inside].sum(-1) / mass if mass > 0 else 0
-        message = np.ones((d, Q, J, b))
-        root = np.zeros((Q, J))
+        cells = self.p.shape[1]
+        fine = b == cells and bool(np.all(self.group == np.arange(cells)))
+        messages: dict[int, NDArray[np.float64]] = {}
+        root = np.zeros(values.shape[1])
         for node in self.order[::-1]:
-            local = V[node] * message[node]
+            P = self.P[node]
+            # local[q j, g] = E[g_qji(x_i) | group g] times the children's messages
+            if fine:  # each cell its own group (the copula law): the cell's own value
+                local = values[node] * (P > 0)
+            else:
+                mass = np.eye(b)[self.group[node]] * self.p[node][:, None]  # (cells, b)
+                local = (values[node] @ mass) / np.where(P > 0, P, 1.0) * (P > 0)
+            if node in messages:
+                local *= messages.pop(node)
             parent = self.parent[node]
             if parent < 0:
-                root = local @ self.P[node]
+                root = local @ P
+            elif parent in messages:
+                messages[parent] *= local @ self.tables[node].T
             else:
-                message[parent] *= local @ self.tables[node].T
-        out: NDArray[np.float64] = np.einsum("qj,qj->q", expansion.weights, root)
+                messages[parent] = local @ self.tables[node].T
+        out: NDArray[np.float64] = np.einsum("qj,qj->q", weights, root.reshape(weights.shape))
         return out
 
     def sample(self, C: int, rng: np.random.Generator, bins: int, atoms: bool) -> Any:
