@@ -460,12 +460,12 @@ Standard errors (:meth:`TreeMeasurements.stderrs`): the parametric bootstrap of
 :mod:`app.mechanisms.bootstrap`, each replicate made by :func:`simulated_measurements`
 (steps 1 and 3 simulated under the released law, the tree kept) and refitted by the same
 post-processing. Against the spread of answers over independent releases of the same data
-(``bench/results/answer_stderr.md``, 10 releases a dataset) they read 0.78-1.41 of it on
-the uniform-centre queries and 0.39-2.01 on the row-centred ones, where the tree's own
+(``bench/results/answer_stderr.md``, 20 releases a dataset) they read 0.86-1.26 of it on
+the uniform-centre queries and 0.73-1.21 on the row-centred ones, where the tree's own
 variability (step 2) is not in the replicates; with the tree fixed, brute force on a small
 case reads 0.87 (``tests/mechanisms/test_bootstrap.py``). The model's error is not in
-them: ``value +- 1.96 se`` held the truth for 63-98 % of the uniform-centre queries at
-``sigma >= 4`` but 0-42 % of the row-centred ones.
+them: ``value +- 1.96 se`` held the truth for 68-94 % of the uniform-centre queries at
+``sigma >= 4`` but 0-40 % of the row-centred ones.
 """
 
 from __future__ import annotations

@@ -91,14 +91,14 @@ NOTE = (
     "smooth_synopsis release for answers with standard errors"
 )
 #: What the standard error of a marginals or tree answer is (``bench/results/answer_stderr.md``
-#: for the coverage figures: 10 releases a dataset of WDBC, CTG, PKS, CRM at the defaults).
+#: for the coverage figures: 20 releases a dataset of WDBC, CTG, PKS, CRM at the defaults).
 BOOTSTRAP_NOTE = (
     "stderr: the standard error the DP noise gives this answer, by a parametric bootstrap "
     f"({bootstrap.REPLICATES} sets of measurements simulated under the released law at "
     "the release's own noise scales, each refitted as the release was); it leaves out the "
     "error of the model, which has no per-query bound, so no interval is given: value +- "
-    "1.96 stderr held the truth for 48-98 % of kernels of sigma >= 4 (on the [-1, 1] "
-    "scale) but for 0-42 % of kernels of sigma <= 2 centred near data rows in the "
+    "1.96 stderr held the truth for 44-96 % of kernels of sigma >= 4 (on the [-1, 1] "
+    "scale) but for 0-40 % of kernels of sigma <= 2 centred near data rows in the "
     "benchmark; use a smooth_synopsis release for intervals"
 )
 MARGINALS_NOTE = (
