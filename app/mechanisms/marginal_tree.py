@@ -1195,8 +1195,9 @@ def cell_values(expansion: TensorExpansion, cell_means: NDArray[np.float64]) -> 
     :meth:`TreeMeasurements.stderrs` share it."""
     Q, J, d, L = expansion.factors.shape
     means = cell_means[:, :L].T  # (L, cells)
-    factors = np.moveaxis(expansion.factors, 2, 0).reshape(d, Q * J, L)
-    out: NDArray[np.float64] = factors @ means
+    out = np.empty((d, Q * J, means.shape[1]))
+    for i in range(d):  # column by column: no second copy of the whole expansion
+        out[i] = expansion.factors[:, :, i, :].reshape(Q * J, L) @ means
     return out
 
 

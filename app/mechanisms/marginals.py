@@ -93,14 +93,14 @@ by the parametric bootstrap of :mod:`app.mechanisms.bootstrap` (the histograms s
 under the released marginals, thresholded and projected again). Against the spread of
 answers over independent releases of the same data (``bench/results/answer_stderr.md``, 20
 releases a dataset at ``epsilon = 1``) it reads 0.51-1.26 of it (0.82-1.15 on the
-uniform-centre queries), and on 400 releases of a
-small case, brute force, 0.99 (Laplace) and 1.02 (Gaussian)
-(``tests/mechanisms/test_bootstrap.py``). The product law's own error (the dependence it
-does not keep) is not in it. The bootstrap takes the thresholded marginals as the truth;
-the plain projections instead (20 releases, side script) read nearer 1 on the
-uniform-centre queries (CRM 1.03-1.06 against 0.82-0.84, PKS 1.08 against 0.98) but far
-below it on the row-centred ones (CRM ``sigma = 1``: 0.10 against 0.45; halfway between
-the two laws: 0.89-0.91 and 0.25), where the cells a threshold zeroes carry the answer.
+uniform-centre queries), and on 400 releases of a small case, brute force, 0.99 (Laplace)
+and 1.02 (Gaussian) (``tests/mechanisms/test_bootstrap.py``). The product law's own error
+(the dependence it does not keep) is not in it. The bootstrap takes the thresholded
+marginals as the truth; the plain projections instead (20 releases, side script) read
+nearer 1 on the uniform-centre queries (CRM 1.03-1.06 against 0.82-0.84, PKS 1.08 against
+0.98) but far below it on the row-centred ones (CRM ``sigma = 1``: 0.10 against 0.45;
+halfway between the two laws: 0.89-0.91 and 0.25), where the cells a threshold zeroes
+carry the answer.
 """
 
 from __future__ import annotations
