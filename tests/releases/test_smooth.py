@@ -579,6 +579,34 @@ def test_smooth_synthetic_default_method_follows_delta(
     assert f"uses method '{method}' (the default)" in refused.json()["error"]["message"]
 
 
+def test_default_method_is_marginals_when_the_histograms_are_too_coarse_for_the_tree(
+    client: TestClient, curator: Caller
+) -> None:
+    """A small budget for n and d resolves each histogram to 2 or 3 cells, fewer than the
+    tree's 4 x 4 tables need: a request that names no method gets 'marginals' there (it
+    got 'tree' and a 422 about pair_bins), unless it asks for the tree's own parameters."""
+    from app.mechanisms import marginals
+
+    dataset_id, _ = _dataset(client, curator)
+    for epsilon, method in ((0.2, "marginals"), (1.0, "tree")):
+        B, atoms = marginals.resolve(500, 3, epsilon, 1e-6)
+        assert (B + 2 * atoms >= 4) == (method == "tree")
+        body = {"mechanism": "smooth_synthetic", "epsilon": epsilon, "delta": 1e-6}
+        preview = client.post(
+            f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body
+        )
+        assert preview.status_code == 200, preview.text
+        assert preview.json()["resolved"]["method"] == method
+    asked = client.post(
+        f"/v1/datasets/{dataset_id}/preview",
+        headers=curator.headers,
+        json={**body, "epsilon": 0.2, "params": {"pair_bins": 2}},
+    )
+    assert asked.status_code == 200, asked.text
+    assert asked.json()["resolved"]["method"] == "tree"
+    assert asked.json()["resolved"]["pair_bins"] == 2
+
+
 @pytest.mark.parametrize(
     ("epsilon", "delta", "params", "fragment"),
     [
