@@ -34,8 +34,9 @@ release of each method on the same data: the default ``tree`` at ``epsilon = 1, 
   1.96 se``, the interval an analyst would form from the answer.
 * ``covers mean``: the same around the mean answer over the rounds (what the noise-only
   interval is for: near 0.95 when the standard error is right, whatever the model's bias).
-* ``s``: seconds to build one release's bootstrap (the first answer's extra wait; later
-  answers reuse it) and to answer one family with standard errors.
+* ``s``: seconds to build one release's bootstrap (what the synthesis stage adds, or the
+  first answer of a version synthesised before it stored them) and to answer one family
+  with standard errors.
 """
 
 from __future__ import annotations

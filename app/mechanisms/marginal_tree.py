@@ -1022,6 +1022,46 @@ class TreeMeasurements:
             )
         )
 
+    def noise_replicate_arrays(self) -> dict[str, NDArray[Any]]:
+        """:attr:`noise_replicates` as arrays to store beside the release (computed once,
+        where the release is synthesised, instead of on its first answer): each
+        replicate's ``p``, ``P``, ``group`` and edge tables, stacked."""
+        models = self.noise_replicates
+        return {
+            "p": np.stack([m.p for m in models]),
+            "P": np.stack([m.P for m in models]),
+            "group": np.stack([m.group for m in models]),
+            "joint": np.stack([np.stack(m.joint) for m in models]),
+        }
+
+    def restore_noise_replicates(self, arrays: Mapping[str, NDArray[Any]]) -> bool:
+        """Take :attr:`noise_replicates` from :meth:`noise_replicate_arrays` of this
+        release (shapes checked; ``False``, and nothing taken, if they do not fit)."""
+        try:
+            p, P, joint = (np.asarray(arrays[k], dtype=np.float64) for k in ("p", "P", "joint"))
+            group = np.asarray(arrays["group"], dtype=np.int64)
+        except (KeyError, ValueError, TypeError):
+            return False
+        d, cells = self.d, self.one_way.cells
+        count = p.shape[0] if p.ndim == 3 else 0
+        fits = (
+            count >= 2
+            and p.shape == group.shape == (count, d, cells)
+            and P.ndim == 3
+            and P.shape[:2] == (count, d)
+            and joint.ndim == 4
+            and joint.shape[:2] == (count, d - 1)
+            and joint.shape[2] == joint.shape[3] in (P.shape[2], cells)
+            and bool(np.all((group >= 0) & (group < P.shape[2])))
+        )
+        if not fits:
+            return False
+        self.__dict__["noise_replicates"] = tuple(  # the cached_property's own slot
+            TreeModel(p=p[r], P=P[r], group=group[r], edges=self.edges, joint=tuple(joint[r]))
+            for r in range(count)
+        )
+        return True
+
     @functools.cached_property
     def noise_replicates(self) -> tuple[TreeModel, ...]:
         """``B =`` :data:`app.mechanisms.bootstrap.REPLICATES` tree laws refitted from

@@ -304,6 +304,20 @@ class MarginalMeasurements:
             replicates.append(replace(self, frequencies=simulated).marginals())
         return np.stack(replicates)
 
+    def noise_replicate_arrays(self) -> dict[str, NDArray[np.float64]]:
+        """:attr:`noise_replicates` as arrays to store beside the release (computed once,
+        where the release is synthesised, instead of on its first answer)."""
+        return {"p": self.noise_replicates}
+
+    def restore_noise_replicates(self, arrays: Mapping[str, NDArray[Any]]) -> bool:
+        """Take :attr:`noise_replicates` from :meth:`noise_replicate_arrays` of this
+        release (shapes checked; ``False``, and nothing taken, if they do not fit)."""
+        p = np.asarray(arrays.get("p", np.empty(0)), dtype=np.float64)
+        if p.ndim != 3 or p.shape[0] < 2 or p.shape[1:] != (self.d, self.cells):
+            return False
+        self.__dict__["noise_replicates"] = p  # the cached_property's own slot
+        return True
+
     def stderrs(self, expansion: TensorExpansion) -> NDArray[np.float64]:
         """``(Q,)`` standard errors of :meth:`expectations` from the DP noise: the spread of
         the answers under :attr:`noise_replicates` (parametric bootstrap). They do not

@@ -679,6 +679,55 @@ def test_smooth_synthetic_synthesis_follows_the_payload(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.parametrize("method", ["marginals", "tree"])
+def test_synthesis_stores_the_answers_bootstrap(tmp_path: Path, method: str) -> None:
+    """The synthesis stage computes the bootstrap replicates and stores them; a load of
+    that version takes them (no refit on the first answer) and answers with the standard
+    errors the lazily computed replicates give. A version without the file, or with one
+    that does not fit, computes them on the first answer."""
+    from app.mechanisms import marginal_tree, marginals
+    from app.releases.adapters.smooth_synthetic import (
+        REPLICATES_FILE,
+        SmoothSynthetic,
+        SyntheticParams,
+    )
+    from app.releases.payloads import pack
+    from app.releases.registry import ColumnInfo, DatasetInfo
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=800)
+    X = np.clip(np.column_stack([z, z + rng.normal(size=800), rng.normal(size=800)]) / 3, -1, 1)
+    info = DatasetInfo(800, tuple(ColumnInfo(c, "continuous", -1, 1) for c in "abc"))
+    measured = (
+        marginal_tree.measure(X, 2.0, 1e-6) if method == "tree" else marginals.measure(X, 2.0)
+    )
+    payload = pack(measured.to_dict())
+    adapter = SmoothSynthetic()
+    params = SyntheticParams(grid_size=500, sample_size=50)
+    out = adapter.synthesize(payload, info, params, rng, tmp_path, lambda _: None)
+    assert REPLICATES_FILE in out.artifacts
+    assert (tmp_path / REPLICATES_FILE).is_file()
+    assert out.summary["seconds"]["noise_replicates"] >= 0
+    stored = adapter.load(payload, info, tmp_path)
+    assert "noise_replicates" in stored.__dict__  # taken from the file, not refitted
+    fresh = adapter.load(payload, info, tmp_path / "elsewhere")
+    assert "noise_replicates" not in fresh.__dict__
+    queries = [
+        {"type": "gaussian_mixture", "centers": [c], "weights": [1.0], "sigma": 0.5}
+        for c in ([0.0, 0.0, 0.0], [0.3, 0.3, -0.2])
+    ]
+    for a, b in zip(
+        adapter.answer(stored, info, queries), adapter.answer(fresh, info, queries), strict=True
+    ):
+        assert a["value"] == b["value"]
+        assert a["stderr"] == pytest.approx(b["stderr"], rel=1e-12)
+        assert a["stderr"] > 0
+    np.savez(tmp_path / REPLICATES_FILE, p=np.zeros((3, 2, 2)))  # another release's shape
+    assert "noise_replicates" not in adapter.load(payload, info, tmp_path).__dict__
+    (tmp_path / REPLICATES_FILE).write_bytes(b"not a zip file")
+    assert "noise_replicates" not in adapter.load(payload, info, tmp_path).__dict__
+
+
 def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst: Caller) -> None:
     dataset_id, data = _dataset(client, curator, n=2000)
     body = {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"smoothness": 4}}

@@ -52,7 +52,8 @@ of it), for ``moments`` ``q_f = sum_k w_k f(s_k)`` on the weighted support; thei
 to the true answer comes from the DP noise and from the dependence between columns the law
 does not hold. ``marginals`` and ``tree`` answers carry the noise's standard error
 (``stderrs`` of the measurements: a parametric bootstrap, :mod:`app.mechanisms.bootstrap`,
-computed on a release's first answer and kept with it in the answer cache); the model's
+computed by the synthesis stage and stored as the artifact :data:`REPLICATES_FILE`, or on
+the first answer of a version synthesised before that); the model's
 error has no per-query bound, so no interval is given (``bench/results/answer_stderr.md``
 measures both); ``moments`` answers carry neither (a bootstrap would re-solve the LP per
 replicate). A ``smooth_synopsis`` release gives answers with calibrated intervals.
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import json
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -91,6 +93,8 @@ NOTE = (
     "the data comes from the DP noise through the fit and has no per-query bound; use a "
     "smooth_synopsis release for answers with standard errors"
 )
+#: The artifact that keeps a marginals or tree release's bootstrap replicates.
+REPLICATES_FILE = "noise_replicates.npz"
 #: What the standard error of a marginals or tree answer is (``bench/results/answer_stderr.md``
 #: for the coverage figures: 20 releases a dataset of WDBC, CTG, PKS, CRM at the defaults).
 BOOTSTRAP_NOTE = (
@@ -473,10 +477,14 @@ class SmoothSynthetic(registry.Mechanism):
     def load(self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path) -> Any:
         """Marginals and tree: the measurements (answers use their law, not the support);
         moments: the weighted support."""
-        if payload_method(payload) == "marginals":
-            return marginals.MarginalMeasurements.from_dict(unpack(payload))
-        if payload_method(payload) == "tree":
-            return marginal_tree.TreeMeasurements.from_dict(unpack(payload))
+        if payload_method(payload) in ("marginals", "tree"):
+            law: marginal_tree.TreeMeasurements | marginals.MarginalMeasurements
+            if payload_method(payload) == "tree":
+                law = marginal_tree.TreeMeasurements.from_dict(unpack(payload))
+            else:
+                law = marginals.MarginalMeasurements.from_dict(unpack(payload))
+            _restore_replicates(law, artifacts / REPLICATES_FILE)
+            return law
         try:
             points = np.load(artifacts / "support_normalized.npy")
             weights = np.load(artifacts / "weights.npy")
@@ -653,29 +661,59 @@ def _synthesize_law(
     """``marginals`` and ``tree``: ``C`` support points drawn from the released law, then
     ``m`` rows drawn from the support."""
     started = time.perf_counter()
+    law: marginal_tree.TreeMeasurements | marginals.MarginalMeasurements
     if payload_method(payload) == "tree":
-        tree = marginal_tree.TreeMeasurements.from_dict(unpack(payload))
+        law = tree = marginal_tree.TreeMeasurements.from_dict(unpack(payload))
         C, m = _marginal_sizes(tree.d, tree.one_way.n, params)
         points, weights = marginal_tree.support(tree, rng, grid_size=C)
         parameters = {**tree.parameters, "C": C}
     else:
-        histograms = marginals.MarginalMeasurements.from_dict(unpack(payload))
+        law = histograms = marginals.MarginalMeasurements.from_dict(unpack(payload))
         C, m = _marginal_sizes(histograms.d, histograms.n, params)
         release = marginals.synthesize_from(histograms, rng, grid_size=C)
         points, weights, parameters = release.points, release.weights, dict(release.parameters)
     support_done = time.perf_counter()
     rows = sample_support(points, weights, m, rng)
+    progress(0.6)
+    sampled = time.perf_counter()
+    # the answers' standard errors (a function of the measurements alone, the same on
+    # every synthesis): computed here, in the background, not on the first answer
+    np.savez(workdir / REPLICATES_FILE, **law.noise_replicate_arrays())
     progress(0.8)
     summary = {
         "parameters": {**parameters, "m": m},
         "seconds": {
             "support": support_done - started,
-            "sample": time.perf_counter() - support_done,
+            "sample": sampled - support_done,
+            "noise_replicates": time.perf_counter() - sampled,
         },
         "support_points": int(points.shape[0]),
         "rows": int(rows.shape[0]),
     }
-    return _write_artifacts(info, workdir, rows, points, weights, summary, "")
+    replicates = ArtifactInfo(
+        REPLICATES_FILE,
+        "application/octet-stream",
+        f"the {bootstrap.REPLICATES} laws of the answers' parametric bootstrap (numpy .npz; "
+        "post-processing of the released measurements)",
+    )
+    return _write_artifacts(
+        info, workdir, rows, points, weights, summary, "", {REPLICATES_FILE: replicates}
+    )
+
+
+def _restore_replicates(
+    law: marginal_tree.TreeMeasurements | marginals.MarginalMeasurements, stored: Path
+) -> None:
+    """The bootstrap replicates the synthesis stored, if it did and they fit this release
+    (versions synthesised before they were stored, or an unreadable file, leave them to be
+    computed on the first answer: the same values, later)."""
+    if not stored.is_file():
+        return
+    try:
+        with np.load(stored, allow_pickle=False) as arrays:
+            law.restore_noise_replicates(arrays)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return
 
 
 def _write_artifacts(
@@ -686,8 +724,10 @@ def _write_artifacts(
     weights: NDArray[np.float64],
     summary: dict[str, Any],
     report: str,
+    extra: Mapping[str, ArtifactInfo] | None = None,
 ) -> Synthesized:
-    """The artifacts of every method (same files, so downloads and answers are shared)."""
+    """The artifacts of every method (same files, so downloads and answers are shared),
+    and ``extra`` ones a method wrote itself."""
     names = info.names
     rows = info.to_original(rows_normalized)
     support = info.to_original(points)
@@ -719,6 +759,7 @@ def _write_artifacts(
                 "application/json",
                 "resolved parameters" + (f" and {report}" if report else ""),
             ),
+            **(extra or {}),
         },
         summary=_json_safe(summary),
     )
