@@ -52,9 +52,9 @@ of it), for ``moments`` ``q_f = sum_k w_k f(s_k)`` on the weighted support; thei
 to the true answer comes from the DP noise and from the dependence between columns the law
 does not hold. ``marginals`` and ``tree`` answers carry the noise's standard error
 (``stderrs`` of the measurements: a parametric bootstrap, :mod:`app.mechanisms.bootstrap`,
-computed by the synthesis stage and stored as the artifact :data:`REPLICATES_FILE`, or on
-the first answer of a version synthesised before that); the model's
-error has no per-query bound, so no interval is given (``bench/results/answer_stderr.md``
+whose laws the synthesis stage computes and stores as the artifact :data:`REPLICATES_FILE`;
+a version synthesised before that computes them on its first answer); the model's error
+has no per-query bound, so no interval is given (``bench/results/answer_stderr.md``
 measures both); ``moments`` answers carry neither (a bootstrap would re-solve the LP per
 replicate). A ``smooth_synopsis`` release gives answers with calibrated intervals.
 """
