@@ -88,6 +88,7 @@ def run_dataset(X: np.ndarray, rounds: int, queries: int) -> dict[str, Any]:
         boot_s, answer_s = [], []
         for r in range(rounds):
             release = _measure(method, X)
+            # fit the released law first, so the time below is the bootstrap's alone
             release.expectations(gaussian_expansion(X[:1, None, :], np.ones((1, 1)), 1.0))
             t = time.perf_counter()
             _ = release.noise_replicates

@@ -993,26 +993,14 @@ class TreeMeasurements:
 
     def expectations(self, expansion: TensorExpansion) -> NDArray[np.float64]:
         """``(Q,)`` exact answers of separable queries under the tree law."""
-        if expansion.dim != self.d:
-            raise MechanismError(
-                f"the query has d = {expansion.dim} columns; the data has d = {self.d}"
-            )
-        length = int(expansion.factors.shape[3])
-        means = marginals.cell_means(self.one_way.bins, self.one_way.atoms, length)
-        return self.model.expectations(expansion, means)
+        return self.model.expectations_of_cells(self._cell_values(expansion), expansion.weights)
 
     def stderrs(self, expansion: TensorExpansion) -> NDArray[np.float64]:
         """``(Q,)`` standard errors of :meth:`expectations` from the DP noise of steps 1
         and 3: the spread of the answers under :attr:`noise_replicates` (parametric
         bootstrap, the tree held fixed). They do not include the error of the tree law
         itself (the dependence it does not hold)."""
-        if expansion.dim != self.d:
-            raise MechanismError(
-                f"the query has d = {expansion.dim} columns; the data has d = {self.d}"
-            )
-        length = int(expansion.factors.shape[3])
-        means = marginals.cell_means(self.one_way.bins, self.one_way.atoms, length)
-        values = cell_values(expansion, means)
+        values = self._cell_values(expansion)
         return bootstrap.standard_errors(
             np.stack(
                 [
@@ -1021,6 +1009,17 @@ class TreeMeasurements:
                 ]
             )
         )
+
+    def _cell_values(self, expansion: TensorExpansion) -> NDArray[np.float64]:
+        """:func:`cell_values` of a query batch on this release's cells (shared by the
+        released law and its bootstrap replicates)."""
+        if expansion.dim != self.d:
+            raise MechanismError(
+                f"the query has d = {expansion.dim} columns; the data has d = {self.d}"
+            )
+        length = int(expansion.factors.shape[3])
+        means = marginals.cell_means(self.one_way.bins, self.one_way.atoms, length)
+        return cell_values(expansion, means)
 
     def noise_replicate_arrays(self) -> dict[str, NDArray[Any]]:
         """:attr:`noise_replicates` as arrays to store beside the release (computed once,
@@ -1187,12 +1186,9 @@ def fine_joint(model: TreeModel, edge: int) -> NDArray[np.float64]:
     if joint.shape == (cells, cells):
         return joint
     i, j = model.edges[edge]
-    within = []
-    for column in (i, j):
-        coarse = model.P[column][model.group[column]]
-        within.append(np.where(coarse > 0, model.p[column] / np.where(coarse > 0, coarse, 1), 0))
+    within = model.within
     table: NDArray[np.float64] = (
-        within[0][:, None] * joint[np.ix_(model.group[i], model.group[j])] * within[1][None, :]
+        within[i][:, None] * joint[np.ix_(model.group[i], model.group[j])] * within[j][None, :]
     )
     return table
 
@@ -1306,9 +1302,8 @@ class TreeModel:
             # local[q j, g] = E[g_qji(x_i) | group g] times the children's messages
             if fine:  # each cell its own group (the copula law): the cell's own value
                 local = values[node] * (P > 0)
-            else:
-                mass = np.eye(b)[self.group[node]] * self.p[node][:, None]  # (cells, b)
-                local = (values[node] @ mass) / np.where(P > 0, P, 1.0) * (P > 0)
+            else:  # the cells' values weighted by their share of their group
+                local = values[node] @ (np.eye(b)[self.group[node]] * self.within[node][:, None])
             if node in messages:
                 local *= messages.pop(node)
             parent = self.parent[node]
@@ -1319,6 +1314,14 @@ class TreeModel:
             else:
                 messages[parent] = local @ self.tables[node].T
         out: NDArray[np.float64] = np.einsum("qj,qj->q", weights, root.reshape(weights.shape))
+        return out
+
+    @functools.cached_property
+    def within(self) -> NDArray[np.float64]:
+        """``(d, cells)``: each fine cell's share of its coarse group, ``p_i(c) /
+        P_i(g_i(c))`` (0 in a group without mass): the law of a column inside a group."""
+        coarse = np.take_along_axis(self.P, self.group, axis=1)
+        out: NDArray[np.float64] = np.where(coarse > 0, self.p / np.where(coarse > 0, coarse, 1), 0)
         return out
 
     def sample(self, C: int, rng: np.random.Generator, bins: int, atoms: bool) -> Any:

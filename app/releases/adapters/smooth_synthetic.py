@@ -93,6 +93,11 @@ NOTE = (
     "the data comes from the DP noise through the fit and has no per-query bound; use a "
     "smooth_synopsis release for answers with standard errors"
 )
+#: The measurement records of the methods whose answers are exact under a released law.
+LAWS: dict[str, type[marginals.MarginalMeasurements] | type[marginal_tree.TreeMeasurements]] = {
+    "marginals": marginals.MarginalMeasurements,
+    "tree": marginal_tree.TreeMeasurements,
+}
 #: The artifact that keeps a marginals or tree release's bootstrap replicates.
 REPLICATES_FILE = "noise_replicates.npz"
 #: What the standard error of a marginals or tree answer is (``bench/results/answer_stderr.md``
@@ -451,7 +456,7 @@ class SmoothSynthetic(registry.Mechanism):
     ) -> Synthesized:
         """Follows the method recorded in the payload (its ``format``), not ``params.method``."""
         assert isinstance(params, SyntheticParams)
-        if payload_method(payload) in ("marginals", "tree"):
+        if payload_method(payload) in LAWS:
             return _synthesize_law(payload, info, params, rng, workdir, progress)
         measurements = ss.Measurements.from_dict(unpack(payload))
         release = ss.synthesize_from(
@@ -477,12 +482,9 @@ class SmoothSynthetic(registry.Mechanism):
     def load(self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path) -> Any:
         """Marginals and tree: the measurements (answers use their law, not the support);
         moments: the weighted support."""
-        if payload_method(payload) in ("marginals", "tree"):
-            law: marginal_tree.TreeMeasurements | marginals.MarginalMeasurements
-            if payload_method(payload) == "tree":
-                law = marginal_tree.TreeMeasurements.from_dict(unpack(payload))
-            else:
-                law = marginals.MarginalMeasurements.from_dict(unpack(payload))
+        method = payload_method(payload)
+        if method in LAWS:
+            law = LAWS[method].from_dict(unpack(payload))
             _restore_replicates(law, artifacts / REPLICATES_FILE)
             return law
         try:
@@ -661,16 +663,14 @@ def _synthesize_law(
     """``marginals`` and ``tree``: ``C`` support points drawn from the released law, then
     ``m`` rows drawn from the support."""
     started = time.perf_counter()
-    law: marginal_tree.TreeMeasurements | marginals.MarginalMeasurements
-    if payload_method(payload) == "tree":
-        law = tree = marginal_tree.TreeMeasurements.from_dict(unpack(payload))
-        C, m = _marginal_sizes(tree.d, tree.one_way.n, params)
-        points, weights = marginal_tree.support(tree, rng, grid_size=C)
-        parameters = {**tree.parameters, "C": C}
+    law = LAWS[payload_method(payload)].from_dict(unpack(payload))
+    if isinstance(law, marginal_tree.TreeMeasurements):
+        C, m = _marginal_sizes(law.d, law.one_way.n, params)
+        points, weights = marginal_tree.support(law, rng, grid_size=C)
+        parameters = {**law.parameters, "C": C}
     else:
-        law = histograms = marginals.MarginalMeasurements.from_dict(unpack(payload))
-        C, m = _marginal_sizes(histograms.d, histograms.n, params)
-        release = marginals.synthesize_from(histograms, rng, grid_size=C)
+        C, m = _marginal_sizes(law.d, law.n, params)
+        release = marginals.synthesize_from(law, rng, grid_size=C)
         points, weights, parameters = release.points, release.weights, dict(release.parameters)
     support_done = time.perf_counter()
     rows = sample_support(points, weights, m, rng)
@@ -702,7 +702,7 @@ def _synthesize_law(
 
 
 def _restore_replicates(
-    law: marginal_tree.TreeMeasurements | marginals.MarginalMeasurements, stored: Path
+    law: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements, stored: Path
 ) -> None:
     """The bootstrap replicates the synthesis stored, if it did and they fit this release
     (versions synthesised before they were stored, or an unreadable file, leave them to be
