@@ -274,6 +274,60 @@ def test_0005_scrubs_stored_clip_counts(empty_database: str) -> None:
     migrations.downgrade(url, "0004")
 
 
+def test_0007_marks_earlier_attempts_as_possibly_read(empty_database: str) -> None:
+    """Releases recorded before 0007 with a measure attempt (or a measurement) may have
+    read the data: 0007 sets their ``read_started_at``; a release never claimed keeps it
+    null, so a later end before reading refunds it."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from sqlalchemy import MetaData, select
+
+    url = empty_database
+    migrations.upgrade(url, "0006")
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    user, dataset = uuid.uuid4(), uuid.uuid4()
+    attempts = {uuid.uuid4(): 0, uuid.uuid4(): 1, uuid.uuid4(): 3}
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        users, datasets, releases = (meta.tables[n] for n in ("users", "datasets", "releases"))
+        with engine.begin() as connection:
+            _owner_and_dataset(connection, users, datasets, user, dataset, now)
+            for release_id, count in attempts.items():
+                connection.execute(
+                    releases.insert().values(
+                        id=release_id.hex,
+                        dataset_id=dataset.hex,
+                        mechanism="smooth_synthetic",
+                        status="queued" if count == 0 else "measuring",
+                        epsilon=1,
+                        delta=0,
+                        params={"method": "marginals"},
+                        created_by=user.hex,
+                        created_at=now,
+                        updated_at=now,
+                        attempts=count,
+                    )
+                )
+    finally:
+        engine.dispose()
+    migrations.upgrade(url, "0007")
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        table = meta.tables["releases"]
+        with engine.connect() as connection:
+            rows = connection.execute(select(table.c.id, table.c.read_started_at)).all()
+    finally:
+        engine.dispose()
+    started = {uuid.UUID(str(r[0])): r[1] is not None for r in rows}
+    assert started == {release_id: count > 0 for release_id, count in attempts.items()}
+    migrations.downgrade(url, "0006")
+
+
 def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> None:
     """At head: a dataset, one release of it with ``ledger_kinds`` entries, and its stored
     measurements if ``measured``."""

@@ -72,6 +72,11 @@ class Release(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(128), default=None)
     lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: When a measure attempt first opened the data file (set, in a transaction of its
+    #: own, before a row is read; never cleared): an attempt that died may have read the
+    #: data only if this is set. Releases recorded before migration 0007 with any attempt
+    #: have it set (their attempts may have read).
+    read_started_at: Mapped[datetime | None] = mapped_column(default=None)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     resolved: Mapped[dict[str, Any]] = mapped_column(default=dict)
     #: The accuracy predicted at the request from public values (as the preview's);

@@ -6,7 +6,9 @@ transaction, stores the noisy measurements, turns the ledger reservation into a 
 moves the release on to *synthesise*. If it fails or is cancelled before that
 transaction, nothing is stored, and the reservation is refunded only if no row was read
 (by this attempt or an earlier one): otherwise it is spent (DESIGN rule 6; a refunded
-failure after reading could depend on the data). If its worker dies, the noise it drew
+failure after reading could depend on the data). Before it opens the data file an attempt
+records ``read_started_at`` in a transaction of its own, so an earlier attempt whose
+worker died counts as having read only if it got that far. If its worker dies, the noise it drew
 was never stored or shown to anyone, the lease expires and the sweeper hands the stage to
 another worker, which measures afresh. Once measurements exist they are immutable
 (database triggers), so no retry ever redraws them.
@@ -118,9 +120,12 @@ class Claim:
     synthesis_version: int
     seed: int
     cancel_requested: bool
-    #: Earlier claims of this release (for the measure stage: attempts that may have read
-    #: the data before their worker died or lost its lease).
+    #: Earlier claims of this release (for the measure stage: attempts whose worker died
+    #: or lost its lease).
     prior_attempts: int = 0
+    #: Whether an earlier measure attempt opened the data (``Release.read_started_at``):
+    #: only then may a dead attempt have read it.
+    read_before: bool = False
 
 
 def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | None:
@@ -155,6 +160,7 @@ def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | Non
             seed=release.seed,
             cancel_requested=release.cancel_requested,
             prior_attempts=prior_attempts,
+            read_before=release.read_started_at is not None,
         )
 
 
@@ -277,8 +283,20 @@ def _outcome(read: bool, mechanism: registry.Mechanism) -> str:
 
 def _has_read(claim: Claim, source: EncryptedTableSource | None) -> bool:
     """Whether the data may have been read: rows read in this attempt, or an earlier
-    attempt of the stage (its worker died or lost its lease, possibly after reading)."""
-    return claim.prior_attempts > 0 or (source is not None and source.rows_read > 0)
+    attempt of the stage that opened the data (its worker died or lost its lease, possibly
+    after reading). An earlier attempt that died before opening it read nothing."""
+    return claim.read_before or (source is not None and source.rows_read > 0)
+
+
+def _start_reading(services: Services, claim: Claim) -> None:
+    """Record, in a transaction of its own that commits before the data file is opened,
+    that this attempt may read the data (``Release.read_started_at``, set once): if its
+    worker dies, the next attempt knows the data may have been read."""
+    with _owned(services, claim, "measuring") as release:
+        if release is None:
+            raise LeaseLost
+        if release.read_started_at is None:
+            release.read_started_at = utcnow()
 
 
 def run_measure(services: Services, release_id: uuid.UUID) -> None:
@@ -296,15 +314,16 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
         _end_measuring(services, claim, "cancelled", message, read=read)
         return
     if claim.prior_attempts >= MAX_MEASURE_ATTEMPTS:
-        # every attempt may have read the data: a stage that keeps dying is not retried
-        # for ever, each retry reading the data again
+        # a stage that keeps dying is not retried for ever, each retry reading the data
+        # again (spent if any attempt opened the data)
+        read = _has_read(claim, None)
         _end_measuring(
             services,
             claim,
             "failed",
             f"the measure stage was attempted {claim.prior_attempts} times (its workers died "
-            f"or lost their leases); {_outcome(True, mechanism)}",
-            read=True,
+            f"or lost their leases); {_outcome(read, mechanism)}",
+            read=read,
         )
         return
     source: EncryptedTableSource | None = None
@@ -320,6 +339,7 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             # exactly, so a graph's read only checks for a cancel or a lost lease.
             count_rows = dataset.kind != "graph"
         eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
+        _start_reading(services, claim)
         with Heartbeat(services, claim) as heartbeat:
             source = EncryptedTableSource(
                 path,

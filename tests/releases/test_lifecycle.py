@@ -18,6 +18,8 @@ from sqlalchemy.exc import DBAPIError
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.models import Release, ReleaseMeasurement
+from app.models.base import utcnow
+from app.releases import stages
 from app.releases.service import QUEUED
 from app.releases.stages import run_measure, run_synthesize, sweep
 from tests.conftest import Caller
@@ -399,12 +401,14 @@ def test_measure_failure_refunds_only_before_reading(
 
 
 @pytest.mark.parametrize("ending", ["cancelled", "failed"])
-def test_a_measure_retried_after_a_lost_worker_never_refunds(
-    ending: str, client: TestClient, curator: Caller
+@pytest.mark.parametrize("opened", [True, False])
+def test_a_measure_retried_after_a_lost_worker_refunds_only_if_nothing_was_opened(
+    ending: str, opened: bool, client: TestClient, curator: Caller
 ) -> None:
-    """The sweeper re-queues a measure whose worker died, maybe after reading the data;
-    a retry that ends without measurements, even before reading anything itself, keeps the
-    spend (it was refunded)."""
+    """The sweeper re-queues a measure whose worker died. If that attempt had opened the
+    data (``read_started_at`` set), a retry that ends without measurements, even before
+    reading anything itself, keeps the spend (it was refunded). If it died before opening
+    the data, nothing was read and the retry's end refunds (it was spent)."""
     dataset_id = dataset(client, curator)
     params = {"fail_in": "measure_before_reading"} if ending == "failed" else {}
     release_id = request_release(client, curator, dataset_id, {**REQUEST, "params": params})
@@ -413,14 +417,48 @@ def test_a_measure_retried_after_a_lost_worker_never_refunds(
         release = session.get(Release, uuid.UUID(release_id))
         assert release is not None
         release.status, release.attempts, release.lease_owner = "measuring", 1, QUEUED
+        release.read_started_at = utcnow() if opened else None
     if ending == "cancelled":
         cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
         assert cancelled.json()["cancel_requested"] is True
     run_measure(services_of(client), uuid.UUID(release_id))
     final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert final["status"] == ending
-    assert final["message"].endswith("the data may have been read, so the budget stays spent")
-    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    if opened:
+        assert final["message"].endswith("the data may have been read, so the budget stays spent")
+        assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    else:
+        assert final["message"].endswith("refunded")
+        assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+
+
+def test_an_attempt_records_that_it_opened_the_data_before_reading(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_started_at`` is committed before the first row is read (the mechanism sees
+    it set), and an attempt that then fails before reading any row is still refunded."""
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    body = {**REQUEST, "params": {"fail_in": "measure_before_reading"}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    seen: list[object] = []
+    original = stages.EncryptedTableSource
+
+    def spying(*args: object, **kwargs: object) -> object:
+        with services.db.transaction(read_only=True) as session:
+            release = session.get(Release, uuid.UUID(release_id))
+            assert release is not None
+            seen.append(release.read_started_at)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "EncryptedTableSource", spying)
+    run_measure(services, uuid.UUID(release_id))
+    assert len(seen) == 1
+    assert seen[0] is not None
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "failed"
+    assert final["message"].endswith("nothing was read; the budget was refunded")
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
 
 
 def test_a_measurement_that_cannot_be_stored_ends_the_release_spent(
@@ -443,9 +481,13 @@ def test_a_measurement_that_cannot_be_stored_ends_the_release_spent(
     assert not _stored(client, release_id)
 
 
-def test_the_measure_stage_gives_up_after_its_attempts(client: TestClient, curator: Caller) -> None:
+@pytest.mark.parametrize("opened", [True, False])
+def test_the_measure_stage_gives_up_after_its_attempts(
+    opened: bool, client: TestClient, curator: Caller
+) -> None:
     """Each claim of the measure stage may read the data: after MAX_MEASURE_ATTEMPTS claims
-    whose workers died, the next ends the release (spent) instead of reading again."""
+    whose workers died, the next ends the release instead of reading again: spent if an
+    attempt opened the data, refunded if every one died before that."""
     from app.releases.stages import MAX_MEASURE_ATTEMPTS
 
     dataset_id = dataset(client, curator)
@@ -455,14 +497,21 @@ def test_the_measure_stage_gives_up_after_its_attempts(client: TestClient, curat
         assert release is not None
         release.status, release.lease_owner = "measuring", QUEUED
         release.attempts = MAX_MEASURE_ATTEMPTS
+        release.read_started_at = utcnow() if opened else None
     run_measure(services_of(client), uuid.UUID(release_id))
     final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert final["status"] == "failed"
+    outcome = (
+        "the data may have been read, so the budget stays spent"
+        if opened
+        else "nothing was read; the budget was refunded"
+    )
     assert final["message"] == (
         f"the measure stage was attempted {MAX_MEASURE_ATTEMPTS} times (its workers died or "
-        "lost their leases); the data may have been read, so the budget stays spent"
+        f"lost their leases); {outcome}"
     )
-    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    settled = "commit" if opened else "refund"
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", settled]
 
 
 def test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper(
