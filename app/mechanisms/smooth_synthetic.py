@@ -79,20 +79,37 @@ Defaults and the parameter rules
   ``sqrt(lambda_hat)``.
 * ``solver="simplex"``: the vertex solution of the paper; ``"ipm"`` gives an interior
   optimum (mass spread over many candidates).
+
+Standard errors
+---------------
+:func:`noise_replicates` bootstraps a release (:mod:`app.mechanisms.bootstrap`): the
+released moments measured again at their own noise law and scale, each refitted on fresh
+candidates, 20 times; the spread of a query's answers over the 20 supports is its standard
+error (:class:`SupportReplicates`). It costs 20 syntheses (WDBC 1.8 s, CRM 19 s with the
+vertex LP). Against the spread of answers over 20 independent releases of the same data
+(``bench/results/answer_stderr_moments.md``, ``epsilon = 1, delta = 1e-9``, the library
+defaults) it reads 0.89-1.18 of it on the uniform-centre queries and 0.59-1.92 on the
+row-centred ones, and ``value +- 1.96 se`` holds the mean release's answer for 81-100 % of
+the queries. It does not hold the truth: the fit's own error (``R + 1`` support points,
+the dependence the moments leave out) dominates on CTG and PKS (noise share 0.09-0.23 on
+the uniform-centre queries; covered 0-4 %), and on every dataset's row-centred queries
+(0 %); on WDBC it covered 85-92 %, on CRM 51-64 %. Simulated around the released
+support's own moments instead of ``b_hat`` it read 0.60-0.94 and 0.42-0.72 (the first run
+of the benchmark; :func:`noise_replicates` says why).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from app.mechanisms import basis, grids, lp, noise, pca
+from app.mechanisms import basis, bootstrap, grids, lp, noise, pca
 from app.mechanisms.data import RowSource, as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import PrivacyCost, check_budget
@@ -619,6 +636,159 @@ def synthesize_from(
             "sample": t_end - t_lp,
             "total": t_end - started,
         },
+    )
+
+
+# --- standard errors -----------------------------------------------------------------------
+
+#: A bootstrap replicate keeps the fewest heaviest support points that hold all but this
+#: much of its mass (renormalised): an interior-point solution puts ~1e-12 on each of its
+#: ``C`` candidates and its mass on about ``R`` of them (WDBC, ``R = 30``: 12 points hold
+#: all but ``1e-9``), so a replicate stores tens of points, not ``C``. An answer moves by
+#: at most ``2e-9 max |f|``.
+REPLICATE_MASS_CUT = 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class SupportReplicates:
+    """The weighted supports of a moments release's parametric bootstrap
+    (:func:`noise_replicates`): replicate ``b`` is ``points[o_b : o_b + sizes[b]]`` with
+    ``weights`` likewise (``o_b`` the sum of the earlier sizes; each replicate's weights sum
+    to 1)."""
+
+    d: int
+    points: NDArray[np.float64]
+    weights: NDArray[np.float64]
+    sizes: NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        points = np.array(self.points, dtype=np.float64, copy=True)
+        weights = np.array(self.weights, dtype=np.float64, copy=True)
+        sizes = np.array(self.sizes, dtype=np.int64, copy=True)
+        if points.ndim != 2 or points.shape[1] != self.d or weights.shape != (points.shape[0],):
+            raise MechanismError("replicate points must be (K, d) with one weight per point")
+        if sizes.ndim != 1 or sizes.size < 2 or np.any(sizes < 1):
+            raise MechanismError("a bootstrap needs at least two non-empty replicates")
+        if int(sizes.sum()) != points.shape[0]:
+            raise MechanismError("replicate sizes must add up to the number of points")
+        if not np.all(np.isfinite(points)) or np.any(weights < 0):
+            raise MechanismError("replicate points must be finite and weights non-negative")
+        sums = np.add.reduceat(weights, self.offsets_of(sizes))
+        if not np.allclose(sums, 1.0, rtol=0.0, atol=1e-9):
+            raise MechanismError("each replicate's weights must sum to 1")
+        for array in (points, weights, sizes):
+            array.setflags(write=False)
+        object.__setattr__(self, "points", points)
+        object.__setattr__(self, "weights", weights)
+        object.__setattr__(self, "sizes", sizes)
+
+    @staticmethod
+    def offsets_of(sizes: NDArray[np.int64]) -> NDArray[np.int64]:
+        out: NDArray[np.int64] = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        return out
+
+    @property
+    def count(self) -> int:
+        return int(self.sizes.size)
+
+    def answers(self, query: Query) -> NDArray[np.float64]:
+        """``(B,)`` answers ``sum_k w*_bk f(s*_bk)`` of the replicates."""
+        terms = self.weights * query.evaluate(self.points)
+        out: NDArray[np.float64] = np.add.reduceat(terms, self.offsets_of(self.sizes))
+        return out
+
+    def stderr(self, query: Query) -> float:
+        """The bootstrap standard error of ``query``'s answer (the replicates' spread)."""
+        return float(bootstrap.standard_errors(self.answers(query)[:, None])[0])
+
+    def to_arrays(self) -> dict[str, NDArray[np.float64] | NDArray[np.int64]]:
+        return {"points": self.points, "weights": self.weights, "sizes": self.sizes}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, NDArray[Any]], d: int) -> SupportReplicates:
+        """Inverse of :meth:`to_arrays`; :class:`MechanismError` if they do not fit ``d``."""
+        try:
+            return cls(
+                d=d,
+                points=np.asarray(arrays["points"]),
+                weights=np.asarray(arrays["weights"]),
+                sizes=np.asarray(arrays["sizes"]),
+            )
+        except KeyError as exc:
+            raise MechanismError(f"replicates lack {exc.args[0]!r}") from None
+
+
+def noise_replicates(
+    release: SyntheticRelease,
+    replicates: int = bootstrap.REPLICATES,
+    progress: Callable[[float], None] | None = None,
+) -> SupportReplicates:
+    """The parametric bootstrap of a moments release (:mod:`app.mechanisms.bootstrap`).
+
+    The released moments ``b_hat`` are taken as the true moment vector (the plug-in
+    estimate of the parameter the noise is added to) and measured again ``B`` times with
+    the release's own noise law and scale, ``b*_b = b_hat + z_b``; each is refitted as the
+    release was (:func:`synthesize_from` with its ``C``, grid, solver, rounding and radius:
+    fresh candidates, the L1 LP). The spread of a query's answers over the ``B`` supports
+    is the standard error of its answer.
+
+    Why ``b_hat`` and not the moments of the released support, ``sum_k w_k T(s_k)``: the LP
+    is an L1 projection onto the moments the candidates can reach, and the data's noisy
+    moments lie outside them; simulated around the support's own moments (inside), the
+    refits vary less than releases do. Against the spread over 10-12 independent releases
+    (side script, ``epsilon = 1, delta = 1e-9``, pooled se / sd): WDBC uniform ``sigma = 4``
+    0.66 (support) against 0.91 (``b_hat``), rows ``sigma = 2`` 0.57 against 0.95; CTG 0.67
+    against 0.84 and 0.70 against 1.08. On a small case the two agree (0.96 / 0.95 at
+    ``epsilon = 0.1``, 1.01 / 1.01 at ``epsilon = 1``; ``tests/mechanisms/test_bootstrap.py``).
+
+    What is simulated: the moment noise and the candidates (both vary from one release of
+    the same data to the next). What is held fixed: the private PCA of the ellipsoid grid
+    and a separately measured centre (a centre taken from the first-degree moments moves
+    with them). Post-processing of the release and public scales: no budget. The draws
+    come from a generator seeded by the released moments and support
+    (:func:`app.mechanisms.bootstrap.seed_of`), so every process gets the same supports.
+    ``progress`` is called with the fraction of replicates done. Each replicate is one
+    synthesis (0.08 s on WDBC with the vertex LP, 0.4 s with the IPM; up to ~1.4 s on CRM).
+    """
+    measurements = release.measurements
+    calibration = measurements.moment_noise
+    if calibration is None:
+        raise MechanismError("a bootstrap needs the release's noise record")
+    if replicates < 2:
+        raise MechanismError(f"replicates ({replicates!r}) must be at least 2")
+    params = release.parameters
+    truth = np.asarray(measurements.moments)
+    rng = np.random.default_rng(
+        bootstrap.seed_of(measurements.moments, release.points, release.weights)
+    )
+    points, weights, sizes = [], [], []
+    for _ in range(replicates):
+        simulated = truth + bootstrap.simulated_noise(
+            calibration.distribution, calibration.scale, truth.shape, rng
+        )
+        refit = synthesize_from(
+            replace(measurements, moments=simulated),
+            rng,
+            grid_size=None if measurements.grid == "full" else int(params["C"]),
+            solver=str(params["solver"]),
+            sample_size=1,
+            rounding=params.get("rounding"),
+            grid_resolution=params.get("grid_resolution"),
+            ellipsoid_radius=params.get("ellipsoid_radius") or "paper",
+        )
+        order = np.argsort(refit.weights)[::-1]
+        held = np.cumsum(refit.weights[order])
+        keep = order[: min(int(np.searchsorted(held, 1.0 - REPLICATE_MASS_CUT)) + 1, order.size)]
+        points.append(refit.points[keep])
+        weights.append(refit.weights[keep] / refit.weights[keep].sum())
+        sizes.append(keep.size)
+        if progress is not None:
+            progress(len(sizes) / replicates)
+    return SupportReplicates(
+        d=measurements.d,
+        points=np.concatenate(points),
+        weights=np.concatenate(weights),
+        sizes=np.asarray(sizes, dtype=np.int64),
     )
 
 

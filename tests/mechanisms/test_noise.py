@@ -296,6 +296,7 @@ SIMULATION = "simulated_noise"
 SIMULATION_CALLERS = {
     "marginals.py": {"noise_replicates"},
     "marginal_tree.py": {"simulated_measurements"},
+    "smooth_synthetic.py": {"noise_replicates"},
 }
 
 
