@@ -8,15 +8,21 @@ Run from the repository root:
 The ``marginals`` and ``tree`` methods of ``smooth_synthetic`` answer a query with the
 exact expectation under their fitted law and give it a standard error by the parametric
 bootstrap of :mod:`app.mechanisms.bootstrap` (``stderrs``: the law refitted from
-``REPLICATES`` measurements simulated under the released law). This benchmark checks that
-figure against what it estimates and against what an analyst wants to know.
+``REPLICATES`` measurements simulated under the released law); ``moments`` answers on its
+weighted support and bootstraps it likewise (:func:`app.mechanisms.smooth_synthetic.
+noise_replicates`: moments simulated from the support, refitted on fresh candidates). This
+benchmark checks that figure against what it estimates and against what an analyst wants
+to know.
 
 Protocol: the query families of ``bench/smooth_marginals.py`` (paper 000 §4 uniform
 centres at sigma in {2, 4, 6, 8, 10}; centres at real rows plus N(0, 0.1^2) jitter at
 sigma in {1, 2}; per-column min/max normalisation, benchmark only). Each round makes one
 release of each method on the same data: the default ``tree`` at ``epsilon = 1, delta =
-1e-9`` (the default of ``smooth_synthetic`` when ``delta > 0``) and ``marginals`` at pure
-``epsilon = 1`` (the default when ``delta = 0``). Columns, per family:
+1e-9`` (the default of ``smooth_synthetic`` when ``delta > 0``), ``marginals`` at pure
+``epsilon = 1`` (the default when ``delta = 0``) and ``moments`` at ``epsilon = 1, delta =
+1e-9`` (paper 000 with the library defaults: Gaussian moments, ``R = max(d, R_paper)``,
+``C = 10^4`` hypercube candidates, the vertex LP). ``--methods`` picks some of them and
+``--name`` the results' file stem. Columns, per family:
 
 * ``se / sd``: the bootstrap standard error against the standard deviation of the
   answers across the rounds (independent releases of the same data: the noise's actual
@@ -49,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from app.mechanisms import bootstrap, marginal_tree, marginals
+from app.mechanisms import smooth_synthetic as ss
 from app.mechanisms.chebyshev import gaussian_expansion
 from bench._common import Run
 from bench.smooth_marginals import DELTA, _families
@@ -56,16 +63,37 @@ from bench.smooth_synthetic import DATA_DIR, load_datasets
 
 Z_95 = 1.959963984540054
 BLOCK = 100
-METHODS = ("tree (eps, delta)", "marginals (eps)")
+METHODS = ("tree (eps, delta)", "marginals (eps)", "moments (eps, delta)")
+#: ``--methods`` names.
+SHORT = {"tree": METHODS[0], "marginals": METHODS[1], "moments": METHODS[2]}
 
 
 def _measure(method: str, X: np.ndarray) -> Any:
     if method == METHODS[0]:
         return marginal_tree.measure(X, 1.0, DELTA)
+    if method == METHODS[2]:
+        return ss.synthesize(X, 1.0, DELTA, rng=np.random.default_rng(), sample_size=1)
     return marginals.measure(X, 1.0, 0.0)
 
 
-def _answers(release: Any, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+def _bootstrap(release: Any) -> None:
+    """Fit the released law (not timed), then build the bootstrap (timed by the caller)."""
+    if isinstance(release, ss.SyntheticRelease):
+        return
+    release.expectations(gaussian_expansion(np.zeros((1, 1, release.d)), np.ones((1, 1)), 1.0))
+
+
+def _answers(release: Any, batch: Any, replicates: Any) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(release, ss.SyntheticRelease):
+        offsets = replicates.offsets_of(replicates.sizes)
+        supports = [
+            batch.answers(replicates.points[o : o + k], replicates.weights[o : o + k])
+            for o, k in zip(offsets, replicates.sizes, strict=True)
+        ]
+        return (
+            batch.answers(release.points, release.weights),
+            bootstrap.standard_errors(np.stack(supports)),
+        )
     values, errors = [], []
     for start in range(0, len(batch), BLOCK):
         expansion = gaussian_expansion(
@@ -78,24 +106,29 @@ def _answers(release: Any, batch: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(values), np.concatenate(errors)
 
 
-def run_dataset(X: np.ndarray, rounds: int, queries: int) -> dict[str, Any]:
+def run_dataset(
+    X: np.ndarray, rounds: int, queries: int, methods: tuple[str, ...] = METHODS
+) -> dict[str, Any]:
     families = _families(X, queries)
     truth = {k: b.answers(X) for k, b in families.items()}
     out: dict[str, Any] = {}
-    for method in METHODS:
+    for method in methods:
         values: dict[str, list[np.ndarray]] = {k: [] for k in families}
         errors: dict[str, list[np.ndarray]] = {k: [] for k in families}
         boot_s, answer_s = [], []
         for r in range(rounds):
             release = _measure(method, X)
-            # fit the released law first, so the time below is the bootstrap's alone
-            release.expectations(gaussian_expansion(X[:1, None, :], np.ones((1, 1)), 1.0))
+            _bootstrap(release)
             t = time.perf_counter()
-            _ = release.noise_replicates
+            replicates = (
+                ss.noise_replicates(release)
+                if isinstance(release, ss.SyntheticRelease)
+                else release.noise_replicates
+            )
             boot_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             for k, batch in families.items():
-                v, e = _answers(release, batch)
+                v, e = _answers(release, batch, replicates)
                 values[k].append(v)
                 errors[k].append(e)
             answer_s.append((time.perf_counter() - t) / len(families))
@@ -130,7 +163,7 @@ def _summary(result: dict[str, Any]) -> list[str]:
     """Ranges over the datasets, per method: ``se / sd`` and ``covers truth`` on the
     uniform-centre families and on the row-centred ones."""
     lines = ["Ranges over the datasets:", ""]
-    for method in METHODS:
+    for method in next(iter(result["datasets"].values()))["methods"]:
         cells: dict[str, dict[str, list[float]]] = {"uniform": {}, "rows": {}}
         for per_method in result["datasets"].values():
             for family, c in per_method["methods"][method]["families"].items():
@@ -161,7 +194,9 @@ def render(result: dict[str, Any]) -> str:
         f"{s['rounds']} releases of each method per dataset, {s['queries']} queries per family, "
         f"{s['replicates']} bootstrap replicates per release. `tree`: the default "
         "`smooth_synthetic` at epsilon = 1, delta = 1e-9; `marginals`: the default at pure "
-        "epsilon = 1. A cell reads `se / sd` | `noise share` | `covers truth` | `covers mean`.",
+        "epsilon = 1; `moments`: paper 000's method with the library defaults at epsilon = "
+        "1, delta = 1e-9. A cell reads `se / sd` | `noise share` | `covers truth` | "
+        "`covers mean`.",
     ]
     lines += ["", *_summary(result)]
     for name, per_method in result["datasets"].items():
@@ -185,9 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--datasets", default="WDBC,CTG,PKS,CRM")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--methods", default=",".join(SHORT), help="of " + ", ".join(SHORT))
+    parser.add_argument("--name", default="answer_stderr", help="results file stem")
     args = parser.parse_args(argv)
+    methods = tuple(SHORT[m] for m in args.methods.split(","))
     command = "python -m bench.answer_stderr " + " ".join(sys.argv[1:] if argv is None else argv)
-    run = Run("answer_stderr", command.strip())
+    run = Run(args.name, command.strip())
     data = load_datasets(args.datasets.split(","), DATA_DIR)
     result: dict[str, Any] = {
         "settings": {
@@ -202,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         result["datasets"][name] = {
             "n": int(X.shape[0]),
             "d": int(X.shape[1]),
-            "methods": run_dataset(X, args.rounds, args.queries),
+            "methods": run_dataset(X, args.rounds, args.queries, methods),
         }
     run.write(render(result), result)
 

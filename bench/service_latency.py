@@ -195,7 +195,7 @@ def main() -> None:
         "WDBC (569 rows, 30 continuous columns; the request's epsilon is 0.1 so that every round",
         "fits one budget, but 1 for the tree, whose histograms need 4 cells), embedded worker",
         f"and SQLite, {args.rounds} releases per row. Latency from `POST /releases` to: the 202",
-        "answer, status `succeeded` (for marginals and tree, with the answers' bootstrap laws",
+        "answer, status `succeeded` (for smooth_synthetic, with the answers' bootstrap replicates",
         "stored), and the artifact downloaded (the client polls every 20 ms).",
         "",
         "| release | accepted | succeeded | downloadable |",

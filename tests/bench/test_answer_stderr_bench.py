@@ -30,3 +30,5 @@ def test_bench_runs_and_renders_on_a_tiny_dataset() -> None:
     assert "## TINY (n = 500, d = 3)" in text
     assert "Ranges over the datasets:" in text
     assert text.count("| tree (eps, delta) |") == 1
+    assert text.count("| moments (eps, delta) |") == 1
+    assert "* moments (eps, delta): `se / sd`" in text

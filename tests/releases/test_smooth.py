@@ -120,8 +120,11 @@ def test_smooth_synthetic_moments_end_to_end(client: TestClient, curator: Caller
         client, curator, release_id, [original, _original_to_normalised_query(center, sigma)]
     )
     assert a["value"] == pytest.approx(b["value"], rel=1e-12)
-    assert a["stderr"] is None
-    assert "no per-query bound" in a["note"]
+    # the bootstrap's standard error, the same for the same function in either unit
+    assert a["stderr"] == pytest.approx(b["stderr"], rel=1e-9)
+    assert 0 < a["stderr"] < 0.2
+    assert a["interval"] is None
+    assert "parametric bootstrap" in a["note"]
     # a polynomial in original units is the weighted mean over the downloaded support
     poly = {
         "type": "polynomial",
@@ -666,9 +669,9 @@ def test_smooth_synthetic_synthesis_follows_the_payload(tmp_path: Path) -> None:
         if method == "marginals":  # answers come from the measured product law itself
             assert isinstance(loaded, marginals.MarginalMeasurements)
         else:
-            points, weights = loaded
-            assert points.shape == (weights.size, 2)
-            assert weights.sum() == pytest.approx(1.0)
+            assert loaded.points.shape == (loaded.weights.size, 2)
+            assert loaded.weights.sum() == pytest.approx(1.0)
+            assert loaded.replicates is not None
         query = {"type": "gaussian_mixture", "centers": [[0.0, 0.0]], "weights": [1.0], "sigma": 1}
         (answer,) = adapter.answer(loaded, info, [query])
         assert 0.0 < answer["value"] <= 1.0
@@ -677,6 +680,77 @@ def test_smooth_synthetic_synthesis_follows_the_payload(tmp_path: Path) -> None:
         adapter.synthesize(
             {"format": "other"}, info, SyntheticParams(), np.random.default_rng(), tmp_path, print
         )
+
+
+def test_moments_synthesis_stores_the_answers_bootstrap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A moments synthesis stores its bootstrap supports and answers carry their standard
+    errors; a version without them (synthesised before, or a file that is corrupt or of
+    another shape) answers with ``stderr`` None and says to re-synthesise; a refit the LP
+    solver fails leaves the release intact, without the file."""
+    from app.mechanisms import smooth_synthetic as ss
+    from app.mechanisms.errors import SolverError
+    from app.releases.adapters import smooth_synthetic as adapter_module
+    from app.releases.adapters.smooth_synthetic import (
+        REPLICATES_FILE,
+        SmoothSynthetic,
+        SyntheticParams,
+    )
+    from app.releases.payloads import pack
+    from app.releases.registry import ColumnInfo, DatasetInfo
+
+    rng = np.random.default_rng(0)
+    X = np.clip(rng.normal(0.2, 0.3, size=(600, 3)), -1, 1)
+    info = DatasetInfo(600, tuple(ColumnInfo(c, "continuous", -1, 1) for c in "abc"))
+    payload = pack(ss.measure(X, 1.0, 1e-6, rng=np.random.default_rng(1)).to_dict())
+    adapter = SmoothSynthetic()
+    params = SyntheticParams(grid_size=500, sample_size=50)
+    seen: list[float] = []
+    out = adapter.synthesize(payload, info, params, rng, tmp_path, seen.append)
+    assert REPLICATES_FILE in out.artifacts
+    assert seen == sorted(seen)
+    assert seen[-1] <= 1.0
+    assert out.summary["seconds"]["noise_replicates"] >= 0
+    loaded = adapter.load(payload, info, tmp_path)
+    assert loaded.replicates is not None
+    query = {"type": "gaussian_mixture", "centers": [[0.2, 0.1, 0.3]], "weights": [1.0]}
+    (answer,) = adapter.answer(loaded, info, [{**query, "sigma": 1.0}])
+    assert answer["stderr"] > 0
+    assert "parametric bootstrap" in answer["note"]
+
+    for content in (None, b"not a zip file", "misfit"):
+        stale = tmp_path / "stale"
+        stale.mkdir(exist_ok=True)
+        for name in ("support_normalized.npy", "weights.npy"):
+            (stale / name).write_bytes((tmp_path / name).read_bytes())
+        if content == "misfit":  # another release's supports, of 2 columns
+            np.savez(
+                stale / REPLICATES_FILE,
+                points=np.zeros((2, 2)),
+                weights=np.ones(2),
+                sizes=np.ones(2, dtype=np.int64),
+            )
+        elif content is not None:
+            (stale / REPLICATES_FILE).write_bytes(content)
+        old = adapter.load(payload, info, stale)
+        assert old.replicates is None
+        (without,) = adapter.answer(old, info, [{**query, "sigma": 1.0}])
+        assert without["value"] == answer["value"]
+        assert without["stderr"] is None
+        assert "re-synthesise" in without["note"]
+
+    def failing(*_args: object, **_kwargs: object) -> None:
+        raise SolverError("HiGHS stopped: no progress")
+
+    monkeypatch.setattr(adapter_module.ss, "noise_replicates", failing)
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    out = adapter.synthesize(payload, info, params, rng, failed, lambda _: None)
+    assert REPLICATES_FILE not in out.artifacts
+    assert not (failed / REPLICATES_FILE).exists()
+    assert out.summary["noise_replicates"].startswith("not computed")
+    assert adapter.load(payload, info, failed).replicates is None
 
 
 @pytest.mark.parametrize("method", ["marginals", "tree"])
