@@ -82,8 +82,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         target = migrations.resolve_revision(url, args.revision)
     except (CommandError, RevisionError) as exc:
         return _fail(f"--revision {args.revision!r}: {exc}")
+    except DBAPIError as exc:  # a relative revision reads the database's own
+        return _unusable("database", url, exc.orig or exc)
     try:
-        migrations.upgrade(url, args.revision)
+        # the resolved id, not a relative name: what was checked is what is applied
+        migrations.upgrade(url, target or args.revision)
         revision = migrations.current_revision(url)
     except DBAPIError as exc:
         return _unusable("database", url, exc.orig or exc)
@@ -285,7 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema")
     migrate.add_argument(
-        "--revision", default="head", help="upgrade to this revision (default: head)"
+        "--revision",
+        default="head",
+        help="upgrade to this revision: an id, head, or +N / ID+N revisions past the "
+        "database's or ID (default: head)",
     )
     migrate.set_defaults(func=cmd_migrate)
 

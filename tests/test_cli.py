@@ -260,6 +260,39 @@ def test_migrate_refuses_unknown_and_older_revisions(
     assert "configuration error: alembic.ini not found at" in err
 
 
+def test_migrate_takes_relative_revisions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``+N`` counts from the database's revision and ``ID+N`` from ID (Alembic's relative
+    identifiers; they were refused as unknown revisions); past head, or backwards, is
+    refused with the reason and changes nothing."""
+    from alembic.script import ScriptDirectory
+
+    from app.config import load_settings
+    from app.core import migrations
+
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    url = load_settings().resolved_database_url
+    script = ScriptDirectory.from_config(migrations.alembic_config(url))
+    order = [r.revision for r in reversed(list(script.walk_revisions()))]
+    assert _exit(["migrate", "--revision", "+1"], capsys) == (0, "")
+    assert migrations.current_revision(url) == order[0]
+    assert _exit(["migrate", "--revision", "+2"], capsys)[0] == 0
+    assert migrations.current_revision(url) == order[2]
+    assert _exit(["migrate", "--revision", f"{order[2]}+1"], capsys)[0] == 0
+    assert migrations.current_revision(url) == order[3]
+    code, err = _exit(["migrate", "--revision", f"+{len(order)}"], capsys)
+    assert code == 2
+    assert f"past the head revision {order[-1]}" in err
+    for backwards in ("-1", "+0"):
+        code, err = _exit(["migrate", "--revision", backwards], capsys)
+        assert code == 2, backwards
+        assert err.startswith(f"curator: --revision {backwards!r}: "), err
+    assert migrations.current_revision(url) == order[3]
+    assert _exit(["migrate"], capsys)[0] == 0
+    assert migrations.current_revision(url) == order[-1]
+
+
 def test_create_key_and_create_user_refuse_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
