@@ -649,6 +649,22 @@ def synthesize_from(
 REPLICATE_MASS_CUT = 1e-9
 
 
+#: The largest refit :func:`noise_replicates` is run for, in units of ``C R`` (candidates
+#: times moments) times :data:`SOLVER_WORK` (the IPM's factor): a refit's time grows about
+#: linearly in it (0.35 us a unit with the vertex LP here: WDBC ``C = 10^4`` 0.07 s, CRM
+#: ``C = 2 10^5`` 7 s; the IPM 5-9 times that), so 20 refits at the cap take ~2.5 min.
+MAX_REPLICATE_WORK = 20_000_000
+SOLVER_WORK = {"simplex": 1, "ipm": 8}
+
+
+def replicate_work(release: SyntheticRelease) -> int:
+    """The size of one bootstrap refit of ``release``: ``C R`` times the solver's factor
+    (public sizes only), against :data:`MAX_REPLICATE_WORK`."""
+    params = release.parameters
+    C = int(params["C"])
+    return C * release.measurements.index_set.size * SOLVER_WORK[str(params["solver"])]
+
+
 @dataclass(frozen=True, eq=False)
 class SupportReplicates:
     """The weighted supports of a moments release's parametric bootstrap

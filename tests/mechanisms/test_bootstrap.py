@@ -260,6 +260,7 @@ def test_moment_replicates_round_trip_and_checks() -> None:
     round-trip, and malformed ones are refused."""
     make = _moment_release(_data(), 1.0, 0.0)
     release = make(np.random.default_rng(4))
+    assert ss.replicate_work(release) == 2000 * release.measurements.index_set.size
     first, again = ss.noise_replicates(release), ss.noise_replicates(release)
     np.testing.assert_array_equal(first.points, again.points)
     assert first.count == bootstrap.REPLICATES

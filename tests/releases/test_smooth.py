@@ -743,6 +743,15 @@ def test_moments_synthesis_stores_the_answers_bootstrap(
     def failing(*_args: object, **_kwargs: object) -> None:
         raise SolverError("HiGHS stopped: no progress")
 
+    # an LP too large to refit 20 times in reasonable time is not refitted
+    monkeypatch.setattr(adapter_module.ss, "MAX_REPLICATE_WORK", 0)
+    large = tmp_path / "large"
+    large.mkdir()
+    out = adapter.synthesize(payload, info, params, rng, large, lambda _: None)
+    assert REPLICATES_FILE not in out.artifacts
+    assert "with a smaller grid_size" in out.summary["noise_replicates"]
+    monkeypatch.setattr(adapter_module.ss, "MAX_REPLICATE_WORK", 10**9)
+
     monkeypatch.setattr(adapter_module.ss, "noise_replicates", failing)
     failed = tmp_path / "failed"
     failed.mkdir()

@@ -98,7 +98,8 @@ NOTE = (
     "exact for the released synthetic distribution (weighted support); the error against "
     "the data comes from the DP noise through the fit and has no per-query bound; this "
     "version has no standard errors (synthesised before they were computed, or their "
-    "refits failed): re-synthesise it for them, at no privacy cost"
+    "refits failed or were too large: its release.json says which): re-synthesise it for "
+    "them, at no privacy cost"
 )
 #: The measurement records of the methods whose answers are exact under a released law.
 LAWS: dict[str, type[marginals.MarginalMeasurements] | type[marginal_tree.TreeMeasurements]] = {
@@ -500,7 +501,15 @@ class SmoothSynthetic(registry.Mechanism):
         progress(0.3)
         started = time.perf_counter()
         extra: dict[str, ArtifactInfo] = {}
+        work = ss.replicate_work(release)
         try:
+            if work > ss.MAX_REPLICATE_WORK:
+                raise SolverError(
+                    f"{bootstrap.REPLICATES} refits of C = {release.parameters['C']} candidates "
+                    f"and R = {measurements.index_set.size} moments with solver "
+                    f"{release.parameters['solver']!r} would take too long; re-synthesise "
+                    "with a smaller grid_size (or the simplex solver) for standard errors"
+                )
             replicates = ss.noise_replicates(release, progress=lambda f: progress(0.3 + 0.6 * f))
         except SolverError as exc:
             # the standard errors are not worth failing the release for: its answers say
