@@ -773,14 +773,14 @@ def noise_replicates(
     if replicates < 2:
         raise MechanismError(f"replicates ({replicates!r}) must be at least 2")
     params = release.parameters
-    truth = np.asarray(measurements.moments)
+    b_hat = np.asarray(measurements.moments)
     rng = np.random.default_rng(
         bootstrap.seed_of(measurements.moments, release.points, release.weights)
     )
     points, weights, sizes = [], [], []
     for _ in range(replicates):
-        simulated = truth + bootstrap.simulated_noise(
-            calibration.distribution, calibration.scale, truth.shape, rng
+        simulated = b_hat + bootstrap.simulated_noise(
+            calibration.distribution, calibration.scale, b_hat.shape, rng
         )
         refit = synthesize_from(
             replace(measurements, moments=simulated),
