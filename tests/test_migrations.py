@@ -59,6 +59,55 @@ def _owner_and_dataset(
     )
 
 
+def _releases_at(url: str, revision: str, releases: dict[uuid.UUID, dict[str, Any]]) -> None:
+    """At ``revision``: an owner, a dataset and one queued release per entry of
+    ``releases`` (its columns beyond the required ones), written with core inserts."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import MetaData
+
+    migrations.upgrade(url, revision)
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    user, dataset = uuid.uuid4(), uuid.uuid4()
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        users, datasets, table = (meta.tables[n] for n in ("users", "datasets", "releases"))
+        with engine.begin() as connection:
+            _owner_and_dataset(connection, users, datasets, user, dataset, now)
+            for release_id, columns in releases.items():
+                required = {
+                    "id": release_id.hex,
+                    "dataset_id": dataset.hex,
+                    "status": "queued",
+                    "epsilon": 1,
+                    "delta": 0,
+                    "created_by": user.hex,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                connection.execute(table.insert().values(**(required | columns)))
+    finally:
+        engine.dispose()
+
+
+def _release_column(url: str, column: str) -> dict[uuid.UUID, Any]:
+    """``releases.column`` by release id (reflected, as :func:`_scalar`)."""
+    from sqlalchemy import MetaData, select
+
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        table = meta.tables["releases"]
+        with engine.connect() as connection:
+            rows = connection.execute(select(table.c.id, table.c[column])).all()
+    finally:
+        engine.dispose()
+    return {uuid.UUID(str(row[0])): row[1] for row in rows}
+
+
 def _scalar(url: str, table: str, column: str) -> Any:
     """The one value of ``table.column`` (reflected: the models may be ahead of the
     revision under test)."""
@@ -179,65 +228,25 @@ def test_0004_records_the_method_of_earlier_smooth_synthetic_releases(
 ) -> None:
     """Releases requested before ``params.method`` existed were moment releases; 0004 says
     so in their params (other mechanisms untouched) and its downgrade takes it back."""
-    import uuid
-    from datetime import UTC, datetime
-
-    from sqlalchemy import MetaData, select
-
     url = empty_database
-    migrations.upgrade(url, "0003")
-    engine = make_engine(url)
-    now = datetime.now(UTC)
-    user, dataset = uuid.uuid4(), uuid.uuid4()
     releases_in = {
         uuid.uuid4(): ("smooth_synthetic", {"grid_size": 500}),
         uuid.uuid4(): ("smooth_synthetic", {"method": "marginals"}),
         uuid.uuid4(): ("smooth_synopsis", {"basis": "auto"}),
     }
-    try:
-        meta = MetaData()
-        meta.reflect(engine)
-        users, datasets, releases = (meta.tables[n] for n in ("users", "datasets", "releases"))
-        with engine.begin() as connection:
-            _owner_and_dataset(connection, users, datasets, user, dataset, now)
-            for release_id, (mechanism, params) in releases_in.items():
-                connection.execute(
-                    releases.insert().values(
-                        id=release_id.hex,
-                        dataset_id=dataset.hex,
-                        mechanism=mechanism,
-                        status="queued",
-                        epsilon=1,
-                        delta=0,
-                        params=params,
-                        created_by=user.hex,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                )
-    finally:
-        engine.dispose()
-
-    def params_by_id() -> dict[str, dict[str, object]]:
-        engine = make_engine(url)
-        try:
-            meta = MetaData()
-            meta.reflect(engine)
-            table = meta.tables["releases"]
-            with engine.connect() as connection:
-                rows = connection.execute(select(table.c.id, table.c.params)).all()
-        finally:
-            engine.dispose()
-        return {uuid.UUID(str(r[0])).hex: r[1] for r in rows}
-
-    old, marg, other = (r.hex for r in releases_in)
+    _releases_at(
+        url,
+        "0003",
+        {r: {"mechanism": m, "params": params} for r, (m, params) in releases_in.items()},
+    )
+    old, marg, other = releases_in
     migrations.upgrade(url, "0004")
-    after = params_by_id()
+    after = _release_column(url, "params")
     assert after[old] == {"grid_size": 500, "method": "moments"}
     assert after[marg] == {"method": "marginals"}
     assert after[other] == {"basis": "auto"}
     migrations.downgrade(url, "0003")
-    back = params_by_id()
+    back = _release_column(url, "params")
     assert back[old] == {"grid_size": 500}
     assert back[marg] == {"method": "marginals"}
     assert back[other] == {"basis": "auto"}
@@ -278,52 +287,23 @@ def test_0007_marks_earlier_attempts_as_possibly_read(empty_database: str) -> No
     """Releases recorded before 0007 with a measure attempt (or a measurement) may have
     read the data: 0007 sets their ``read_started_at``; a release never claimed keeps it
     null, so a later end before reading refunds it."""
-    import uuid
-    from datetime import UTC, datetime
-
-    from sqlalchemy import MetaData, select
-
     url = empty_database
-    migrations.upgrade(url, "0006")
-    engine = make_engine(url)
-    now = datetime.now(UTC)
-    user, dataset = uuid.uuid4(), uuid.uuid4()
     attempts = {uuid.uuid4(): 0, uuid.uuid4(): 1, uuid.uuid4(): 3}
-    try:
-        meta = MetaData()
-        meta.reflect(engine)
-        users, datasets, releases = (meta.tables[n] for n in ("users", "datasets", "releases"))
-        with engine.begin() as connection:
-            _owner_and_dataset(connection, users, datasets, user, dataset, now)
-            for release_id, count in attempts.items():
-                connection.execute(
-                    releases.insert().values(
-                        id=release_id.hex,
-                        dataset_id=dataset.hex,
-                        mechanism="smooth_synthetic",
-                        status="queued" if count == 0 else "measuring",
-                        epsilon=1,
-                        delta=0,
-                        params={"method": "marginals"},
-                        created_by=user.hex,
-                        created_at=now,
-                        updated_at=now,
-                        attempts=count,
-                    )
-                )
-    finally:
-        engine.dispose()
+    _releases_at(
+        url,
+        "0006",
+        {
+            release_id: {
+                "mechanism": "smooth_synthetic",
+                "status": "queued" if count == 0 else "measuring",
+                "params": {"method": "marginals"},
+                "attempts": count,
+            }
+            for release_id, count in attempts.items()
+        },
+    )
     migrations.upgrade(url, "0007")
-    engine = make_engine(url)
-    try:
-        meta = MetaData()
-        meta.reflect(engine)
-        table = meta.tables["releases"]
-        with engine.connect() as connection:
-            rows = connection.execute(select(table.c.id, table.c.read_started_at)).all()
-    finally:
-        engine.dispose()
-    started = {uuid.UUID(str(r[0])): r[1] is not None for r in rows}
+    started = {r: value is not None for r, value in _release_column(url, "read_started_at").items()}
     assert started == {release_id: count > 0 for release_id, count in attempts.items()}
     migrations.downgrade(url, "0006")
 
