@@ -501,21 +501,8 @@ class SmoothSynthetic(registry.Mechanism):
         progress(0.3)
         started = time.perf_counter()
         extra: dict[str, ArtifactInfo] = {}
-        work = ss.replicate_work(release)
-        try:
-            if work > ss.MAX_REPLICATE_WORK:
-                raise SolverError(
-                    f"{bootstrap.REPLICATES} refits of C = {release.parameters['C']} candidates "
-                    f"and R = {measurements.index_set.size} moments with solver "
-                    f"{release.parameters['solver']!r} would take too long; re-synthesise "
-                    "with a smaller grid_size (or the simplex solver) for standard errors"
-                )
-            replicates = ss.noise_replicates(release, progress=lambda f: progress(0.3 + 0.6 * f))
-        except SolverError as exc:
-            # the standard errors are not worth failing the release for: its answers say
-            # they are missing, and a re-synthesis tries again
-            bootstrap_report = f"not computed: {exc}"
-        else:
+        replicates, bootstrap_report = _moment_replicates(release, progress)
+        if replicates is not None:
             np.savez(workdir / REPLICATES_FILE, allow_pickle=False, **replicates.to_arrays())
             extra[REPLICATES_FILE] = ArtifactInfo(
                 REPLICATES_FILE,
@@ -523,7 +510,6 @@ class SmoothSynthetic(registry.Mechanism):
                 f"the {replicates.count} weighted supports of the answers' parametric "
                 "bootstrap (numpy .npz; post-processing of the released measurements)",
             )
-            bootstrap_report = f"{int(replicates.sizes.sum())} support points"
         seconds = {**release.seconds, "noise_replicates": time.perf_counter() - started}
         summary = {
             "parameters": {"method": "moments", **release.parameters},
@@ -550,7 +536,7 @@ class SmoothSynthetic(registry.Mechanism):
         method = payload_method(payload)
         if method in LAWS:
             law = LAWS[method].from_dict(unpack(payload))
-            _restore_replicates(law, artifacts / REPLICATES_FILE)
+            _restore_replicates(law, artifacts)
             return law
         try:
             points = np.load(artifacts / "support_normalized.npy")
@@ -769,31 +755,60 @@ def _synthesize_law(
     )
 
 
-def _restore_replicates(
-    law: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements, stored: Path
-) -> None:
-    """The bootstrap replicates the synthesis stored, if it did and they fit this release
-    (versions synthesised before they were stored, or an unreadable file, leave them to be
-    computed on the first answer: the same values, later)."""
-    if not stored.is_file():
-        return
+def _moment_replicates(
+    release: ss.SyntheticRelease, progress: ProgressFn
+) -> tuple[ss.SupportReplicates | None, str]:
+    """A moments release's bootstrap supports and a line for ``release.json``; ``None``
+    when one refit is too large (:data:`app.mechanisms.smooth_synthetic.MAX_REPLICATE_WORK`)
+    or the LP solver fails on one: the standard errors are not worth failing the release
+    for, its answers say they are missing, and a re-synthesis tries again."""
+    if ss.replicate_work(release) > ss.MAX_REPLICATE_WORK:
+        return None, (
+            f"not computed: {bootstrap.REPLICATES} refits of C = {release.parameters['C']} "
+            f"candidates and R = {release.measurements.index_set.size} moments with solver "
+            f"{release.parameters['solver']!r} would take too long; re-synthesise with a "
+            "smaller grid_size (or the simplex solver) for standard errors"
+        )
     try:
-        with np.load(stored, allow_pickle=False) as arrays:
-            law.restore_noise_replicates(arrays)
-    except (OSError, ValueError, zipfile.BadZipFile):
-        return
+        replicates = ss.noise_replicates(release, progress=lambda f: progress(0.3 + 0.6 * f))
+    except SolverError as exc:
+        return None, f"not computed: {exc}"
+    return replicates, f"{int(replicates.sizes.sum())} support points"
 
 
-def _load_support_replicates(artifacts: Path, d: int) -> ss.SupportReplicates | None:
-    """The bootstrap supports a moments synthesis stored, or ``None`` (a version made
-    before they were stored, a failed refit, or an unreadable or misfit file)."""
+def _stored_replicates(artifacts: Path) -> dict[str, NDArray[Any]] | None:
+    """The arrays of the bootstrap replicates the synthesis stored (:data:`REPLICATES_FILE`),
+    read in full, or ``None``: a version synthesised before they were stored, one whose
+    refits failed or were skipped, or an unreadable file."""
     stored = artifacts / REPLICATES_FILE
     if not stored.is_file():
         return None
     try:
         with np.load(stored, allow_pickle=False) as arrays:
-            return ss.SupportReplicates.from_arrays(arrays, d)
-    except (OSError, ValueError, zipfile.BadZipFile, MechanismError):
+            return {name: arrays[name] for name in arrays.files}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def _restore_replicates(
+    law: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements, artifacts: Path
+) -> None:
+    """The stored bootstrap laws, if they fit this release (otherwise they are computed on
+    the first answer: the same values, later)."""
+    arrays = _stored_replicates(artifacts)
+    if arrays is not None:
+        law.restore_noise_replicates(arrays)
+
+
+def _load_support_replicates(artifacts: Path, d: int) -> ss.SupportReplicates | None:
+    """The stored bootstrap supports of a moments release, or ``None`` (none stored, or
+    a file that is unreadable or does not fit: its answers then have no standard error)."""
+    arrays = _stored_replicates(artifacts)
+    if arrays is None:
+        return None
+    try:
+        return ss.SupportReplicates.from_arrays(arrays, d)
+    except MechanismError:
         return None
 
 
