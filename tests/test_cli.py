@@ -267,9 +267,11 @@ def test_migrate_takes_relative_revisions(
     identifiers; they were refused as unknown revisions); past head, or backwards, is
     refused with the reason and changes nothing."""
     from alembic.script import ScriptDirectory
+    from sqlalchemy import text
 
     from app.config import load_settings
     from app.core import migrations
+    from app.core.db import make_engine
 
     monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
     url = load_settings().resolved_database_url
@@ -291,6 +293,15 @@ def test_migrate_takes_relative_revisions(
     assert migrations.current_revision(url) == order[3]
     assert _exit(["migrate"], capsys)[0] == 0
     assert migrations.current_revision(url) == order[-1]
+    engine = make_engine(url)  # a database stamped by newer code: +N has no reference point
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE alembic_version SET version_num = 'newer'"))
+    finally:
+        engine.dispose()
+    code, err = _exit(["migrate", "--revision", "+1"], capsys)
+    assert code == 2
+    assert "the database is at revision newer, unknown to this code" in err
 
 
 def test_create_key_and_create_user_refuse_with_one_line(

@@ -71,6 +71,8 @@ def resolve_revision(url: str, revision: str) -> str | None:
         position = -1 if start is None else order.index(start.revision)
     else:
         current = current_revision(url)
+        if current is not None and current not in order:
+            raise CommandError(f"the database is at revision {current}, unknown to this code")
         position = -1 if current is None else order.index(current)
     target = position + int(relative["steps"])
     if target >= len(order):
