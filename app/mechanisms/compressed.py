@@ -344,7 +344,12 @@ def _draw(
     )
 
 
-def _check_reference(reference: ArrayLike, p: int) -> NDArray[np.float64]:
+def check_reference(reference: ArrayLike, p: int) -> NDArray[np.float64]:
+    """``reference`` as a ``p x p`` float array, or a :class:`MechanismError` if it cannot be
+    a declared ``Sigma_1``: finite, symmetric and positive definite (Assumption 1).
+
+    It depends on the request only, so a caller can run it before reading any data.
+    """
     ref = np.asarray(reference, dtype=np.float64)
     if ref.shape != (p, p):
         raise MechanismError(f"reference must be a ({p}, {p}) matrix; got {ref.shape}")
@@ -390,7 +395,7 @@ def release(
         sigma_1 = sigma
         kind: ReferenceKind = "data"
     else:
-        sigma_1 = _check_reference(reference, p)
+        sigma_1 = check_reference(reference, p)
         kind = "declared"
         if np.max(np.abs(sigma - sigma_1)) > delta_max:
             raise MechanismError(

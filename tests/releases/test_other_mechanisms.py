@@ -409,6 +409,38 @@ def test_one_compressed_release_per_dataset(client: TestClient, curator: Caller)
     assert again.status_code == 409, again.text
 
 
+def test_a_malformed_reference_is_refused_before_anything_is_reserved(
+    client: TestClient, curator: Caller
+) -> None:
+    """A declared reference that is not symmetric, not positive definite or not finite
+    depends on the request alone: the preview and the request are 422s. The worker used to
+    refuse it after reading the data, which spent the dataset's one compressed release
+    (a non_dp ledger entry, then a 409 for every later request)."""
+    dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    base = {"mechanism": "compressed", "columns": ["age", "weight"]}
+    for reference, message in (
+        ([[1.0, 0.5], [0.0, 1.0]], "finite symmetric"),
+        ([[-1.0, 0.0], [0.0, -1.0]], "positive definite"),
+        ([[0.0, 0.0], [0.0, 0.0]], "positive definite"),
+        ([[1.0, float("nan")], [float("nan"), 1.0]], "finite symmetric"),
+        ([[1.0, float("inf")], [float("inf"), 1.0]], "finite symmetric"),
+    ):
+        # NaN and Infinity as a JSON body's bare tokens, which the service's parser accepts
+        body = json.dumps({**base, "params": {"delta_max": 0.5, "reference": reference}})
+        headers = {**curator.headers, "Content-Type": "application/json"}
+        for path in ("preview", "releases"):
+            refused = client.post(
+                f"/v1/datasets/{dataset_id}/{path}", headers=headers, content=body
+            )
+            assert refused.status_code == 422, (reference, refused.text)
+            assert message in refused.json()["error"]["message"], refused.text
+    assert client.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json() == []
+    assert budget(client, curator, dataset_id)["entries"] == []
+    near = {"delta_max": 0.5, "reference": [[1.0, 0.0], [0.0, 1.0]]}
+    kept = request_release(client, curator, dataset_id, {**base, "params": near})
+    assert kept.status_code == 202, kept.text
+
+
 def test_graph_read_publishes_no_row_progress(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
