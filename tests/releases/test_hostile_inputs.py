@@ -72,6 +72,39 @@ def test_graph_cuts_preview_at_a_large_epsilon(client: TestClient, curator: Call
     assert response.json()["resolved"]["flip_probability"] == 0.0
 
 
+def test_randomized_response_over_many_columns_is_a_422(
+    client: TestClient, curator: Caller
+) -> None:
+    """A domain beyond a float (1100 continuous columns of 2 cells each, or 1000 of 2^16)
+    is refused with its size as a power of two; formatting it with ``{:.3g}`` raised
+    OverflowError, a 500."""
+    names = [f"x{j}" for j in range(1100)]
+    columns = [{"name": name, "kind": "continuous", "lower": 0, "upper": 1} for name in names]
+    schema = {
+        "name": "wide",
+        "columns": [*columns, {"name": "blood", "kind": "categorical", "categories": [1, 2, 3]}],
+        "budget": {"epsilon": 1, "delta": 0},
+    }
+    header, row = ",".join(names) + ",blood", ",".join(["0.5"] * 1100) + ",1"
+    uploaded = upload(client, curator, (f"{header}\n" + f"{row}\n" * 4).encode(), schema)
+    assert uploaded.status_code == 201, uploaded.text
+    dataset_id = uploaded.json()["id"]
+    body = {"mechanism": "randomized_response", "epsilon": 0.5, "columns": names}
+    for request, size in (
+        (body, "2^1100"),  # 4 rows: 1 bit, 2 cells per column
+        ({**body, "columns": names[:1000], "params": {"bits": 16}}, "2^16000"),
+        ({**body, "columns": None}, "about 2^1101.6"),  # with the 3 categories
+    ):
+        for path in ("preview", "releases"):
+            refused = client.post(
+                f"/v1/datasets/{dataset_id}/{path}", headers=curator.headers, json=request
+            )
+            assert refused.status_code == 422, refused.text
+            message = refused.json()["error"]["message"]
+            assert f"has {size} cells; at most 2^62" in message, message
+    assert budget_of(client, curator, dataset_id)["entries"] == []
+
+
 def test_audit_cursor_and_user_names_are_bounded(client: TestClient, admin: Caller) -> None:
     assert (
         client.get("/v1/audit?before_id=9223372036854775808", headers=admin.headers).status_code

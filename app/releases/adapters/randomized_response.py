@@ -97,6 +97,14 @@ RRQuery = Annotated[ConjunctionQuery | TableQuery | HeterogeneousQuery, Field(di
 _QUERIES: TypeAdapter[list[RRQuery]] = TypeAdapter(list[RRQuery])
 
 
+def _power_of_two(size: int) -> str:
+    """``size`` as a power of two ("2^1100", "about 2^70.2"): a domain of many columns is
+    far beyond a float (``{:.3g}`` of 2^1100 raised OverflowError, a 500)."""
+    if size & (size - 1) == 0:
+        return f"2^{size.bit_length() - 1}"
+    return f"about 2^{math.log2(size):.1f}"  # math.log2 takes an int of any size
+
+
 class RandomizedResponse(registry.Mechanism):
     name: ClassVar[str] = "randomized_response"
     description: ClassVar[str] = (
@@ -132,11 +140,12 @@ class RandomizedResponse(registry.Mechanism):
                 cards.append(2)
             elif column.kind == "continuous":
                 cards.append(1 << bits)
-        if math.prod(cards) > rr.MAX_DOMAIN_SIZE:
+        size = math.prod(cards)
+        if size > rr.MAX_DOMAIN_SIZE:
             raise InvalidRequest(
-                f"the domain of these columns has {math.prod(cards):.3g} cells; at most 2^62"
+                f"the domain of these columns has {_power_of_two(size)} cells; at most 2^62"
             )
-        if math.prod(cards) < 2:
+        if size < 2:
             raise InvalidRequest("the chosen columns have a single cell: nothing to release")
         return rr.Domain(tuple(cards)), cards
 
