@@ -165,6 +165,47 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
         assert fragment in refused.json()["error"]["message"]
 
 
+def test_randomized_response_conditions_take_booleans_for_binary_columns_only(
+    client: TestClient, curator: Caller
+) -> None:
+    """As the README states: a binary column's condition is 0, 1, false or true (its
+    uploaded cells), and true answers exactly as 1; a categorical column's is a declared
+    category, and a boolean is refused even where its text names one (``"True"`` here:
+    ``str(True)`` matched it)."""
+    columns = [
+        {"name": "age", "kind": "continuous", "lower": 0, "upper": 100},
+        {"name": "weight", "kind": "continuous", "lower": 20, "upper": 220},
+        {"name": "blood", "kind": "categorical", "categories": ["A", "B", "AB", "O", "True"]},
+        {"name": "smoker", "kind": "binary"},
+        {"name": "movie", "kind": "public"},
+    ]
+    dataset_id, _ = _table(client, curator, columns=columns)
+    body = {"mechanism": "randomized_response", "epsilon": 2.0, "columns": ["blood", "smoker"]}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    queries = [
+        {"type": "conjunction", "where": where}
+        for where in (
+            {"smoker": 1},
+            {"smoker": True},
+            {"smoker": [0, 1], "blood": "True"},
+            {"smoker": [False, True], "blood": "True"},
+        )
+    ]
+    response = _answers(client, curator, release_id, queries)
+    assert response.status_code == 200, response.text
+    answers = response.json()["answers"]
+    assert (answers[0], answers[2]) == (answers[1], answers[3])
+    for where, fragment in (
+        ({"blood": True}, "column 'blood' is categorical: name a category, not true or false"),
+        ({"blood": ["A", False]}, "column 'blood' is categorical"),
+        ({"smoker": 2}, "column 'smoker' is binary: use 0, 1, false or true"),
+    ):
+        refused = _answers(client, curator, release_id, [{"type": "conjunction", "where": where}])
+        assert refused.status_code == 422, (where, refused.text)
+        assert f"queries.0: {fragment}" in refused.json()["error"]["message"]
+
+
 def test_randomized_response_discretises_continuous_columns(
     client: TestClient, curator: Caller
 ) -> None:

@@ -62,7 +62,9 @@ Condition = str | int | float | bool | list[str | int | float | bool] | dict[str
 class ConjunctionQuery(BaseModel):
     """Fraction of rows whose columns take the listed values (all conditions at once).
     ``where`` maps a column to a value, a list of values, or ``{"between": [lo, hi]}``
-    (continuous columns: the cells whose midpoint lies in the range, original units)."""
+    (continuous columns: the cells whose midpoint lies in the range, original units). A
+    binary column's values are 0, 1, false and true, as its uploaded cells; a categorical
+    column's are its declared categories (compared as text), never a boolean."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -354,6 +356,10 @@ class RandomizedResponse(registry.Mechanism):
             values = condition if isinstance(condition, list) else [condition]
             if column.kind == "categorical":
                 assert column.categories is not None
+                if any(isinstance(v, bool) for v in values):  # str(True) could match "True"
+                    raise InvalidRequest(
+                        f"column {name!r} is categorical: name a category, not true or false"
+                    )
                 labels = {label: k for k, label in enumerate(column.categories)}
                 missing = [v for v in values if str(v) not in labels]
                 if missing or isinstance(condition, dict):
@@ -361,7 +367,7 @@ class RandomizedResponse(registry.Mechanism):
                 cells = [labels[str(v)] for v in values]
             elif column.kind == "binary":
                 if isinstance(condition, dict) or any(v not in (0, 1, True, False) for v in values):
-                    raise InvalidRequest(f"column {name!r} is binary: use 0 or 1")
+                    raise InvalidRequest(f"column {name!r} is binary: use 0, 1, false or true")
                 cells = [1 if v in (1, True) else 0 for v in values]
             else:
                 if not (isinstance(condition, dict) and set(condition) == {"between"}):
