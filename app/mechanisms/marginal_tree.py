@@ -571,6 +571,15 @@ JOINT_MODELS = ("copula", "blocks")
 #: points of ``[-4, 4]`` (Fisher's z), fine near ``+-1`` (``|r| <= 0.9993``), where two
 #: near-copies of one variable sit.
 COPULA_CORRELATIONS = np.tanh(np.linspace(-4.0, 4.0, 161))
+#: Most entries ``(d - 1) cells^2`` of the tree law's fine edge tables
+#: (:func:`check_fit_size`). The copula fit and its 20 bootstrap refits take time in
+#: proportion: 50 s at 1.5 10^5 entries here (2 cores; ``d = 10``, 130 cells per column),
+#: so ~90 s at the limit; ``bins = 4096`` on two columns would have needed 87 GB at once.
+MAX_FINE_TABLE_CELLS = 1 << 18
+#: Bytes of candidate tables :func:`fit_copula_table` builds at once (a block of
+#: :data:`COPULA_CORRELATIONS` for every edge; at least one correlation). All 161 at once
+#: held ~650 fine tables' worth per edge: 2.2 GB for 99 edges of 66 x 66 cells.
+COPULA_CHUNK_BYTES = 64 << 20
 #: Floor of ``log c_r`` relative to its largest value (:func:`copula_tables`).
 COPULA_FLOOR = -30.0
 #: Iterations of proportional fitting of each candidate copula table to the fine margins
@@ -584,6 +593,26 @@ TEMPER = 2.0
 #: table converges more slowly than the fitted one; 200 put the margins within 1e-6 on
 #: the tests' tables).
 TEMPER_RAKE_ITERATIONS = 200
+
+
+def fine_table_cells(d: int, cells: int) -> int:
+    """``(d - 1) cells^2``: the entries of the law's fine edge tables (module doc, "Joint
+    law inside the groups"), which every fit, bootstrap replicate and answer holds."""
+    return (d - 1) * cells * cells
+
+
+def check_fit_size(d: int, cells: int) -> None:
+    """Refuse a resolution whose fine edge tables exceed :data:`MAX_FINE_TABLE_CELLS`
+    (public values only, checked before a row is read)."""
+    size = fine_table_cells(d, cells)
+    if size > MAX_FINE_TABLE_CELLS:
+        most = math.isqrt(MAX_FINE_TABLE_CELLS // max(d - 1, 1))
+        raise MechanismError(
+            f"{cells} cells per column over {d} columns give (d - 1) cells^2 = {size} "
+            f"fine-table entries; the tree law is limited to {MAX_FINE_TABLE_CELLS} (its "
+            f"synthesis and answers grow with them): use at most {most} cells per column "
+            "(bins plus 2 bound atoms), or method 'marginals'"
+        )
 
 
 def groups(cells: int, pair_bins: int) -> NDArray[np.int64]:
@@ -769,21 +798,36 @@ def fit_copula_table(
     table raked to the fine margins and to ``coarse`` together. Public inputs only.
 
     Every argument may carry leading axes (edges), fitted at once; ``r`` then has them
-    too."""
+    too. The candidate tables are built :data:`COPULA_CHUNK_BYTES` at a time (a block of
+    correlations for every edge), so the search holds a few fine tables per edge, not
+    ``len(COPULA_CORRELATIONS)`` of them; each candidate is raked and scored on its own,
+    so the result is the same whatever the block (ties go to the first correlation, as
+    with one ``argmin``)."""
     p_i, p_j = np.asarray(p_i), np.asarray(p_j)
     b = coarse.shape[-1]
     lead = p_i.shape[:-1]
-    candidates = rake_fine(
-        copula_tables(p_i, p_j, COPULA_CORRELATIONS),
-        p_i[..., None, :],
-        p_j[..., None, :],
-        COPULA_FIT_ITERATIONS,
-    )  # (..., R, cells_i, cells_j)
     to_rows, to_cols = np.eye(b)[group_i][..., None, :, :], np.eye(b)[group_j][..., None, :, :]
-    sums = np.swapaxes(to_rows, -1, -2) @ candidates @ to_cols
-    errors = ((sums - coarse[..., None, :, :]) ** 2).sum(axis=(-2, -1))
-    best = np.argmin(errors, axis=-1)
-    chosen = np.take_along_axis(candidates, best[..., None, None, None], axis=-3)[..., 0, :, :]
+    per_correlation = 8 * max(1, math.prod(lead)) * p_i.shape[-1] * p_j.shape[-1]
+    step = max(1, COPULA_CHUNK_BYTES // per_correlation)
+    best = np.zeros(lead, dtype=np.int64)
+    best_error = np.full(lead, np.inf)
+    chosen = np.zeros((*lead, p_i.shape[-1], p_j.shape[-1]))
+    for start in range(0, len(COPULA_CORRELATIONS), step):
+        candidates = rake_fine(
+            copula_tables(p_i, p_j, COPULA_CORRELATIONS[start : start + step]),
+            p_i[..., None, :],
+            p_j[..., None, :],
+            COPULA_FIT_ITERATIONS,
+        )  # (..., block, cells_i, cells_j)
+        sums = np.swapaxes(to_rows, -1, -2) @ candidates @ to_cols
+        errors = ((sums - coarse[..., None, :, :]) ** 2).sum(axis=(-2, -1))
+        block_best = np.argmin(errors, axis=-1)
+        block_error = np.take_along_axis(errors, block_best[..., None], axis=-1)[..., 0]
+        better = block_error < best_error
+        best = np.where(better, start + block_best, best)
+        best_error = np.where(better, block_error, best_error)
+        tables = np.take_along_axis(candidates, block_best[..., None, None, None], axis=-3)
+        chosen = np.where(better[..., None, None], tables[..., 0, :, :], chosen)
     table = rake_fine(chosen, p_i, p_j, RAKE_ITERATIONS, coarse, group_i, group_j)
     return COPULA_CORRELATIONS[best].reshape(lead), table
 
@@ -877,7 +921,10 @@ def plan(
 ) -> TreePlan:
     """The resolution of :func:`measure`: bins and atoms as
     :func:`app.mechanisms.marginals.resolve`, ``rho`` (:func:`rho_budget`), the three
-    steps' noise scales from :data:`SHARES` and the grouping (:data:`GROUPINGS`)."""
+    steps' noise scales from :data:`SHARES` and the grouping (:data:`GROUPINGS`).
+
+    The law's fine tables must fit :data:`MAX_FINE_TABLE_CELLS` (:func:`check_fit_size`):
+    default bins are lowered to fit, declared ones that do not are refused."""
     if delta <= 0.0:
         raise MechanismError("the marginal tree is accounted in zCDP and needs delta > 0")
     rho = noise.rho_budget(epsilon, delta)
@@ -889,6 +936,9 @@ def plan(
     if grouping is not None:
         check_grouping(grouping)
     B, atoms = marginals.resolve(n, d, epsilon, delta, bins, bound_atoms)
+    if bins is None and fine_table_cells(d, B + 2 * atoms) > MAX_FINE_TABLE_CELLS:
+        B = max(marginals.MIN_BINS, math.isqrt(MAX_FINE_TABLE_CELLS // (d - 1)) - 2 * atoms)
+    check_fit_size(d, B + 2 * atoms)
     if b > B + 2 * atoms:
         raise MechanismError(
             f"pair_bins ({b}) cannot exceed the {B + 2 * atoms} cells of a column's histogram"

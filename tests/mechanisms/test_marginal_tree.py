@@ -463,6 +463,59 @@ def test_fit_copula_table_recovers_the_correlation_from_the_coarse_table() -> No
     np.testing.assert_allclose(table, exact[0], atol=2e-3)
 
 
+def test_the_copula_fit_holds_a_block_of_candidates_not_all_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """20 edges of 66 x 66 fine cells: the fit builds its candidate tables a block of
+    correlations at a time, so its peak (numpy's allocations, traced) stays within a few
+    blocks plus a few tables per edge; all 161 candidates at once held ~650 tables per edge
+    (an audit's ``bins = 4096`` request took a whole machine's memory). The result does not
+    depend on the block: one correlation at a time and all at once agree to the bit."""
+    import tracemalloc
+
+    rng = np.random.default_rng(34)
+    edges, cells, b = 20, 66, 4
+    p_i, p_j = rng.dirichlet(np.full(cells, 2.0), edges), rng.dirichlet(np.full(cells, 2.0), edges)
+    group = np.tile(marginal_tree.groups(cells, b), (edges, 1))
+    exact = marginal_tree.copula_tables(p_i, p_j, [0.6])[:, 0]
+    to_groups = np.eye(b)[group[0]]
+    coarse = to_groups.T @ exact @ to_groups
+    table_bytes = 8 * edges * cells * cells
+    monkeypatch.setattr(marginal_tree, "COPULA_CHUNK_BYTES", 1 << 20)
+    tracemalloc.start()
+    try:
+        r_small, t_small = marginal_tree.fit_copula_table(p_i, p_j, group, group, coarse)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * table_bytes, peak / table_bytes
+    monkeypatch.setattr(marginal_tree, "COPULA_CHUNK_BYTES", 1 << 40)
+    r_all, t_all = marginal_tree.fit_copula_table(p_i, p_j, group, group, coarse)
+    np.testing.assert_array_equal(r_small, r_all)
+    np.testing.assert_array_equal(t_small, t_all)
+    monkeypatch.setattr(marginal_tree, "COPULA_CHUNK_BYTES", 1)
+    r_one, t_one = marginal_tree.fit_copula_table(p_i, p_j, group, group, coarse)
+    np.testing.assert_array_equal(r_one, r_all)
+    np.testing.assert_array_equal(t_one, t_all)
+
+
+def test_plan_keeps_the_fine_tables_within_their_limit() -> None:
+    """Declared bins whose fine edge tables exceed ``MAX_FINE_TABLE_CELLS`` are refused
+    before a row is read (two columns of 4096 bins: 16.8 10^6 entries); default bins are
+    lowered to fit (300 columns at n = 10^9 would default to 64 bins, 1.3 10^6 entries)."""
+    limit = marginal_tree.MAX_FINE_TABLE_CELLS
+    with pytest.raises(MechanismError, match="fine-table entries"):
+        marginal_tree.plan(1000, 2, 1.0, 1e-6, bins=4096)
+    with pytest.raises(MechanismError, match="fine-table entries"):
+        marginal_tree.measure(np.zeros((50, 2)), 1.0, 1e-6, bins=4096)
+    fits = marginal_tree.plan(1000, 2, 1.0, 1e-6, bins=500, bound_atoms=False)
+    assert marginal_tree.fine_table_cells(2, fits.cells) <= limit
+    assert marginals.resolve(10**9, 300, 1.0, 1e-6)[0] == marginals.MAX_BINS
+    wide = marginal_tree.plan(10**9, 300, 1.0, 1e-6)
+    assert marginal_tree.fine_table_cells(300, wide.cells) <= limit
+    assert marginal_tree.fine_table_cells(300, wide.cells + 1) > limit
+
+
 def test_joint_model_is_recorded_and_version_three_records_answer_as_blocks() -> None:
     tree = _small_tree(33, "equal")
     assert tree.joint_model == "copula"

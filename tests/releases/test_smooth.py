@@ -616,6 +616,9 @@ def test_default_method_is_marginals_when_the_histograms_are_too_coarse_for_the_
         (1.0, 0.0, {"method": "tree"}, "needs delta > 0"),
         (1.0, 1e-6, {"method": "tree", "bins": 2, "pair_bins": 8}, "cannot exceed"),
         (1.0, 1e-6, {"method": "tree", "pair_grouping": "median"}, "pair_grouping"),
+        # fine edge tables beyond the tree law's limit (an audit's request took the
+        # machine's memory after the budget was spent)
+        (1.0, 1e-6, {"method": "tree", "bins": 4096}, "fine-table entries"),
     ],
 )
 def test_smooth_synthetic_tree_refusals(
