@@ -116,12 +116,42 @@ def test_laplace_scale_is_sensitivity_over_epsilon(
     assert (cal.delta, cal.distribution, cal.metric) == (0.0, "laplace", "l1")
 
 
+def opendp_gaussian_epsilon(scale: float, sensitivity: float, delta: float) -> float:
+    """``epsilon`` at ``delta`` of a Gaussian at ``scale`` moved by ``sensitivity``, built
+    here from OpenDP's constructors and not through :func:`noise.cost_of_scale` (the code
+    that chose the scale): a vector Gaussian under L2 at ``Delta_2`` is ``Delta_2^2 / (2 s^2)``
+    -zCDP, exactly as a scalar one moved by ``|d| = Delta_2``."""
+    unit = dp.m.make_gaussian(
+        dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=scale
+    )
+    return float(dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(unit), delta).map(sensitivity)[0])
+
+
+def assert_gaussian_scale_is_independently_right(
+    scale: float, sensitivity: float, epsilon: float, delta: float
+) -> None:
+    """The calibrated scale checked against two computations that do not call
+    :func:`noise.cost_of_scale`: (a) ``s = Delta_2 / sqrt(2 rho)`` with ``rho =``
+    :func:`noise.rho_budget` (exact in real arithmetic; the two root searches agree to
+    ``5e-13`` relative at ``delta`` from ``1e-10`` to ``1 - 1e-9``, so ``rel=1e-9`` cannot
+    flake), and (b) a scalar OpenDP Gaussian built here charges ``<= epsilon`` at ``s``
+    and ``> epsilon`` at ``0.999 s`` (``+0.1%`` to ``+1.3%`` over ``epsilon`` there).
+    Deterministic: no noise is drawn."""
+    rho = noise.rho_budget(epsilon, delta)
+    assert scale == pytest.approx(sensitivity / math.sqrt(2 * rho), rel=1e-9)
+    assert opendp_gaussian_epsilon(scale, sensitivity, delta) <= epsilon
+    assert opendp_gaussian_epsilon(0.999 * scale, sensitivity, delta) > epsilon
+
+
 def test_gaussian_scale_is_minimal_and_linear_in_sensitivity() -> None:
     delta = 1e-10
     a = noise.calibrate("gaussian", sensitivity=0.02, epsilon=1.0, delta=delta, dimension=30)
     b = noise.calibrate("gaussian", sensitivity=0.05, epsilon=1.0, delta=delta, dimension=30)
     assert a.epsilon <= 1.0
     assert a.delta == delta
+    # adequate and minimal by a map other than the one that chose the scale
+    assert_gaussian_scale_is_independently_right(a.scale, 0.02, 1.0, delta)
+    assert_gaussian_scale_is_independently_right(b.scale, 0.05, 1.0, delta)
     # scale = sensitivity * c(epsilon, delta): the ratio does not depend on the sensitivity
     assert a.scale / 0.02 == pytest.approx(b.scale / 0.05, rel=1e-9)
     # minimal: a slightly smaller scale overspends
@@ -141,6 +171,8 @@ def test_a_large_delta_is_calibrated_minimally(mechanism: str, delta: float) -> 
     assert cal.epsilon <= 1.0
     eps_smaller, _ = noise.cost_of_scale(mechanism, cal.scale * (1 - 1e-6), 1.0, 3, delta)
     assert eps_smaller > 1.0
+    if mechanism == "gaussian":
+        assert_gaussian_scale_is_independently_right(cal.scale, 1.0, 1.0, delta)
 
 
 @pytest.mark.parametrize(("epsilon", "delta"), [(1e-12, 1e-18), (1.0, 1e-9), (1e6, 1e-18)])
@@ -245,10 +277,15 @@ def test_laplace_noise_has_the_calibrated_law() -> None:
 
 @pytest.mark.slow
 def test_gaussian_noise_has_the_calibrated_law() -> None:
+    """The draws are tested against the scale ``0.5 / sqrt(2 rho_budget(1, 1e-9))`` that
+    the budget calls for, computed without :func:`noise.cost_of_scale`, not only against
+    ``cal.scale``: a calibration that halved the scale would still match its own record."""
     cal = noise.calibrate("gaussian", sensitivity=0.5, epsilon=1.0, delta=1e-9, dimension=4000)
+    assert_gaussian_scale_is_independently_right(cal.scale, 0.5, 1.0, 1e-9)
+    required = 0.5 / math.sqrt(2 * noise.rho_budget(1.0, 1e-9))
     draws = noise.sample(cal, np.zeros(4000))
-    assert stats.kstest(draws, stats.norm(scale=cal.scale).cdf).pvalue > ALPHA
-    assert stats.kstest(draws, stats.norm(scale=1.5 * cal.scale).cdf).pvalue < ALPHA
+    assert stats.kstest(draws, stats.norm(scale=required).cdf).pvalue > ALPHA
+    assert stats.kstest(draws, stats.norm(scale=1.5 * required).cdf).pvalue < ALPHA
 
 
 def test_noisy_moments_are_centred_on_the_exact_moments() -> None:
