@@ -127,6 +127,7 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
                 "m3": {"blood": "O", "smoker": 0},
             },
         },
+        {"type": "conjunction", "where": {"blood": ["A", "O"], "smoker": 1}},  # 1, unbiased
     ]
     response = _answers(client, curator, release_id, queries)
     assert response.status_code == 200, response.text
@@ -144,6 +145,18 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
         )
     )
     assert abs(answers[3]["value"] - truth_h) < 5 * answers[3]["stderr"]
+    # the proper estimator (eq. 21) is the achievable answer k / n nearest to the unbiased
+    # estimate of the same query on the same release (exact: both read the stored codes).
+    # The unbiased estimate n * (count - rho n / 4) / (1 - rho) is itself a multiple of 1/n
+    # only for the perturbed count 100 (0.25; otherwise >= 2.6e-6 away), so an adapter that
+    # answered "proper" with the unbiased estimate passes with probability 5.2e-4 (that
+    # count's exact probability, 155 of 400 rows true, rho = 0.556); never a false failure.
+    proper, unbiased = answers[1], answers[4]
+    assert (proper["estimator"], unbiased["estimator"]) == ("proper", "unbiased")
+    assert 0.0 <= proper["value"] <= 1.0
+    k = min(max(round(unbiased["value"] * 400), 0), 400)
+    assert proper["value"] == pytest.approx(k / 400, abs=1e-12)
+    assert proper["error_bound"] == pytest.approx(2 * unbiased["error_bound"], rel=1e-12)  # (22)
     # the release includes the public column "movie": the guarantee says what it covers
     guarantee = response.json()["guarantee"]
     assert guarantee.startswith("differential privacy")
