@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import threading
 import time
@@ -16,10 +17,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+import tests.releases.fake_mechanism as fake  # registers test_means
+from app.mechanisms.privacy import CostPart, PrivacyCost
 from app.models import Release, ReleaseMeasurement
 from app.models.base import utcnow
 from app.releases import stages
+from app.releases.registry import Measured
 from app.releases.service import QUEUED
 from app.releases.stages import run_measure, run_synthesize, sweep
 from tests.conftest import Caller
@@ -398,6 +401,47 @@ def test_measure_failure_refunds_only_before_reading(
     )
     assert all(value not in release.text for value in SENTINELS)
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", entries]
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta"),
+    [
+        (0.2 * (1 + 1e-6), 0.0),  # just past within()'s relative tolerance of 1e-9
+        (0.1, 1e-12),  # any delta over a reservation of delta = 0
+    ],
+)
+def test_a_measurement_costing_more_than_its_reservation_is_not_kept(
+    epsilon: float,
+    delta: float,
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """run_measure refuses a measurement whose reported privacy cost exceeds the release's
+    reservation (epsilon 0.2, delta 0): the release fails, no measurement is stored and,
+    the data having been read, the reservation is spent (reserve, commit), never more."""
+    measure = fake.TestMeans.measure
+
+    def over_reporting(self: fake.TestMeans, *args: Any) -> Measured:
+        measured = measure(self, *args)
+        cost = PrivacyCost.compose([CostPart("means", epsilon, delta)])
+        return dataclasses.replace(measured, privacy_cost=cost)
+
+    monkeypatch.setattr(fake.TestMeans, "measure", over_reporting)
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "failed", release
+    assert release["message"] == (
+        "internal error (RuntimeError); see the worker log; "
+        "the data may have been read, so the budget stays spent"
+    )
+    assert release["privacy_cost"] is None
+    assert not _stored(client, release_id)
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    summary = budget(client, curator, dataset_id)
+    assert (summary["epsilon_spent"], summary["delta_spent"]) == (0.2, 0.0)
 
 
 @pytest.mark.parametrize("ending", ["cancelled", "failed"])
