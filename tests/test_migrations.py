@@ -308,6 +308,39 @@ def test_0007_marks_earlier_attempts_as_possibly_read(empty_database: str) -> No
     migrations.downgrade(url, "0006")
 
 
+def test_0008_publishes_the_current_version_of_succeeded_releases(empty_database: str) -> None:
+    """0008: a succeeded release serves its current synthesis version, with its current
+    parameters; a release in any other state (a re-synthesis going, failed, cancelled)
+    serves nothing, as before."""
+    url = empty_database
+    states = {uuid.uuid4(): s for s in ("succeeded", "synthesizing", "failed", "cancelled")}
+    _releases_at(
+        url,
+        "0007",
+        {
+            release_id: {
+                "mechanism": "smooth_synthetic",
+                "status": status,
+                "params": {"method": "marginals"},
+                "synthesis_params": {"grid_size": 500},
+                "synthesis_version": 2,
+            }
+            for release_id, status in states.items()
+        },
+    )
+    migrations.upgrade(url, "0008")
+    versions = _release_column(url, "published_version")
+    params = _release_column(url, "published_synthesis_params")
+    for release_id, status in states.items():
+        if status == "succeeded":
+            assert versions[release_id] == 2
+            assert params[release_id] == {"grid_size": 500}
+        else:
+            assert versions[release_id] is None
+            assert params[release_id] is None
+    migrations.downgrade(url, "0007")
+
+
 def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> None:
     """At head: a dataset, one release of it with ``ledger_kinds`` entries, and its stored
     measurements if ``measured``."""

@@ -78,17 +78,18 @@ def answer(
     release_id: uuid.UUID,
     queries: Sequence[Mapping[str, Any]],
 ) -> AnswersOut:
-    """Answers from a succeeded release. The release, its dataset's columns and (unless
-    the decoded release is cached) its measurements are read in a short read-only
-    transaction; decoding and answering, which may take seconds, hold no session (as an
-    upload's validation does not: the process has few session slots)."""
+    """Answers from a release's published version (also while a re-synthesis runs). The
+    release, its dataset's columns and (unless the decoded release is cached) its
+    measurements are read in a short read-only transaction; decoding and answering, which
+    may take seconds, hold no session (as an upload's validation does not: the process has
+    few session slots)."""
     with services.db.transaction(read_only=True) as session:
         release = visible_release(session, user, release_id)
-        if release.status != "succeeded":
+        if release.published_version is None:
             raise Conflict(f"the release is {release.status}; answers exist once it succeeded")
         mechanism = registry.get(release.mechanism)
         info = release_info(session, release)
-        key = (release.id, release.synthesis_version)
+        key = (release.id, release.published_version)
         loaded = _cache.get(key)
         payload = None
         if loaded is None:

@@ -4,7 +4,9 @@ Lifecycle (DESIGN §2 rule 4): ``queued`` -> ``measuring`` (the only stage that 
 rows; it ends by persisting the noisy measurements and committing the spend in one
 transaction) -> ``synthesizing`` (post-processing of the stored measurements only) ->
 ``succeeded``; or ``failed`` / ``cancelled``. A stage runs under a lease (owner, expiry)
-that its worker renews; a sweeper hands stages with expired leases to another worker.
+that its worker renews; a sweeper hands stages with expired leases to another worker. A
+re-synthesis moves a release back to ``synthesizing``; its published version stays served
+meanwhile, and if the run fails or is cancelled the release is ``succeeded`` again with it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Release(Base):
     message: Mapped[str | None] = mapped_column(Text, default=None)
     lease_owner: Mapped[str | None] = mapped_column(String(128), default=None)
     lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: Claims of the current stage: the measure stage's, then (from 0 again) those of each
+    #: synthesis run (releases recorded before migration 0008 count every claim).
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     #: When a measure attempt first opened the data file (set, in a transaction of its
     #: own, before a row is read; never cleared): an attempt that died may have read the
@@ -85,7 +89,14 @@ class Release(Base):
     privacy_cost: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     synthesis_params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     synthesis_version: Mapped[int] = mapped_column(Integer, default=0)
+    #: The artifacts of the synthesis version served to downloads and answers (``None``
+    #: until one succeeded). A re-synthesis that runs, fails or is cancelled leaves it
+    #: served; its success replaces it.
     artifacts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    published_version: Mapped[int | None] = mapped_column(Integer, default=None)
+    #: ``synthesis_params`` of the published version, restored when a re-synthesis with
+    #: other parameters fails or is cancelled.
+    published_synthesis_params: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     measured_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
 

@@ -18,14 +18,14 @@ def artifact(
     session: Session, services: Services, user: User, release_id: uuid.UUID, name: str
 ) -> FileResponse:
     release = visible_release(session, user, release_id)
-    if release.status != "succeeded":
+    if release.published_version is None:
         raise Conflict(f"the release is {release.status}; artifacts exist once it succeeded")
     meta = release.artifacts.get(name)
     if meta is None:
         available = ", ".join(sorted(release.artifacts)) or "none"
         raise NotFound(f"this release has no artifact {name!r} (available: {available})")
     store = ArtifactStore(services.settings.releases_dir)
-    path = store.path(release.id, release.synthesis_version, str(meta["file"]))
+    path = store.path(release.id, release.published_version, str(meta["file"]))
     if not path.is_file():
         raise NotFound(f"artifact {name!r} is missing on disk")
     return FileResponse(

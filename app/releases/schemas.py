@@ -56,6 +56,11 @@ class ReleaseOut(BaseModel):
     params: dict[str, Any]
     synthesis_params: dict[str, Any]
     synthesis_version: int
+    published_version: int | None = Field(
+        description="the synthesis version whose artifacts and answers are served (null "
+        "until one succeeded); a re-synthesis that runs, fails or is cancelled leaves it "
+        "served"
+    )
     resolved: dict[str, Any]
     accuracy: dict[str, Any] | None = Field(
         description="the accuracy predicted at the request from public values only (the "

@@ -50,6 +50,30 @@ QUEUED = "queued"
 CANCELLED_AFTER_MEASURING = "cancelled after measuring; the budget stays spent"
 
 
+def end_synthesis_run(release: Release, status: str, message: str) -> None:
+    """End the synthesis run of a release (locked by the caller) as ``status``
+    (``"failed"`` or ``"cancelled"``). A re-synthesis of a release that has a published
+    version leaves that version served: the release is ``succeeded`` again, with that
+    version's parameters, and the message says what became of the run. The worker of a
+    run that is still going loses its lease (its work is discarded)."""
+    now = utcnow()
+    if release.published_version is not None:
+        release.status = "succeeded"
+        release.synthesis_params = dict(release.published_synthesis_params or {})
+        release.message = (
+            f"re-synthesis (version {release.synthesis_version}) {status}: {message}; "
+            f"version {release.published_version} is still served"
+        )
+        release.cancel_requested = False
+        release.progress = 1.0
+    else:
+        release.status = status
+        release.message = message
+    release.finished_at = now
+    release.lease_owner = None
+    release.lease_expires_at = None
+
+
 #: The stored columns of a graph dataset (see :mod:`app.datasets.graphs`).
 GRAPH_COLUMNS = (ColumnInfo("u", "vertex"), ColumnInfo("v", "vertex"))
 
@@ -340,7 +364,7 @@ def to_out(release: Release) -> ReleaseOut:
             )
             for name, meta in sorted(release.artifacts.items())
         ]
-        if release.status == "succeeded"
+        if release.published_version is not None
         else []
     )
     params, synthesis_params = release.params, release.synthesis_params
@@ -363,6 +387,7 @@ def to_out(release: Release) -> ReleaseOut:
         params=params,
         synthesis_params=synthesis_params,
         synthesis_version=release.synthesis_version,
+        published_version=release.published_version,
         resolved=release.resolved,
         accuracy=release.accuracy,
         privacy_cost=release.privacy_cost,
@@ -413,7 +438,9 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
     A queued release is cancelled at once and refunded. A release being measured is
     marked; its worker stops at its next heartbeat and refunds only if it has read no row
     of the data yet (DESIGN rule 6), otherwise the reservation is spent; a measurement it
-    completes is persisted and spent, and stays reachable by re-synthesis.
+    completes is persisted and spent, and stays reachable by re-synthesis. A synthesis run
+    is ended at once (:func:`end_synthesis_run`): a re-synthesis's published version stays
+    served.
     """
     owned_release(session, user, release_id)
     release = lock_release(session, release_id)
@@ -429,9 +456,13 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
         release.message = "cancelled before measuring; the budget was refunded"
         release.finished_at = now
     elif release.status == "synthesizing":
-        release.status = "cancelled"
-        release.message = CANCELLED_AFTER_MEASURING
-        release.finished_at = now
+        end_synthesis_run(
+            release,
+            "cancelled",
+            CANCELLED_AFTER_MEASURING
+            if release.published_version is None
+            else "cancelled by the curator",
+        )
     else:
         release.message = (
             "cancellation requested; the reservation is refunded only if no attempt has "
@@ -453,7 +484,8 @@ def resynthesize(
 
     Any release that has measurements and has ended can be re-synthesised: succeeded,
     failed, or cancelled after measuring (its epsilon stays spent, so its output must stay
-    reachable; the cancellation flag is cleared for the new run)."""
+    reachable; the cancellation flag is cleared for the new run). A published version stays
+    served while the run goes, and after it if it fails or is cancelled."""
     owned_release(session, user, release_id)
     release = lock_release(session, release_id)
     assert release is not None
@@ -487,6 +519,7 @@ def resynthesize(
     release.synthesis_params = {k: checked[k] for k in mechanism.post_processing if k in checked}
     release.synthesis_version += 1
     release.status = "synthesizing"
+    release.attempts = 0
     release.cancel_requested = False
     release.progress = 0.0
     release.message = None

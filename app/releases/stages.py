@@ -22,6 +22,9 @@ ignores a cancel for ``CANCEL_GRACE_LEASES`` lease periods (a mechanism hung aft
 progress call) stops renewing its lease, so the sweeper hands the release to a worker that
 ends it. The measure stage is claimed at most ``MAX_MEASURE_ATTEMPTS`` times to read the
 data (each attempt may); the claim after that ends the release as failed, budget spent.
+A synthesis run is claimed at most ``MAX_SYNTHESIZE_ATTEMPTS`` times; the claim after that
+ends the run as failed (the measurements stay, and a re-synthesis's published version
+stays served).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from app.releases.service import (
     QUEUED,
     SYNTHESIZE_TASK,
     dataset_info,
+    end_synthesis_run,
     lock_release,
 )
 from app.storage.artifacts import ArtifactStore
@@ -71,6 +75,9 @@ WORKER = ledger.Actor.worker()
 
 #: Claims of the measure stage before it gives up (workers died or lost their leases).
 MAX_MEASURE_ATTEMPTS = 3
+#: Claims of one synthesis run before it gives up (a run that kills its worker, e.g. out
+#: of memory, would otherwise be handed to the next worker after every restart).
+MAX_SYNTHESIZE_ATTEMPTS = 3
 #: Lease periods a stage may ignore a cancel before its heartbeat stops renewing the lease.
 CANCEL_GRACE_LEASES = 4
 
@@ -414,6 +421,7 @@ def _persist_measurement(
             return
         release.status = "synthesizing"
         release.progress = 0.0
+        release.attempts = 0  # from here on, claims of the synthesis run
         release.lease_owner = QUEUED
         release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
         enqueue_after_commit(session, services, SYNTHESIZE_TASK, release.id)
@@ -450,6 +458,16 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
     if payload is None:
         _end_synthesizing(services, claim, "failed", "no stored measurements to synthesise from")
         return
+    if claim.prior_attempts >= MAX_SYNTHESIZE_ATTEMPTS:
+        _end_synthesizing(
+            services,
+            claim,
+            "failed",
+            f"the synthesis was attempted {claim.prior_attempts} times (its workers died or "
+            "lost their leases, e.g. out of memory); the measurements are kept: re-synthesise "
+            "with other parameters at no privacy cost",
+        )
+        return
     version = claim.synthesis_version
     rng = np.random.default_rng(np.random.SeedSequence([claim.seed, version]))
     work = store.begin(claim.release_id, version)
@@ -482,14 +500,10 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
 
 def _end_synthesizing(services: Services, claim: Claim, status: str, message: str) -> None:
     """Fail or cancel a synthesis this claim still owns (no ledger entry: the measurements
-    were spent when they were stored)."""
+    were spent when they were stored; :func:`end_synthesis_run`)."""
     with _owned(services, claim, "synthesizing") as release:
         if release is not None:
-            release.status = status
-            release.message = message
-            release.finished_at = utcnow()
-            release.lease_owner = None
-            release.lease_expires_at = None
+            end_synthesis_run(release, status, message)
 
 
 def _publish_synthesis(
@@ -505,6 +519,8 @@ def _publish_synthesis(
         release.status = "succeeded"
         release.progress = 1.0
         release.message = None
+        release.published_version = version
+        release.published_synthesis_params = dict(claim.synthesis_params)
         release.artifacts = {
             name: {"file": a.file, "media_type": a.media_type, "description": a.description}
             for name, a in synthesized.artifacts.items()

@@ -374,9 +374,149 @@ def test_cancelled_resynthesis_can_be_run_again(client: TestClient, curator: Cal
     url = f"/v1/releases/{release_id}/resynthesize"
     assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
     cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers).json()
-    assert cancelled["status"] == "cancelled"
+    assert cancelled["status"] == "succeeded"  # its published version is still served
     assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
     _synthesizes_without_new_spend(client, curator, dataset_id, release_id)
+
+
+def _served(client: TestClient, caller: Caller, release_id: str) -> tuple[int, Any]:
+    """The status of a download of ``means.json`` and its content when 200."""
+    response = client.get(f"/v1/releases/{release_id}/artifacts/means.json", headers=caller.headers)
+    return response.status_code, response.json() if response.status_code == 200 else None
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "failed", "gave up"])
+def test_a_resynthesis_leaves_the_published_version_served(
+    ending: str,
+    client: TestClient,
+    curator: Caller,
+    analyst: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a re-synthesis runs, and after it is cancelled, fails or is given up (its
+    workers died), the version already released stays served to the analyst, and the
+    release is ``succeeded`` again with that version's parameters (an audit saw a cancelled
+    re-synthesis turn the release into ``cancelled`` with every download a 409)."""
+    from tests.releases.fake_mechanism import TestMeans
+
+    dataset_id = dataset(client, curator)
+    client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    first = _served(client, analyst, release_id)
+    assert first[0] == 200
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"rows": 3}},
+    )
+    assert again.status_code == 202, again.text
+    running = again.json()
+    assert running["status"] == "synthesizing"
+    assert running["published_version"] == 0
+    assert running["synthesis_version"] == 1
+    assert {a["name"] for a in running["artifacts"]} == {
+        "sample.csv",
+        "sample.parquet",
+        "means.json",
+    }
+    assert _served(client, analyst, release_id) == first
+    if ending == "cancelled":
+        client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+        run_synthesize(services_of(client), uuid.UUID(release_id))  # the queued job: nothing
+    elif ending == "failed":
+
+        def fail(*_args: Any, **_kwargs: Any) -> Any:
+            raise RuntimeError("value 37.123456 must never reach a client")
+
+        monkeypatch.setattr(TestMeans, "synthesize", fail)
+        run_synthesize(services_of(client), uuid.UUID(release_id))
+    else:
+        with services_of(client).db.transaction() as session:  # claims whose workers died
+            release = session.get(Release, uuid.UUID(release_id))
+            assert release is not None
+            release.attempts = stages.MAX_SYNTHESIZE_ATTEMPTS
+        run_synthesize(services_of(client), uuid.UUID(release_id))
+    done = client.get(f"/v1/releases/{release_id}", headers=analyst.headers).json()
+    assert done["status"] == "succeeded", done
+    assert done["published_version"] == 0
+    assert done["synthesis_params"] == {}  # the published version's, not the run's rows = 3
+    word = {"cancelled": "cancelled", "failed": "failed", "gave up": "failed"}[ending]
+    assert done["message"].startswith(f"re-synthesis (version 1) {word}: ")
+    assert done["message"].endswith("version 0 is still served")
+    assert "37.123456" not in done["message"]
+    assert _served(client, analyst, release_id) == first
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    # and a later run publishes its own version
+    client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"rows": 4}},
+    )
+    monkeypatch.undo()
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    latest = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert (latest["status"], latest["published_version"]) == ("succeeded", 2)
+    assert latest["synthesis_params"] == {"rows": 4}
+    sample = client.get(f"/v1/releases/{release_id}/synthetic", headers=analyst.headers)
+    assert pacsv.read_csv(io.BytesIO(sample.content)).num_rows == 4
+
+
+def test_a_synthesis_whose_workers_keep_dying_is_given_up(
+    client: TestClient, curator: Caller
+) -> None:
+    """A synthesis claimed ``MAX_SYNTHESIZE_ATTEMPTS`` times (its workers died, e.g. out
+    of memory) ends failed at the next claim, measurements and spend kept, instead of
+    being handed to a worker after every restart. The count starts again with the
+    synthesis: two dead measure attempts before it do not count."""
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    with services_of(client).db.transaction() as session:  # two measure workers died
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.status, release.attempts, release.lease_owner = "measuring", 2, QUEUED
+        release.read_started_at = utcnow()
+    run_measure(services_of(client), uuid.UUID(release_id))
+    for _ in range(stages.MAX_SYNTHESIZE_ATTEMPTS):  # claims whose workers died
+        with services_of(client).db.transaction() as session:
+            release = session.get(Release, uuid.UUID(release_id))
+            assert release is not None
+            assert release.status == "synthesizing"
+            release.attempts += 1
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    failed = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert failed["status"] == "failed"
+    assert failed["message"].startswith(
+        f"the synthesis was attempted {stages.MAX_SYNTHESIZE_ATTEMPTS} times"
+    )
+    assert failed["published_version"] is None
+    assert failed["artifacts"] == []
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    assert _stored(client, release_id)
+    # a re-synthesis starts its own count
+    url = f"/v1/releases/{release_id}/resynthesize"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    _synthesizes_without_new_spend(client, curator, dataset_id, release_id)
+
+
+def test_a_synthesis_after_dead_measure_attempts_is_not_given_up(
+    client: TestClient, curator: Caller
+) -> None:
+    """Claims of the measure stage do not count against the synthesis."""
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    with services_of(client).db.transaction() as session:  # two measure workers died
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.status, release.attempts, release.lease_owner = "measuring", 2, QUEUED
+        release.read_started_at = utcnow()
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
 
 
 @pytest.mark.parametrize(

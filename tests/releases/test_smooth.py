@@ -354,6 +354,11 @@ def test_smooth_synthetic_marginals_end_to_end(client: TestClient, curator: Call
         json={"params": {"grid_size": 500, "sample_size": 50}},
     )
     assert resynthesized.status_code == 202, resynthesized.text
+    # while it runs, the published version answers and downloads as before
+    assert resynthesized.json()["status"] == "synthesizing"
+    (during,) = _answers(client, curator, release_id, [in_original])
+    assert during == b
+    assert _csv(client, curator, release_id).num_rows == n
     run_all(client, release_id)
     again = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert again["status"] == "succeeded", again
