@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -127,6 +128,20 @@ def _check_queue(services: Services) -> int | None:
     return None
 
 
+def _check_port(host: str, port: int) -> int | None:
+    """Refuse to start a server whose address is taken (uvicorn would start the app, and
+    its embedded worker, before it failed to bind, and exit with a bare error): bind it
+    once, as uvicorn will (``SO_REUSEADDR``), and let it go."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=1)
+    return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -137,7 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     app = create_app(settings, embedded_worker=not args.no_worker)
-    refused = _check_queue(app.state.services)
+    refused = _check_queue(app.state.services) or _check_port(args.host, args.port)
     if refused is not None:
         app.state.services.close()
         return refused

@@ -219,6 +219,25 @@ def test_an_unreachable_queue_refuses_to_start(
 
 
 @pytest.mark.usefixtures("never_started")
+def test_serve_on_a_taken_port_refuses_before_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A port another process listens on: a one-line refusal (exit 1) before the app or
+    its embedded worker starts (uvicorn started the worker, then failed to bind)."""
+    import socket
+
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _exit(["serve", "--port", str(port)], capsys)
+    assert code == 1
+    assert err.startswith(f"curator: cannot listen on 127.0.0.1:{port}: ")
+    assert "in use" in err
+
+
+@pytest.mark.usefixtures("never_started")
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
