@@ -379,6 +379,18 @@ def test_cancelled_resynthesis_can_be_run_again(client: TestClient, curator: Cal
     _synthesizes_without_new_spend(client, curator, dataset_id, release_id)
 
 
+def _dead_measure_attempts(
+    client: TestClient, release_id: str, count: int, *, opened: bool
+) -> None:
+    """As if ``count`` measure attempts had claimed the release and their workers died
+    (re-queued by the sweeper), after opening the data if ``opened``."""
+    with services_of(client).db.transaction() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.status, release.attempts, release.lease_owner = "measuring", count, QUEUED
+        release.read_started_at = utcnow() if opened else None
+
+
 def _served(client: TestClient, caller: Caller, release_id: str) -> tuple[int, Any]:
     """The status of a download of ``means.json`` and its content when 200."""
     response = client.get(f"/v1/releases/{release_id}/artifacts/means.json", headers=caller.headers)
@@ -475,11 +487,7 @@ def test_a_synthesis_whose_workers_keep_dying_is_given_up(
     synthesis: two dead measure attempts before it do not count."""
     dataset_id = dataset(client, curator)
     release_id = request_release(client, curator, dataset_id).json()["id"]
-    with services_of(client).db.transaction() as session:  # two measure workers died
-        release = session.get(Release, uuid.UUID(release_id))
-        assert release is not None
-        release.status, release.attempts, release.lease_owner = "measuring", 2, QUEUED
-        release.read_started_at = utcnow()
+    _dead_measure_attempts(client, release_id, 2, opened=True)
     run_measure(services_of(client), uuid.UUID(release_id))
     for _ in range(stages.MAX_SYNTHESIZE_ATTEMPTS):  # claims whose workers died
         with services_of(client).db.transaction() as session:
@@ -509,11 +517,7 @@ def test_a_synthesis_after_dead_measure_attempts_is_not_given_up(
     """Claims of the measure stage do not count against the synthesis."""
     dataset_id = dataset(client, curator)
     release_id = request_release(client, curator, dataset_id).json()["id"]
-    with services_of(client).db.transaction() as session:  # two measure workers died
-        release = session.get(Release, uuid.UUID(release_id))
-        assert release is not None
-        release.status, release.attempts, release.lease_owner = "measuring", 2, QUEUED
-        release.read_started_at = utcnow()
+    _dead_measure_attempts(client, release_id, 2, opened=True)
     run_all(client, release_id)
     done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert done["status"] == "succeeded", done
@@ -597,11 +601,7 @@ def test_a_measure_retried_after_a_lost_worker_refunds_only_if_nothing_was_opene
     params = {"fail_in": "measure_before_reading"} if ending == "failed" else {}
     release_id = request_release(client, curator, dataset_id, {**REQUEST, "params": params})
     release_id = release_id.json()["id"]
-    with services_of(client).db.transaction() as session:  # a first attempt, then a dead worker
-        release = session.get(Release, uuid.UUID(release_id))
-        assert release is not None
-        release.status, release.attempts, release.lease_owner = "measuring", 1, QUEUED
-        release.read_started_at = utcnow() if opened else None
+    _dead_measure_attempts(client, release_id, 1, opened=opened)
     if ending == "cancelled":
         cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
         assert cancelled.json()["cancel_requested"] is True
