@@ -157,8 +157,12 @@ class ContinuousCheck:
         n = len(array)
         if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
             empty = _mask(pc.is_null(array))
+            # safe=False: an integer beyond 2^53 rounds to the nearest double (pyarrow's
+            # safe cast refused it, and the refusal read as an unreadable file)
             values = np.asarray(
-                pc.fill_null(pc.cast(array, pa.float64()), 0.0).to_numpy(zero_copy_only=False),
+                pc.fill_null(pc.cast(array, pa.float64(), safe=False), 0.0).to_numpy(
+                    zero_copy_only=False
+                ),
                 dtype=np.float64,
             )
             nan = np.isnan(values) & ~empty

@@ -113,6 +113,29 @@ def test_parquet_upload(client: TestClient, curator: Caller) -> None:
     assert out["smoker"].to_pylist() == [1, 0]
 
 
+def test_parquet_integers_beyond_two_to_the_53_are_numbers(
+    client: TestClient, curator: Caller
+) -> None:
+    # int64 and uint64 cells that a float64 cannot hold exactly are still numbers: rounded
+    # and clipped, not "the file could not be read as Parquet" (pyarrow's safe cast refused
+    # them and the message blamed the file)
+    table = pa.table(
+        {
+            "age": pa.array([2**53 + 1, 50], type=pa.int64()),
+            "weight": pa.array([2**64 - 1, 120], type=pa.uint64()),
+            "blood": pa.array(["O", "A"]),
+            "smoker": pa.array([True, False]),
+        }
+    )
+    response = upload(client, curator, parquet_bytes(table), filename="x.parquet")
+    assert response.status_code == 201, response.text
+    assert response.json()["validation"]["clipped"] == {"age": 1, "weight": 1}
+    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
+    out = open_table(stored, _services(client).data_key).read()
+    np.testing.assert_allclose(out["age"].to_numpy(), [1.0, 0.0])
+    np.testing.assert_allclose(out["weight"].to_numpy(), [1.0, 0.0])
+
+
 def test_clip_reports_counts_per_column(client: TestClient, curator: Caller) -> None:
     rows = ["-5,60,A,0", "150,60,A,0", "101,300,A,1", "50,60,A,1"]
     response = upload(client, curator, csv_bytes(rows=rows))
