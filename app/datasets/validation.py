@@ -112,6 +112,8 @@ def _as_text(array: pa.Array) -> pa.Array | None:
     """The column as trimmed strings (nulls as ""), or None if its type has no text form."""
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         text = array
+    elif pa.types.is_string_view(array.type):
+        text = pc.cast(array, pa.string())  # the string functions take no string_view
     elif (
         pa.types.is_integer(array.type)
         or pa.types.is_floating(array.type)
@@ -155,10 +157,14 @@ class ContinuousCheck:
 
     def process(self, array: pa.Array, problems: Problems) -> pa.Array:
         n = len(array)
-        if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
+        if (
+            pa.types.is_integer(array.type)
+            or pa.types.is_floating(array.type)
+            or pa.types.is_decimal(array.type)
+        ):
             empty = _mask(pc.is_null(array))
-            # safe=False: an integer beyond 2^53 rounds to the nearest double (pyarrow's
-            # safe cast refused it, and the refusal read as an unreadable file)
+            # safe=False: an integer beyond 2^53 or a decimal rounds to the nearest double
+            # (pyarrow's safe cast refused it, and the refusal read as an unreadable file)
             values = np.asarray(
                 pc.fill_null(pc.cast(array, pa.float64(), safe=False), 0.0).to_numpy(
                     zero_copy_only=False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,27 @@ def test_parquet_integers_beyond_two_to_the_53_are_numbers(
     out = open_table(stored, _services(client).data_key).read()
     np.testing.assert_allclose(out["age"].to_numpy(), [1.0, 0.0])
     np.testing.assert_allclose(out["weight"].to_numpy(), [1.0, 0.0])
+
+
+def test_parquet_decimal_and_string_view_columns(client: TestClient, curator: Caller) -> None:
+    # a decimal column (SQL NUMERIC exports) holds numbers and a string_view column text:
+    # both were refused as "has type ...; expected numbers" / "expected category labels"
+    table = pa.table(
+        {
+            "age": pa.array([Decimal("10.00"), Decimal("50.00")], type=pa.decimal128(5, 2)),
+            "weight": pa.array([Decimal("20"), Decimal("220")], type=pa.decimal256(40, 0)),
+            "blood": pa.array(["O", "A"], type=pa.string_view()),
+            "smoker": pa.array(["1", "0"], type=pa.string_view()),
+        }
+    )
+    response = upload(client, curator, parquet_bytes(table), filename="x.parquet")
+    assert response.status_code == 201, response.text
+    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
+    out = open_table(stored, _services(client).data_key).read()
+    np.testing.assert_allclose(out["age"].to_numpy(), [-0.8, 0.0])
+    np.testing.assert_allclose(out["weight"].to_numpy(), [-1.0, 1.0])
+    assert out["blood"].to_pylist() == [3, 0]
+    assert out["smoker"].to_pylist() == [1, 0]
 
 
 def test_clip_reports_counts_per_column(client: TestClient, curator: Caller) -> None:
