@@ -495,6 +495,28 @@ def test_a_malformed_reference_is_refused_before_anything_is_reserved(
     assert kept.status_code == 202, kept.text
 
 
+def test_a_delta_max_outside_the_unit_interval_is_refused_before_anything_is_recorded(
+    client: TestClient, curator: Caller
+) -> None:
+    """Paper 002's Delta_max lies in (0, 1) (Theorem 3.2): the preview and the request
+    refuse 1, 1.5 and Infinity. They accepted them, the request recorded a release that
+    the worker then failed ("delta_max (inf) must lie in (0, 1)"), and Infinity was stored
+    and shown as null."""
+    dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    headers = {**curator.headers, "Content-Type": "application/json"}
+    for delta_max in ("1", "1.5", "Infinity"):
+        # 'Infinity' as the bare token the service's JSON parser accepts
+        body = '{"mechanism": "compressed", "params": {"delta_max": ' + delta_max + "}}"
+        for path in ("preview", "releases"):
+            refused = client.post(
+                f"/v1/datasets/{dataset_id}/{path}", headers=headers, content=body
+            )
+            assert refused.status_code == 422, (delta_max, path, refused.text)
+            assert "params.delta_max" in refused.json()["error"]["message"], refused.text
+    assert client.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json() == []
+    assert budget(client, curator, dataset_id)["entries"] == []
+
+
 def test_graph_read_publishes_no_row_progress(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:

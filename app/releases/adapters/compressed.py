@@ -36,7 +36,10 @@ class CompressedParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     delta_max: float = Field(
-        gt=0, description="Delta_max of paper 002 (eq. 5-6), declared by the curator"
+        gt=0,
+        lt=1,
+        description="Delta_max of paper 002 (eq. 5-6), declared by the curator; in (0, 1) "
+        "(Theorem 3.2)",
     )
     m: int | None = Field(
         default=None, ge=1, description="rows of Phi X; default: the smallest m paper 002 allows"
