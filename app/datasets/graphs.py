@@ -13,6 +13,7 @@ Stored as encrypted Parquet with int32 columns ``u < v``, sorted.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +39,12 @@ class StoredGraph:
 
 
 def _layout(reader: io.RawIOBase) -> tuple[str, int, bool]:
-    """(delimiter, leading comment lines, has a header) from the first lines."""
-    head = (reader.read(64 * 1024) or b"").decode("utf-8", "replace").splitlines()
+    """(delimiter, leading comment lines, has a header) from the first lines, split as the
+    CSV reader splits them (``\\n``, ``\\r\\n`` or ``\\r``; ``str.splitlines`` also breaks at
+    form feeds and U+2028) and without a UTF-8 byte order mark, which the reader skips
+    (kept, it made the first edge look like a header row, and that edge was dropped)."""
+    text = (reader.read(64 * 1024) or b"").decode("utf-8-sig", "replace")
+    head = re.split(r"\r\n|\r|\n", text)
     reader.seek(0)
     comments = 0
     for line in head:

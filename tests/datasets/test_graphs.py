@@ -39,8 +39,14 @@ def upload_graph(
         b"0 1\n1 2\n5 4\n",
         b"# a comment\n# another\nsource,target\n0,1\n2,1\n4,5\n",
         b"0\t1\n1\t2\n\n4\t5\n",
+        # a UTF-8 byte order mark (Excel's "CSV UTF-8"): the first edge was taken for a
+        # header row and silently dropped
+        b"\xef\xbb\xbf0 1\n1 2\n5 4\n",
+        b"\xef\xbb\xbf# a comment\n# another\n0,1\n2,1\n4,5\n",
+        # a form feed or U+2028 inside a comment is no line break for the CSV reader
+        "# page\fbreak\u2028here\n0 1\n1 2\n5 4\n".encode(),
     ],
-    ids=["spaces", "comments-header-commas", "tabs-blank-line"],
+    ids=["spaces", "comments-header-commas", "tabs-blank-line", "bom", "bom-comments", "ff-ls"],
 )
 def test_graph_upload_normalises_edges(client: TestClient, curator: Caller, content: bytes) -> None:
     response = upload_graph(client, curator, content)
