@@ -54,7 +54,8 @@ class ContinuousColumn(BaseModel):
 
 class CategoricalColumn(BaseModel):
     """A column taking one of the declared categories; stored as the category's index.
-    Cells match categories by their text (``"3"`` matches category ``3``)."""
+    Cells match categories by their text (``"3"`` matches category ``3``), trimmed of
+    surrounding whitespace (a declaration refuses categories that have some)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -143,6 +144,18 @@ class DatasetDeclaration(BaseModel):
         duplicates = sorted(name for name, count in counts.items() if count > 1)
         if duplicates:
             raise ValueError(f"duplicate column names in the schema: {duplicates}")
+        # Cells are matched with their surrounding whitespace trimmed: such a category could
+        # never match one. Checked here, on the declaration only: a stored dataset's columns
+        # are validated again each time they are shown.
+        for column in self.columns:
+            if isinstance(column, CategoricalColumn):
+                for label in column.labels:
+                    if label != label.strip():
+                        raise ValueError(
+                            f"column {column.name!r}: category {label!r} has leading or "
+                            "trailing whitespace; cells are compared without it, so no cell "
+                            "could match it"
+                        )
         return self
 
 

@@ -395,6 +395,18 @@ def test_headerless_file_is_not_quoted_back(client: TestClient, curator: Caller)
             id="repeated-category",
         ),
         pytest.param(
+            # cells are trimmed before they are matched: " a" could never match one, and
+            # "a " was a second, unreachable category beside "a"
+            with_columns({"name": "c", "kind": "categorical", "categories": ["a", "a "]}),
+            "category 'a ' has leading or trailing whitespace",
+            id="category-with-whitespace",
+        ),
+        pytest.param(
+            with_columns({"name": "c", "kind": "categorical", "categories": ["  ", "b"]}),
+            "category '  ' has leading or trailing whitespace",
+            id="blank-category",
+        ),
+        pytest.param(
             with_columns({"name": "c", "kind": "ordinal"}), "schema.columns.0", id="unknown-kind"
         ),
         pytest.param(with_columns(out_of_bounds="wrap"), "out_of_bounds", id="bad-policy"),
