@@ -589,6 +589,35 @@ def test_answer_cache_is_bounded_by_bytes(
     assert _cache.nbytes == 0
 
 
+def test_cut_answers_bound_one_requests_work(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each cut costs a product with the noisy adjacency (every released edge), however
+    small S and T: a batch of 100,000 one-vertex cuts on a 4000-vertex release at a small
+    epsilon (about 4 million released edges) would have taken some 47 minutes of one
+    request (1000 took 28 s). A batch whose queries times (released edges, both ways, plus
+    vertices) exceed graph_cuts.MAX_CUT_WORK is refused with a 422 saying how many fit."""
+    from app.releases.adapters import graph_cuts as adapter
+
+    n = 300
+    content = ("\n".join(f"{v} {v + 1}" for v in range(n - 1)) + "\n").encode()
+    # epsilon 0.01: about half of the 44850 vertex pairs released as edges
+    _, release_id = _graph_release(client, curator, content, n, 0.01)
+    query = {"type": "cut", "S": [0], "T": [1]}
+    default = getattr(adapter, "MAX_CUT_WORK", None)
+    # about 22000 released edges: room for about 10 queries, 40 exceed it, 3 fit
+    monkeypatch.setattr(adapter, "MAX_CUT_WORK", 10 * (44850 + n), raising=False)
+    refused = _answers(client, curator, release_id, [query] * 40)
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert "split the batch" in message, message
+    answered = _answers(client, curator, release_id, [query] * 3)
+    assert answered.status_code == 200, answered.text
+    # the default refuses the 4000-vertex batch above and answers this release's 1000
+    assert default is not None
+    assert 100_000 * (2 * 4_000_000 + 4000) > default > 1000 * (2 * 44850 + n)
+
+
 def test_answers_in_progress_leave_sessions_to_other_requests(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,6 +32,13 @@ from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
 from app.storage.source import EncryptedTableSource
 
+#: Work one answers request may ask for: its queries times (twice the released edges, plus
+#: the vertices). A cut is a product with the noisy adjacency, whatever the sizes of S and
+#: T, so a batch of one-vertex cuts on a large release cost minutes to hours (1000 cuts on
+#: 4000 vertices at a small epsilon, about 4 million released edges, took 28 s). This
+#: bounds one request to seconds; the released edge count it is computed from is public.
+MAX_CUT_WORK = 4 * 10**9
+
 
 class GraphParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -196,6 +203,14 @@ class GraphCuts(registry.Mechanism):
     ) -> list[dict[str, Any]]:
         parsed = registry.validate_queries(_QUERIES, queries)
         release: gc.GraphRelease = loaded
+        released = int(release.edges.shape[0])
+        per_query = 2 * released + release.n_vertices
+        if len(parsed) * per_query > MAX_CUT_WORK:
+            raise InvalidRequest(
+                f"{len(parsed)} cut queries are more than one request may ask of this release "
+                f"(each reads its {released} released edges): at most "
+                f"{max(1, MAX_CUT_WORK // per_query)} per request; split the batch"
+            )
         out = []
         for position, query in enumerate(parsed):
             try:
