@@ -55,6 +55,28 @@ def test_validation_errors_do_not_echo_input(client: TestClient, admin: Caller) 
     assert "s3cr3t-value" not in response.text
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            b'{"name": "x",',
+            "the request body is not valid JSON: Expecting property name enclosed in "
+            "double quotes (at character 13)",
+        ),
+        (b"\xff\xfe", "the request body is not valid JSON: Expecting value (at character 0)"),
+    ],
+)
+def test_a_body_that_is_not_json_is_named_as_such(
+    client: TestClient, admin: Caller, body: bytes, message: str
+) -> None:
+    # FastAPI's own wording is "1: JSON decode error": a location that names no field
+    response = client.post(
+        "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, content=body
+    )
+    assert response.status_code == 422
+    assert response.json()["error"] == {"code": "validation_error", "message": message}
+
+
 def test_multipart_parser_warnings_quote_no_body_bytes(
     client: TestClient, curator: Caller, caplog: pytest.LogCaptureFixture
 ) -> None:

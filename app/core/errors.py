@@ -105,6 +105,16 @@ def describe_errors(errors: Sequence[Mapping[str, Any]], prefix: str = "") -> st
     """``"loc.path: message; ..."`` for pydantic errors, without the submitted values."""
     parts = []
     for err in errors:
+        if err.get("type") == "json_invalid" and err.get("msg") == "JSON decode error":
+            # FastAPI's loc for a body that does not parse is ("body", character offset)
+            offset = next((p for p in err.get("loc", ())[1:] if isinstance(p, int)), None)
+            reason = str((err.get("ctx") or {}).get("error", "")).strip()
+            parts.append(
+                "the request body is not valid JSON"
+                + (f": {reason}" if reason else "")
+                + (f" (at character {offset})" if offset is not None else "")
+            )
+            continue
         location = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         location = f"{prefix}.{location}" if prefix and location else (location or prefix or "body")
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")

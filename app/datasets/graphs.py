@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from app.datasets.validation import Problems, file_problem
+from app.datasets.validation import Problems, file_problem, refuse_non_text
 from app.storage.tables import EncryptedTableWriter
 
 _INTEGER = r"^\s*\d+\s*$"
@@ -67,6 +67,7 @@ def validate_graph_and_store(
     """
     if size == 0:
         raise file_problem("the file is empty")
+    refuse_non_text(reader, "the edge list as UTF-8 text")
     delimiter, comments, header = _layout(reader)
     problems = Problems()
     codes: list[np.ndarray] = []

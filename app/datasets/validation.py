@@ -309,10 +309,41 @@ def make_check(spec: Column, policy: Literal["clip", "reject"]) -> ColumnCheck:
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
+SNIFF_BYTES = 4096
+
+# Signatures of files that are not text, each with what to upload instead (a CSV parser
+# would call a ZIP "empty" and UTF-16 "ragged").
+_NOT_TEXT = (
+    (b"\xff\xfe", "UTF-16 or UTF-32 text (it starts with such a byte-order mark)"),
+    (b"\xfe\xff", "UTF-16 text (it starts with such a byte-order mark)"),
+    (b"PK\x03\x04", "a ZIP archive (an Excel .xlsx workbook is one)"),
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"\xd0\xcf\x11\xe0", "an Excel .xls workbook (or another OLE2 document)"),
+)
+
+
+def refuse_non_text(reader: io.RawIOBase, expected: str) -> None:
+    """Refuse, with a message that says what the file is, a text upload whose first bytes
+    show it is not UTF-8 text: a known binary signature, a UTF-16/32 byte-order mark, or a
+    NUL byte (no UTF-8 text has one; UTF-16 text without a byte-order mark has many).
+    Names the kind of file only, never its contents; ``expected`` ends the message."""
+    head = reader.read(SNIFF_BYTES) or b""
+    reader.seek(0)
+    for signature, kind in _NOT_TEXT:
+        if head.startswith(signature):
+            raise file_problem(f"the file is {kind}, not UTF-8 text: upload {expected}")
+    if b"\x00" in head:
+        raise file_problem(
+            "the file is not UTF-8 text: it contains NUL bytes (UTF-16 text, or a binary "
+            f"file?): upload {expected}"
+        )
+
+
 def detect_format(reader: io.RawIOBase, size: int, filename: str | None = None) -> FileFormat:
     """Parquet when the file starts with Parquet's magic bytes ``PAR1``, CSV otherwise; a
     file the client named ``*.parquet`` that does not start with them is refused as such
-    (read as CSV, its bytes would get a CSV parser's complaint)."""
+    (read as CSV, its bytes would get a CSV parser's complaint), and so is a file whose
+    first bytes show it is not text (:func:`refuse_non_text`)."""
     if size == 0:
         raise file_problem("the file is empty")
     head = reader.read(4) or b""
@@ -324,6 +355,7 @@ def detect_format(reader: io.RawIOBase, size: int, filename: str | None = None) 
             "the file is named as Parquet but is not a Parquet file "
             "(it does not start with Parquet's magic bytes PAR1)"
         )
+    refuse_non_text(reader, "CSV as UTF-8 text, or Parquet")
     return "csv"
 
 

@@ -96,6 +96,16 @@ def test_bad_edges_are_counted_not_quoted(
         (b"", "the file is empty"),
         (b"# only a comment\n", "the file has no edges"),
         (b"0 1 2\n3 4 5\n", "some lines do not have exactly two fields"),
+        (
+            "0 1\n1 2\n".encode("utf-16"),
+            "the file is UTF-16 or UTF-32 text (it starts with such a byte-order mark), "
+            "not UTF-8 text: upload the edge list as UTF-8 text",
+        ),
+        (
+            b"0 1\x00\n1 2\n",
+            "the file is not UTF-8 text: it contains NUL bytes (UTF-16 text, or a binary "
+            "file?): upload the edge list as UTF-8 text",
+        ),
     ],
 )
 def test_unreadable_edge_lists(

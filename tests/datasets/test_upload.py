@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import uuid
@@ -83,6 +84,20 @@ def test_csv_upload_is_validated_normalised_and_encrypted(
     assert table["blood"].to_pylist() == [0, 3, 2, 1]
     assert table["smoker"].to_pylist() == [1, 0, 1, 0]
     assert table.schema.field("blood").type == pa.int32()
+
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n"])
+def test_a_utf8_byte_order_mark_and_crlf_line_ends_are_read_as_plain_csv(
+    client: TestClient, curator: Caller, line_end: str
+) -> None:
+    # Excel's "CSV UTF-8" export starts with EF BB BF and ends lines with CRLF
+    content = b"\xef\xbb\xbf" + csv_bytes().decode().replace("\n", line_end).encode()
+    response = upload(client, curator, content)
+    assert response.status_code == 201, response.text
+    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
+    table = open_table(stored, _services(client).data_key).read()
+    assert table.column_names == ["age", "weight", "blood", "smoker"]
+    assert table["smoker"].to_pylist() == [1, 0, 1, 0]
 
 
 def test_stored_file_needs_the_key(client: TestClient, curator: Caller) -> None:
@@ -306,6 +321,30 @@ def test_malformed_uploads_name_the_column_and_store_nothing(
             b"PAR1" + b"\x00" * 64 + SENTINELS[0].encode(),
             "the file could not be read as Parquet",
             id="broken-parquet",
+        ),
+        # a CSV parser calls these "ragged" or "empty": say what the file is instead
+        pytest.param(
+            csv_bytes().decode().encode("utf-16"),
+            "the file is UTF-16 or UTF-32 text (it starts with such a byte-order mark), "
+            "not UTF-8 text: upload CSV as UTF-8 text, or Parquet",
+            id="utf-16",
+        ),
+        pytest.param(
+            csv_bytes().decode().encode("utf-16-be"),
+            "the file is not UTF-8 text: it contains NUL bytes (UTF-16 text, or a binary "
+            "file?): upload CSV as UTF-8 text, or Parquet",
+            id="utf-16-without-bom",
+        ),
+        pytest.param(
+            b"PK\x03\x04" + SENTINELS[0].encode() + b"\x00" * 64,
+            "the file is a ZIP archive (an Excel .xlsx workbook is one), not UTF-8 text: "
+            "upload CSV as UTF-8 text, or Parquet",
+            id="zip",
+        ),
+        pytest.param(
+            gzip.compress(csv_bytes()),
+            "the file is gzip-compressed, not UTF-8 text: upload CSV as UTF-8 text, or Parquet",
+            id="gzip",
         ),
     ],
 )
