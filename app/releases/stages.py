@@ -17,7 +17,8 @@ another worker, which measures afresh. Once measurements exist they are immutabl
 release, so a retry reproduces the same artifacts; it may run any number of times.
 
 A stage's worker renews its lease from a heartbeat thread, which also publishes progress
-and notices cancellation; a worker that lost its lease discards its work. A stage that
+(a changed progress within ``PROGRESS_SECONDS``, not only at the next renewal) and notices
+cancellation; a worker that lost its lease discards its work. A stage that
 ignores a cancel for ``CANCEL_GRACE_LEASES`` lease periods (a mechanism hung after its last
 progress call) stops renewing its lease, so the sweeper hands the release to a worker that
 ends it. The measure stage is claimed at most ``MAX_MEASURE_ATTEMPTS`` times to read the
@@ -80,6 +81,9 @@ MAX_MEASURE_ATTEMPTS = 3
 MAX_SYNTHESIZE_ATTEMPTS = 3
 #: Lease periods a stage may ignore a cancel before its heartbeat stops renewing the lease.
 CANCEL_GRACE_LEASES = 4
+#: a stage's changed progress is published within this many seconds (a renewal, every
+#: ``lease_seconds / 4``, publishes it too): a stage of a few seconds shows more than 0 and 1
+PROGRESS_SECONDS = 2.0
 
 
 class LeaseLost(Exception):
@@ -172,8 +176,9 @@ def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | Non
 
 
 class Heartbeat:
-    """Renews a stage's lease every ``lease_seconds / 4`` and publishes its progress;
-    :meth:`check` raises if the lease was lost or the release was cancelled."""
+    """Renews a stage's lease every ``lease_seconds / 4`` and publishes its progress, and
+    sooner (within :data:`PROGRESS_SECONDS`) when the progress changed; :meth:`check` raises
+    if the lease was lost or the release was cancelled."""
 
     def __init__(self, services: Services, claim: Claim) -> None:
         self.services = services
@@ -219,7 +224,12 @@ class Heartbeat:
             release.progress = self.progress
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        tick = min(self.interval, PROGRESS_SECONDS)
+        last_beat, published = time.monotonic(), self.progress
+        while not self._stop.wait(tick):
+            if time.monotonic() - last_beat < self.interval and self.progress == published:
+                continue
+            last_beat, published = time.monotonic(), self.progress
             try:
                 self.beat()
             except Exception as exc:  # a missed beat is retried; the lease has slack

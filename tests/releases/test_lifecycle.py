@@ -237,6 +237,33 @@ def _cancel_while_measuring(
     return dataset_id, release_id, final
 
 
+def test_a_short_stage_publishes_its_progress_before_the_next_renewal(
+    client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals come every lease_seconds / 4 (15 s by default): a stage shorter than that
+    showed progress 0 until it ended. A changed progress is published within
+    PROGRESS_SECONDS (0.2 here): the measure stage's 0.99 after its one batch shows while
+    the fake mechanism pauses 3 s."""
+    monkeypatch.setattr(services_of(client).settings, "lease_seconds", 60.0)
+    monkeypatch.setattr(stages, "PROGRESS_SECONDS", 0.2)
+    dataset_id = dataset(client, curator)
+    body = {**REQUEST, "params": {"pause_measure": 3.0, "marker_dir": str(tmp_path)}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
+    worker.start()
+    seen: list[float] = []
+    deadline = time.monotonic() + 30
+    while worker.is_alive() and time.monotonic() < deadline:
+        seen.append(
+            client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["progress"]
+        )
+        if seen[-1] > 0:
+            break
+        time.sleep(0.05)
+    worker.join(timeout=60)
+    assert 0.99 in seen, seen[-5:]
+
+
 def _stored(client: TestClient, release_id: str) -> bool:
     with services_of(client).db.transaction() as session:
         return session.get(ReleaseMeasurement, uuid.UUID(release_id)) is not None
