@@ -91,10 +91,15 @@ def file_problem(message: str) -> InvalidUpload:
     )
 
 
-def _describe_arrow_error(exc: Exception, fmt: FileFormat) -> str:
+def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase) -> str:
     """A message for a pyarrow read error that never quotes the file's contents."""
     text = str(exc)
     if "Empty CSV file" in text:
+        reader.seek(0)
+        head = (reader.read(SNIFF_BYTES) or b"").strip()
+        if head and b"\n" not in head and b"\r" not in head:
+            # pyarrow's word for one line without a line end (a header, no rows)
+            return "the file has no data rows (it is a single line)"
         return "the file is empty"
     if "Expected" in text and "columns" in text:
         return "some rows have a different number of fields than the header row"
@@ -466,7 +471,7 @@ def validate_and_store(
     except (pa.ArrowException, OSError) as exc:
         # pyarrow's read errors only; anything else is a bug and must surface as one.
         destination.unlink(missing_ok=True)
-        raise file_problem(_describe_arrow_error(exc, fmt)) from None
+        raise file_problem(_describe_arrow_error(exc, fmt, reader)) from None
     except BaseException:
         destination.unlink(missing_ok=True)
         raise

@@ -308,6 +308,11 @@ def test_malformed_uploads_name_the_column_and_store_nothing(
         pytest.param(b"", "the file is empty", id="empty-file"),
         pytest.param((HEADER + "\n").encode(), "the file has no data rows", id="header-only"),
         pytest.param(
+            HEADER.encode(),
+            "the file has no data rows (it is a single line)",
+            id="header-only-without-line-end",
+        ),
+        pytest.param(
             csv_bytes(rows=[f"{SENTINELS[0]},{SENTINELS[1]},A", "20,60,A,1"]),
             "some rows have a different number of fields than the header row",
             id="ragged-rows",
