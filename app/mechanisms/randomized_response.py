@@ -567,9 +567,7 @@ class RRRelease:
         :class:`RowFunction` (e.g. :class:`Conjunction`) for a linear query, or a
         :class:`Heterogeneous` query keyed by the public column.
         """
-        sums = self._sums(query)
-        rho = self.replace_probability
-        return (sums.phi_y - rho * sums.mu) / (self.n * self.keep_margin)
+        return self._estimate(self._sums(query))
 
     def estimate_proper(self, query: Query) -> float:
         """Proper estimate (eq. 21): the achievable answer nearest to :meth:`estimate`.
@@ -580,17 +578,7 @@ class RRRelease:
         functions the nearest achievable answer is a knapsack-type search; use
         :meth:`estimate`.
         """
-        groups = list(self._groups(query))
-        pairs = {(f.low, f.high) for _, f in groups}
-        if len(pairs) != 1 or not all(f.two_valued for _, f in groups):
-            raise MechanismError(
-                "estimate_proper (eq. 21) needs row functions that all take the same two "
-                "values; use estimate for this query"
-            )
-        ((a, b),) = pairs
-        unbiased = self.estimate(query)
-        k = min(max(round((unbiased - a) * self.n / (b - a)), 0), self.n)
-        return a + (b - a) * k / self.n
+        return self._estimate_proper(self._sums(query))
 
     def stderr(self, query: Query, kind: StderrKind = "worst_case") -> float:
         """Standard error (root mean squared error) of :meth:`estimate`.
@@ -604,7 +592,34 @@ class RRRelease:
           ``(b - a) / ((1 - rho) sqrt(n))``; ``"bound_proper"``: of (22), twice that,
           for :meth:`estimate_proper`.
         """
+        return self._stderr(self._sums(query), kind)
+
+    def answer(self, query: Query, *, proper: bool) -> tuple[float, float, float]:
+        """``(value, worst-case stderr, bound)`` from one pass over the rows: the value of
+        :meth:`estimate_proper` (``proper``) or :meth:`estimate`, :meth:`stderr` of kind
+        ``"worst_case"``, and of kind ``"bound_proper"`` or ``"bound"``. Each of those
+        methods reads every row; a batch of answers calls this once per query."""
         sums = self._sums(query)
+        value = self._estimate_proper(sums) if proper else self._estimate(sums)
+        bound = self._stderr(sums, "bound_proper" if proper else "bound")
+        return value, self._stderr(sums, "worst_case"), bound
+
+    def _estimate(self, sums: _Sums) -> float:
+        rho = self.replace_probability
+        return (sums.phi_y - rho * sums.mu) / (self.n * self.keep_margin)
+
+    def _estimate_proper(self, sums: _Sums) -> float:
+        if len(sums.pairs) != 1 or not sums.two_valued:
+            raise MechanismError(
+                "estimate_proper (eq. 21) needs row functions that all take the same two "
+                "values; use estimate for this query"
+            )
+        ((a, b),) = sums.pairs
+        unbiased = self._estimate(sums)
+        k = min(max(round((unbiased - a) * self.n / (b - a)), 0), self.n)
+        return a + (b - a) * k / self.n
+
+    def _stderr(self, sums: _Sums, kind: StderrKind) -> float:
         rho = self.replace_probability
         margin = self.keep_margin  # 1 - rho
         scale = rho / (self.n * margin) ** 2
@@ -662,6 +677,8 @@ class RRRelease:
             sums.worst_dev2 += count * max((function.low - mu) ** 2, (function.high - mu) ** 2)
             sums.low = min(sums.low, function.low)
             sums.high = max(sums.high, function.high)
+            sums.pairs.add((function.low, function.high))
+            sums.two_valued = sums.two_valued and function.two_valued
         return sums
 
     # -- storage
@@ -704,6 +721,8 @@ class _Sums:
     worst_dev2: float = 0.0  # sum_i max_{t in {a_i, b_i}} (t - mu_i)^2
     low: float = math.inf  # a = min_i a_i
     high: float = -math.inf  # b = max_i b_i
+    pairs: set[tuple[float, float]] = field(default_factory=set)  # the (a_i, b_i) met
+    two_valued: bool = True  # every phi_i takes only its a_i and b_i
 
 
 def _check_public(public: ArrayLike, n: int) -> NDArray[np.int64]:

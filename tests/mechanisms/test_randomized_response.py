@@ -216,6 +216,42 @@ def test_proper_estimator_is_on_the_lattice_and_within_lemma_3() -> None:
         assert abs(proper - truth) <= 2 * abs(unbiased - truth) + 1e-12  # Appendix B
 
 
+def test_one_pass_answer_is_the_separate_estimators() -> None:
+    """answer() reads the rows once for what estimate/estimate_proper and the two stderr
+    kinds each read them for; it must give exactly their values, and refuse the proper
+    estimate where they do (row functions of different two values, here by group)."""
+    rng = np.random.default_rng(5)
+    domain = Domain((2, 3, 4))
+    x = domain.encode(rng.integers(0, [2, 3, 4], size=(300, 3)))
+    public = rng.integers(0, 3, size=300)
+    released = rr.release(x, domain, 1.0, public=public)
+    indicator = np.isin(np.arange(domain.size), [1, 5, 7, 20]).astype(float)
+    queries = [
+        Conjunction(domain, {0: 1, 2: [0, 3]}),
+        indicator,
+        Heterogeneous({0: indicator, 1: Conjunction(domain, {1: 2}), 2: indicator}),
+        rng.uniform(-1, 1, size=domain.size),  # not two-valued: no proper estimate
+        Heterogeneous({0: indicator, 1: 2 * indicator, 2: indicator}),  # pairs differ
+    ]
+    for position, query in enumerate(queries):
+        assert released.answer(query, proper=False) == (
+            released.estimate(query),
+            released.stderr(query, "worst_case"),
+            released.stderr(query, "bound"),
+        ), position
+        if position < 3:
+            assert released.answer(query, proper=True) == (
+                released.estimate_proper(query),
+                released.stderr(query, "worst_case"),
+                released.stderr(query, "bound_proper"),
+            ), position
+        else:
+            with pytest.raises(MechanismError, match="same two"):
+                released.answer(query, proper=True)
+            with pytest.raises(MechanismError, match="same two"):
+                released.estimate_proper(query)
+
+
 def test_preview_gives_bound_20_and_warns() -> None:
     good = rr.preview(1_000_000, 4, 1.0)
     e = math.exp(-1.0)
