@@ -519,12 +519,15 @@ def _end_synthesizing(services: Services, claim: Claim, status: str, message: st
 def _publish_synthesis(
     services: Services, claim: Claim, store: ArtifactStore, work: Path, synthesized: Synthesized
 ) -> None:
-    """Move the artifacts into place and mark the release succeeded, in one transaction
-    (earlier versions are pruned once it commits)."""
+    """Move the artifacts into place and mark the release succeeded, in one transaction.
+    Once it commits, earlier versions are pruned but the one it replaces: a download or an
+    answer that read that version just before has yet to open its files (the next publish
+    removes it)."""
     version = claim.synthesis_version
     with _owned(services, claim, "synthesizing") as release:
         if release is None:
             raise LeaseLost
+        replaced = release.published_version
         store.publish(claim.release_id, version, work)
         release.status = "succeeded"
         release.progress = 1.0
@@ -539,7 +542,8 @@ def _publish_synthesis(
         release.finished_at = utcnow()
         release.lease_owner = None
         release.lease_expires_at = None
-        on_commit(_session_of(release), lambda: store.prune(claim.release_id, version))
+        kept = (version,) if replaced is None else (version, replaced)
+        on_commit(_session_of(release), lambda: store.prune(claim.release_id, *kept))
 
 
 def sweep(services: Services) -> int:

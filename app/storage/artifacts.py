@@ -44,13 +44,14 @@ class ArtifactStore:
     def discard(self, work: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
-    def prune(self, release_id: uuid.UUID, keep_version: int) -> None:
-        """Remove versions other than ``keep_version`` (after a re-synthesis succeeded)."""
+    def prune(self, release_id: uuid.UUID, *keep_versions: int) -> None:
+        """Remove versions other than ``keep_versions`` (after a re-synthesis succeeded)."""
         base = self.release_dir(release_id)
         if not base.exists():
             return
+        keep = {f"v{version}" for version in keep_versions}
         for child in base.iterdir():
-            if child.name != f"v{keep_version}" and not child.name.startswith(".tmp-"):
+            if child.name not in keep and not child.name.startswith(".tmp-"):
                 shutil.rmtree(child, ignore_errors=True)
 
     def path(self, release_id: uuid.UUID, version: int, name: str) -> Path:

@@ -424,6 +424,45 @@ def _served(client: TestClient, caller: Caller, release_id: str) -> tuple[int, A
     return response.status_code, response.json() if response.status_code == 200 else None
 
 
+def test_a_download_that_read_the_version_before_a_resynthesis_published_is_served(
+    client: TestClient, curator: Caller, analyst: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A download reads the published version, then opens its file. A re-synthesis that
+    publishes in between must not take that file away: an audit hammering downloads while
+    re-synthesising got 500s (the file vanished between the check and the open), 404s
+    ("missing on disk") and truncated bodies, on the version README says stays served."""
+    from app.releases import downloads
+
+    dataset_id = dataset(client, curator)
+    client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    first = _served(client, analyst, release_id)
+    assert first[0] == 200
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"rows": 3}},
+    )
+    assert again.status_code == 202, again.text
+    path_of = downloads.ArtifactStore.path
+
+    def published_meanwhile(self: Any, *args: Any) -> Path:
+        monkeypatch.setattr(downloads.ArtifactStore, "path", path_of)
+        run_synthesize(services_of(client), uuid.UUID(release_id))  # publishes version 1
+        return path_of(self, *args)
+
+    monkeypatch.setattr(downloads.ArtifactStore, "path", published_meanwhile)
+    assert _served(client, analyst, release_id) == first  # version 0, read before
+    latest = client.get(f"/v1/releases/{release_id}", headers=analyst.headers).json()
+    assert (latest["status"], latest["published_version"]) == ("succeeded", 1)
+    assert _served(client, analyst, release_id)[0] == 200
+
+
 @pytest.mark.parametrize("ending", ["cancelled", "failed", "gave up"])
 def test_a_resynthesis_leaves_the_published_version_served(
     ending: str,
@@ -832,10 +871,20 @@ def test_resynthesis_uses_stored_measurements(client: TestClient, curator: Calle
     )
     assert sample.num_rows == 3
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
-    versions = sorted(
-        p.name for p in (services_of(client).settings.releases_dir / release_id).iterdir()
+
+    def versions() -> list[str]:
+        return sorted(
+            p.name for p in (services_of(client).settings.releases_dir / release_id).iterdir()
+        )
+
+    assert versions() == ["v0", "v1"]  # the replaced version stays for readers of it
+    client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"rows": 4}},
     )
-    assert versions == ["v1"]
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    assert versions() == ["v1", "v2"]
 
 
 def test_measurements_are_immutable(client: TestClient, curator: Caller) -> None:
