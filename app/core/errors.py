@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("curator.errors")
 
@@ -184,6 +185,11 @@ class ErrorBarrier:
 
         try:
             await self.app(scope, receive, watched)
+        except ClientDisconnect:
+            # the client went away while its body streamed (an aborted upload): not a bug,
+            # and there is nobody to answer
+            method, path = scope.get("method", ""), scope.get("path", "")
+            log.info("client disconnected during %s %s", method, path)
         except Exception as exc:
             method, path = scope.get("method", ""), scope.get("path", "")
             name = type(exc).__name__

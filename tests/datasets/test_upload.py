@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
+import logging
 import threading
 import uuid
 from decimal import Decimal
@@ -519,6 +521,54 @@ def test_streamed_upload_without_length_is_counted(client: TestClient, curator: 
         content=chunks(),
     )
     assert response.status_code == 413
+    assert_nothing_stored(client)
+
+
+def test_a_client_that_disconnects_mid_upload_is_not_a_server_error(
+    client: TestClient, curator: Caller, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that goes away while its file streams (a closed laptop, a killed curl) is
+    no bug of the service: an audit saw each such upload logged as ``ERROR unhandled
+    ClientDisconnect`` with a stack trace, and a 500 sent after it. It is logged as one
+    line, nothing is answered, and nothing is stored."""
+    boundary = "b0undary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="schema"\r\n\r\n'
+        f"{json.dumps(SCHEMA)}\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="d.csv"\r\n\r\n'
+    ).encode() + csv_bytes()
+    messages = [
+        {"type": "http.request", "body": head, "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = {**curator.headers, "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/datasets",
+        "raw_path": b"/v1/datasets",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    with caplog.at_level(logging.INFO):
+        asyncio.run(client.app(scope, receive, send))  # type: ignore[attr-defined]
+    assert sent == []
+    assert "unhandled" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "disconnected" in caplog.text
     assert_nothing_stored(client)
 
 
