@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +154,25 @@ def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
     assert _tables(url) == set()
     assert migrations.current_revision(url) is None
     migrations.upgrade(url)
+    assert _tables(url) == set(Base.metadata.tables)
+
+
+def test_concurrent_upgrades_both_succeed(empty_database: str) -> None:
+    """Two processes migrating one database at once (two ``curator serve`` replicas
+    starting, or ``serve`` beside ``curator migrate``): on PostgreSQL the second used to
+    fail with 'duplicate key value violates unique constraint "pg_type_typname_nsp_index"'
+    (both created the tables). One waits for the other and finds the database at head."""
+    url = empty_database
+    script = "import sys; from app.core import migrations; migrations.upgrade(sys.argv[1])"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for _ in range(3)
+    ]
+    outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0], outputs
+    assert migrations.current_revision(url) == migrations.head_revision(url)
     assert _tables(url) == set(Base.metadata.tables)
 
 

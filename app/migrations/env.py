@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
+from sqlalchemy import text
 
 from app.config import load_settings
 from app.core.db import make_engine
@@ -19,6 +20,9 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
 target_metadata = Base.metadata
+
+#: The PostgreSQL advisory lock a migration holds for its transaction ("curator").
+MIGRATION_LOCK = 0x63757261746F72
 
 
 def _render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
@@ -70,6 +74,14 @@ def run_migrations_online() -> None:
                 transactional_ddl=True,
             )
             with context.begin_transaction():
+                if not sqlite:
+                    # Concurrent migrators (two `curator serve` starting at once) take turns:
+                    # the second reads the version table once the first has committed
+                    # (READ COMMITTED) and finds nothing to do. SQLite's BEGIN IMMEDIATE
+                    # already serialises them.
+                    connection.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
+                    )
                 context.run_migrations()
             if sqlite and raw is not None:
                 violations = raw.execute("PRAGMA foreign_key_check").fetchall()
