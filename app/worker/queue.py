@@ -71,6 +71,10 @@ def task(
     return register
 
 
+#: How long a standalone worker told to stop (SIGTERM) lets its running stages finish.
+SHUTDOWN_SECONDS = 30
+
+
 class _EmbeddedConsumer(Consumer):  # type: ignore[misc]
     """A consumer inside another process (the API server): it leaves the host's signal
     handlers alone; the host stops it."""
@@ -117,6 +121,11 @@ class Queue:
         return int(self.huey.pending_count())
 
     def consumer(self, workers: int, *, embedded: bool) -> Consumer:
+        """A consumer of this queue. A standalone worker stops gracefully on SIGTERM (what
+        ``docker stop`` and systemd send; Huey's default is SIGINT): it takes no new task
+        and lets a running stage finish for up to ``SHUTDOWN_SECONDS`` before it is
+        interrupted (its lease then runs out and another worker takes the stage over, one
+        of its ``MAX_*_ATTEMPTS`` used). SIGINT (Ctrl-C) stops it at once."""
         cls = _EmbeddedConsumer if embedded else Consumer
         return cls(
             self.huey,
@@ -125,5 +134,6 @@ class Queue:
             periodic=True,
             initial_delay=0.05,
             max_delay=1.0,
-            shutdown_timeout=30,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+            graceful_signal="TERM",
         )

@@ -152,3 +152,36 @@ def test_sigkill_in_a_stage_is_recovered(
     if stage == "synthesize":
         assert after == before  # the same noisy measurements: never redrawn
     assert "lease expired" in log.read_text()
+
+
+@pytest.mark.slow
+def test_sigterm_lets_the_running_stage_finish(
+    api: TestClient, lane: Settings, tmp_path: Path
+) -> None:
+    """SIGTERM (docker stop, systemd) is a graceful stop: the worker takes no new task and
+    its running measure stage finishes and is stored, instead of being cut off and taken
+    over once its lease expires, at the cost of one of the stage's three attempts (Huey's
+    graceful signal was SIGINT; SIGTERM interrupted the stage)."""
+    curator = make_user(api, "curator")
+    dataset_id = dataset(api, curator)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    body = {
+        "mechanism": "test_means",
+        "epsilon": 0.2,
+        "params": {"pause_measure": 3, "marker_dir": str(markers), "rows": 4},
+    }
+    release_id = request_release(api, curator, dataset_id, body).json()["id"]
+    log = tmp_path / "worker.log"
+    worker = start_worker(lane, log)
+    try:
+        wait_for(lambda: (markers / "measure.started").exists(), "measure to start")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, log.read_text()
+    finally:
+        stop(worker)
+    assert _payload(api, release_id) is not None, log.read_text()
+    release = api.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    # measured by the stopping worker; its synthesis waits in the queue for the next one
+    assert release["status"] == "synthesizing", release
+    assert "All workers have stopped" in log.read_text()  # joined, not interrupted
