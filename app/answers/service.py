@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from app.answers.schemas import AnswersOut
-from app.core.errors import Conflict
+from app.core.errors import Conflict, InvalidRequest
 from app.core.footprint import footprint
 from app.core.services import Services
 from app.models import ReleaseMeasurement, User
@@ -102,7 +105,11 @@ def answer(
         assert payload is not None
         artifacts = ArtifactStore(services.settings.releases_dir).version_dir(*key)
         loaded = mechanism.load(payload, info, artifacts)
-    answers = mechanism.answer(loaded, info, queries)
+    # A query's coefficients may overflow a float (1e308 is valid JSON): answered with
+    # numpy's overflow warnings silenced, then refused by position if not finite.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        answers = mechanism.answer(loaded, info, queries)
+    _refuse_non_finite(answers)
     if not cached:  # measured after answering: that fills the lazily built tables too
         limit = services.settings.answer_cache_bytes
         _cache.put(key, loaded, footprint(loaded), limit)
@@ -112,3 +119,16 @@ def answer(
         guarantee=mechanism.guarantee,
         answers=answers,
     )
+
+
+def _refuse_non_finite(answers: list[dict[str, Any]]) -> None:
+    """422 naming the first query whose value or standard error is not a finite number
+    (pydantic would write it as ``null``: an answer that looks like "no answer")."""
+    for position, item in enumerate(answers):
+        for field in ("value", "stderr"):
+            number = item.get(field)
+            if isinstance(number, float) and not math.isfinite(number):
+                raise InvalidRequest(
+                    f"queries.{position}: its {field} is not a finite number (the query's "
+                    "coefficients or weights overflow a float); scale the query down"
+                )

@@ -652,8 +652,11 @@ class QueryCoefficients:
             raise MechanismError(
                 "coefficients must be (Q, R) with constant and truncation_bound of shape (Q,)"
             )
-        if np.any(tau < 0) or np.any(np.isnan(tau)):
-            raise MechanismError("truncation bounds must be non-negative")
+        if not (np.all(tau >= 0) and np.all(np.isfinite(c0)) and np.all(np.isfinite(c))):
+            raise MechanismError(
+                "the query's coefficients or truncation bound are not finite numbers (they "
+                "overflow a float); scale the query down"
+            )
         for arr in (c0, c, tau):
             arr.setflags(write=False)
         object.__setattr__(self, "constant", c0)

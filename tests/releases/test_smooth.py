@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -939,7 +940,7 @@ def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst
     )
     assert refused.status_code == 422
     assert (
-        "query 1: factor 2: a Gaussian factor with sigma 0.0001 is too narrow"
+        "queries.1: factor 2: a Gaussian factor with sigma 0.0001 is too narrow"
         in (refused.json()["error"]["message"])
     )
 
@@ -1188,3 +1189,67 @@ def test_moments_resynthesis_gets_the_lp_size_check(
         json={"params": {"grid_size": 1000}},
     )
     assert fits.status_code == 202, fits.text
+
+
+@pytest.mark.parametrize("method", ["marginals", "tree", "moments", "synopsis"])
+def test_an_answer_that_overflows_is_refused_with_its_position(
+    client: TestClient, curator: Caller, method: str
+) -> None:
+    """Coefficients near the float limit overflow the answer: it used to come back as
+    ``"value": null`` (200) from a synthetic release and as a 422 without the query's
+    position ("truncation bounds must be non-negative") from a synopsis."""
+    dataset_id, _ = _dataset(client, curator)
+    body: dict[str, Any] = (
+        {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"smoothness": 4}}
+        if method == "synopsis"
+        else {
+            "mechanism": "smooth_synthetic",
+            "epsilon": 1.0,
+            "delta": 1e-6 if method == "tree" else 0.0,
+            "params": {"method": method},
+        }
+    )
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    fine = {"type": "product", "factors": {"x": {"type": "chebyshev", "coefficients": [0.5, 0.1]}}}
+    huge = {
+        "type": "product",
+        "factors": {"x": {"type": "chebyshev", "coefficients": [1e308, 1e308]}},
+    }
+    response = client.post(
+        f"/v1/releases/{release_id}/answers",
+        headers=curator.headers,
+        json={"queries": [fine, huge]},
+    )
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith("queries.1: "), message
+    assert "finite number" in message, message
+    assert len(_answers(client, curator, release_id, [fine])) == 1
+
+
+@pytest.mark.parametrize(
+    ("refused", "expected"), [({5}, "queries.5: no"), ({0, 7}, "queries.0: no")]
+)
+def test_a_refused_batch_names_its_first_refused_query(refused: set[int], expected: str) -> None:
+    from app.mechanisms.errors import MechanismError
+    from app.releases.adapters.smooth_queries import refusal
+
+    calls: list[int] = []
+
+    def answer(batch: Sequence[int]) -> None:
+        calls.append(len(batch))
+        if refused & set(batch):
+            raise MechanismError("no")
+
+    error = refusal(MechanismError("no"), list(range(9)), answer)
+    assert error.message == expected
+    assert sum(calls) <= 2 * 9  # bisection: about the batch's work again, not 9 batches
+
+    def batch_level(batch: Sequence[int]) -> None:
+        if len(batch) == 9:
+            raise MechanismError("the batch as a whole")
+
+    assert refusal(MechanismError("too big"), list(range(9)), batch_level).message == (
+        "queries: too big"
+    )

@@ -21,7 +21,7 @@ objects on the normalised scale, where ``x' = 2 (x - lower) / (upper - lower) - 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -273,3 +273,27 @@ def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
             "the batch or use fewer centres, lower powers or fewer columns per term"
         )
     return out
+
+
+def refusal(
+    exc: MechanismError, parsed: Sequence[Any], answer: Callable[[Sequence[Any]], object]
+) -> InvalidRequest:
+    """The 422 for a batch whose answering raised ``exc``, naming the first query that is
+    refused on its own. Found by bisection (``answer`` on halves of the batch, so at most
+    about twice the batch's work, and only on this error path); a refusal no single query
+    reproduces names the batch."""
+    low, high = 0, len(parsed)  # the first refused query, if any, lies in [low, high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            answer(parsed[low:middle])
+        except MechanismError:
+            high = middle
+        else:
+            low = middle
+    try:
+        answer(parsed[low:high])
+    except MechanismError as one:
+        # the mechanism's own "query 0: " is the position in the batch of one
+        return InvalidRequest(f"queries.{low}: {str(one).removeprefix('query 0: ')}")
+    return InvalidRequest(f"queries: {exc}")

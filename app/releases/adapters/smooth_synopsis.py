@@ -178,7 +178,7 @@ class SmoothSynopsis(registry.Mechanism):
         try:
             answers = loaded.answer_many(parsed)
         except MechanismError as exc:
-            raise InvalidRequest(f"queries: {exc}") from None
+            raise smooth_queries.refusal(exc, parsed, loaded.answer_many) from None
         out = []
         for i in range(len(answers)):
             item = answers[i].as_dict()
