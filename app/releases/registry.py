@@ -10,7 +10,6 @@ queries from them (``answer``). Adapters are stateless singletons in :data:`REGI
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -266,8 +265,3 @@ def get(name: str) -> Mechanism:
     except KeyError:
         available = ", ".join(sorted(REGISTRY)) or "none"
         raise InvalidRequest(f"unknown mechanism {name!r}; available: {available}") from None
-
-
-def finite(value: float) -> float | None:
-    """JSON-safe float (None for NaN/inf)."""
-    return value if math.isfinite(value) else None
