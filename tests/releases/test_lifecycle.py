@@ -424,15 +424,12 @@ def _served(client: TestClient, caller: Caller, release_id: str) -> tuple[int, A
     return response.status_code, response.json() if response.status_code == 200 else None
 
 
-def test_a_download_that_read_the_version_before_a_resynthesis_published_is_served(
-    client: TestClient, curator: Caller, analyst: Caller, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A download reads the published version, then opens its file. A re-synthesis that
-    publishes in between must not take that file away: an audit hammering downloads while
-    re-synthesising got 500s (the file vanished between the check and the open), 404s
-    ("missing on disk") and truncated bodies, on the version README says stays served."""
-    from app.releases import downloads
-
+def _released_then_resynthesizing(
+    client: TestClient, curator: Caller, analyst: Caller
+) -> tuple[str, str, Any, Any]:
+    """A release granted to ``analyst``, its version 0 served to them, and a re-synthesis
+    of it requested: ``(dataset id, release id, what the analyst was served, the 202
+    response)``."""
     dataset_id = dataset(client, curator)
     client.post(
         f"/v1/datasets/{dataset_id}/grants",
@@ -449,6 +446,19 @@ def test_a_download_that_read_the_version_before_a_resynthesis_published_is_serv
         json={"params": {"rows": 3}},
     )
     assert again.status_code == 202, again.text
+    return dataset_id, release_id, first, again
+
+
+def test_a_download_that_read_the_version_before_a_resynthesis_published_is_served(
+    client: TestClient, curator: Caller, analyst: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A download reads the published version, then opens its file. A re-synthesis that
+    publishes in between must not take that file away: an audit hammering downloads while
+    re-synthesising got 500s (the file vanished between the check and the open), 404s
+    ("missing on disk") and truncated bodies, on the version README says stays served."""
+    from app.releases import downloads
+
+    _, release_id, first, _ = _released_then_resynthesizing(client, curator, analyst)
     path_of = downloads.ArtifactStore.path
 
     def published_meanwhile(self: Any, *args: Any) -> Path:
@@ -477,22 +487,7 @@ def test_a_resynthesis_leaves_the_published_version_served(
     re-synthesis turn the release into ``cancelled`` with every download a 409)."""
     from tests.releases.fake_mechanism import TestMeans
 
-    dataset_id = dataset(client, curator)
-    client.post(
-        f"/v1/datasets/{dataset_id}/grants",
-        headers=curator.headers,
-        json={"user_id": str(analyst.id)},
-    )
-    release_id = request_release(client, curator, dataset_id).json()["id"]
-    run_all(client, release_id)
-    first = _served(client, analyst, release_id)
-    assert first[0] == 200
-    again = client.post(
-        f"/v1/releases/{release_id}/resynthesize",
-        headers=curator.headers,
-        json={"params": {"rows": 3}},
-    )
-    assert again.status_code == 202, again.text
+    dataset_id, release_id, first, again = _released_then_resynthesizing(client, curator, analyst)
     running = again.json()
     assert running["status"] == "synthesizing"
     assert running["published_version"] == 0

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from app.config import Settings
 from app.main import create_app
 from app.models import ReleaseMeasurement
-from tests.conftest import make_user
+from tests.conftest import Caller, make_user
 from tests.releases.helpers import budget, dataset, request_release, services_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,11 +100,12 @@ def _payload(client: TestClient, release_id: str) -> Any:
         return None if row is None else row.payload
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", ["measure", "synthesize"])
-def test_sigkill_in_a_stage_is_recovered(
-    api: TestClient, lane: Settings, tmp_path: Path, stage: str
-) -> None:
+def _paused_release(
+    api: TestClient, tmp_path: Path, stage: str, pause: float
+) -> tuple[Caller, str, str, Path]:
+    """A queued test_means release whose ``stage`` pauses ``pause`` s once started (it
+    writes ``<stage>.started`` in the returned marker folder): ``(curator, dataset id,
+    release id, markers)``."""
     curator = make_user(api, "curator")
     dataset_id = dataset(api, curator)
     markers = tmp_path / "markers"
@@ -112,9 +113,18 @@ def test_sigkill_in_a_stage_is_recovered(
     body = {
         "mechanism": "test_means",
         "epsilon": 0.2,
-        "params": {f"pause_{stage}": 60, "marker_dir": str(markers), "rows": 4},
+        "params": {f"pause_{stage}": pause, "marker_dir": str(markers), "rows": 4},
     }
     release_id = request_release(api, curator, dataset_id, body).json()["id"]
+    return curator, dataset_id, release_id, markers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["measure", "synthesize"])
+def test_sigkill_in_a_stage_is_recovered(
+    api: TestClient, lane: Settings, tmp_path: Path, stage: str
+) -> None:
+    curator, dataset_id, release_id, markers = _paused_release(api, tmp_path, stage, 60)
     log = tmp_path / "worker.log"
     first = start_worker(lane, log)
     try:
@@ -162,16 +172,7 @@ def test_sigterm_lets_the_running_stage_finish(
     its running measure stage finishes and is stored, instead of being cut off and taken
     over once its lease expires, at the cost of one of the stage's three attempts (Huey's
     graceful signal was SIGINT; SIGTERM interrupted the stage)."""
-    curator = make_user(api, "curator")
-    dataset_id = dataset(api, curator)
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    body = {
-        "mechanism": "test_means",
-        "epsilon": 0.2,
-        "params": {"pause_measure": 3, "marker_dir": str(markers), "rows": 4},
-    }
-    release_id = request_release(api, curator, dataset_id, body).json()["id"]
+    curator, _, release_id, markers = _paused_release(api, tmp_path, "measure", 3)
     log = tmp_path / "worker.log"
     worker = start_worker(lane, log)
     try:
