@@ -42,8 +42,8 @@ from app.storage.source import EncryptedTableSource
 
 MAX_TABLE_DOMAIN = 100_000
 #: Rows one answers request may read: its queries times the released rows. Every answer
-#: reads every released row (about 75 ns a row here, ``bench``-free estimate from
-#: 10^6 rows): 100,000 queries on 10^6 rows would hold a thread for two hours. This bounds
+#: reads every released row (about 75 ns a row on this 2-core machine, timed on 10^6
+#: rows): 100,000 queries on 10^6 rows would hold a thread for two hours. This bounds
 #: one request to about 15 s; the released row count is public (the dataset's ``n_rows``).
 MAX_ANSWER_ROWS = 2 * 10**8
 Z_95 = 1.959963984540054
