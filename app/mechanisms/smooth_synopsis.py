@@ -591,8 +591,11 @@ class _RepresentativeQuery:
     def _graded_cross(self, degree: int) -> float:
         """The in-set part of :meth:`_cross` for ``{|r| <= degree}``, graded by degree."""
         g = float(self.a2[0])
-        h = np.zeros(degree + 1)
+        # h is zero past a2's length: convolving with the short h keeps each step
+        # O(degree * len(a2)) (in d = 1 the candidate degrees reach max_basis_size, and a
+        # full-length h made planning a one-column release take seconds)
         top = min(degree + 1, self.a2.size)
+        h = np.zeros(top)
         h[1:top] = TYPICAL_MU * self.a2[1:top]
         p0 = np.zeros(degree + 1)
         p0[0] = 1.0

@@ -208,6 +208,25 @@ def test_rule_is_fast_in_small_dimension_and_takes_any_basis_size() -> None:
     assert gauss.chosen.coordinate_stddev == pytest.approx(direct.stddev, rel=1e-8)
 
 
+def test_planning_one_column_convolves_short_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """d = 1: the candidate degrees reach max_basis_size (20,000). Each convolution of the
+    rule's graded sums must cost O(degree * 64) (the coefficients computed per column), not
+    O(degree^2): the quadratic form made planning a one-column release take 2-6 s, paid
+    by its preview, again by its request and again by its measurement."""
+    work: list[int] = []
+    convolve = np.convolve
+
+    def counted(a: np.ndarray, v: np.ndarray, *args: object, **kwargs: object) -> np.ndarray:
+        work.append(len(a) * len(v))
+        return convolve(a, v, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(np, "convolve", counted)
+    index_set, choice = ss.choose_basis(1, 1, epsilon=1.0, smoothness=4)
+    assert max(c.size for c in choice.candidates) == ss.DEFAULT_MAX_BASIS_SIZE
+    assert max(work) <= 64 * (ss.DEFAULT_MAX_BASIS_SIZE + 1)
+    assert index_set.size == choice.chosen.size
+
+
 def test_basis_size_and_custom_sets() -> None:
     index_set, choice = ss.choose_basis(1000, 3, epsilon=1.0, basis_size=19)
     assert index_set.same_as(total_degree(3, 19))
