@@ -8,6 +8,7 @@ it; error messages about the *file* never quote a cell.
 from __future__ import annotations
 
 import math
+import sys
 import uuid
 from collections import Counter
 from datetime import datetime
@@ -20,6 +21,10 @@ Category = Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
 
 MAX_COLUMNS = 2_000
 MAX_CATEGORIES = 10_000
+#: The widest declared range ``upper - lower``: half the largest double. Normalisation
+#: computes ``2 (x - lower)`` and releases map back with ``(x' + 1) (upper - lower)``,
+#: both of which overflow to infinity past it.
+MAX_BOUND_WIDTH = sys.float_info.max / 2
 
 
 class ContinuousColumn(BaseModel):
@@ -148,6 +153,18 @@ class DatasetDeclaration(BaseModel):
         # never match one. Checked here, on the declaration only: a stored dataset's columns
         # are validated again each time they are shown.
         for column in self.columns:
+            # Also on the declaration only (stored datasets may predate it). Wider bounds
+            # normalised values above lower + MAX_BOUND_WIDTH to 1 and released infinity
+            # for synthetic values near the upper bound (sample.csv held "inf").
+            if (
+                isinstance(column, ContinuousColumn)
+                and column.upper - column.lower > MAX_BOUND_WIDTH
+            ):
+                raise ValueError(
+                    f"column {column.name!r}: upper - lower ({column.upper - column.lower:g}) "
+                    f"must be at most {MAX_BOUND_WIDTH:g}, half the largest double (the "
+                    "normalisation computes 2 (x - lower), which would overflow)"
+                )
             if isinstance(column, CategoricalColumn):
                 for label in column.labels:
                     if label != label.strip():

@@ -411,6 +411,13 @@ def test_headerless_file_is_not_quoted_back(client: TestClient, curator: Caller)
             id="bound-width-overflows",
         ),
         pytest.param(
+            # finite, but 2 (x - lower) is not: values near upper were stored as 1 and
+            # synthetic ones near it released as inf
+            with_columns({**CONTINUOUS, "lower": -8e307, "upper": 8e307}),
+            "upper - lower (1.6e+308) must be at most 8.98847e+307, half the largest double",
+            id="bound-width-doubled-overflows",
+        ),
+        pytest.param(
             with_columns(CONTINUOUS, CONTINUOUS),
             "duplicate column names in the schema: ['age']",
             id="duplicate-names",
