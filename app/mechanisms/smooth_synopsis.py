@@ -1098,7 +1098,13 @@ class Synopsis:
             # at most ``shift``: the bias-aware critical value (module docstring)
             spread = np.hypot(noise_half / z, factor * estimate.cross_scale)
             shift = factor * estimate.axis_tail + bias
-            halfwidth = spread * bias_aware_critical_value(shift / spread, level)
+            # no noise nor interaction left (a query whose in-set coefficients are all
+            # zero, e.g. a Chebyshev factor past the released degrees): the interval is
+            # the bias bound itself, the limit of spread * h(shift / spread) as spread -> 0
+            # (0 * h(inf) was NaN: an interval of [null, null])
+            positive = spread > 0
+            ratio = np.divide(shift, spread, out=np.zeros_like(shift), where=positive)
+            halfwidth = np.where(positive, spread * bias_aware_critical_value(ratio, level), shift)
             # capped by the worst case (|value - truth| <= worst + |X| whenever the plain
             # answer is within its worst-case interval), never below the noise half-width
             cap = np.maximum(worst + np.abs(extra), noise_half)

@@ -579,6 +579,25 @@ def test_bias_aware_critical_value() -> None:
     assert abs(share - 0.95) <= 5 * math.sqrt(0.95 * 0.05 / draws.size)
 
 
+def test_a_query_outside_the_released_degrees_gets_a_finite_interval() -> None:
+    """A Chebyshev factor of a degree the index set does not hold has no in-set
+    coefficient: no noise and no interaction term, only the one-column tail. Its interval
+    is that bias bound (it was 0 * inf = NaN, sent as ``"interval": [null, null]``)."""
+    rng = np.random.default_rng(7)
+    X = rng.uniform(-1, 1, (500, 2))
+    syn = exact_synopsis(X, total_degree(2, 5))  # degrees <= 2 in each column
+    coefficients = np.zeros(10)
+    coefficients[9] = 1.0  # T_9 of the first column
+    out = syn.answer_many([ProductQuery((coefficients, np.ones(1)))])
+    assert out.noise_halfwidth[0] == 0.0
+    assert np.all(np.isfinite(out.halfwidth))
+    assert out.halfwidth[0] > 0
+    truth = float(np.mean(np.cos(9 * np.arccos(X[:, 0]))))
+    assert out.low[0] <= truth <= out.high[0]
+    item = out[0].as_dict()
+    assert all(math.isfinite(v) for v in (*item["interval"], item["truncation_estimate"]))
+
+
 def test_queries_narrower_than_the_declared_smoothness_get_the_worst_case_interval() -> None:
     """The truncation estimate assumes interaction moments of random sign; for a kernel
     narrower than the declared class (``s^2 < smoothness``) centred where the data
