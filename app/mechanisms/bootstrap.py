@@ -64,9 +64,15 @@ def simulated_noise(
 
 
 def standard_errors(replicate_answers: NDArray[np.float64]) -> NDArray[np.float64]:
-    """``(Q,)`` sample standard deviations (``ddof = 1``) of ``(B, Q)`` replicate answers."""
+    """``(Q,)`` sample standard deviations (``ddof = 1``) of ``(B, Q)`` replicate answers.
+
+    Computed on the answers divided by their largest magnitude per query: the squared
+    deviations of answers past ~1e154 (a query of weight 1e300) overflowed to an infinite
+    standard error, and the answer was refused, though its spread is a finite number."""
     answers = np.asarray(replicate_answers, dtype=np.float64)
     if answers.ndim != 2 or answers.shape[0] < 2:
         raise MechanismError("a bootstrap standard error needs at least two replicates")
-    out: NDArray[np.float64] = answers.std(axis=0, ddof=1)
+    scale = np.max(np.abs(answers), axis=0)
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+    out: NDArray[np.float64] = (answers / scale).std(axis=0, ddof=1) * scale
     return out

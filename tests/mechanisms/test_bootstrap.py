@@ -201,6 +201,11 @@ def test_bootstrap_helpers() -> None:
     np.testing.assert_allclose(
         bootstrap.standard_errors(np.array([[1.0, 2.0], [3.0, 2.0]])), [np.sqrt(2.0), 0.0]
     )
+    # answers of a heavily weighted query: their squares overflow, their spread does not
+    np.testing.assert_allclose(
+        bootstrap.standard_errors(np.array([[1e300, -1e-300], [3e300, 1e-300]])),
+        [np.sqrt(2.0) * 1e300, np.sqrt(2.0) * 1e-300],
+    )
 
 
 def _moment_release(

@@ -1212,9 +1212,13 @@ def test_an_answer_that_overflows_is_refused_with_its_position(
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     run_all(client, release_id)
     fine = {"type": "product", "factors": {"x": {"type": "chebyshev", "coefficients": [0.5, 0.1]}}}
+    # the value itself is past the float range (1e400 times 1 + E T_1): coefficients of
+    # 1e308 alone gave a finite value of about 1.3e308, refused only while the bootstrap
+    # standard error overflowed in squaring
     huge = {
         "type": "product",
-        "factors": {"x": {"type": "chebyshev", "coefficients": [1e308, 1e308]}},
+        "factors": {"x": {"type": "chebyshev", "coefficients": [1e200, 1e200]}},
+        "weight": 1e200,
     }
     response = client.post(
         f"/v1/releases/{release_id}/answers",
