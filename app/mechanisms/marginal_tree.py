@@ -940,8 +940,14 @@ def plan(
         B = max(marginals.MIN_BINS, math.isqrt(MAX_FINE_TABLE_CELLS // (d - 1)) - 2 * atoms)
     check_fit_size(d, B + 2 * atoms)
     if b > B + 2 * atoms:
+        # a request that set neither (method 'tree' on a small n or budget) is told that
+        # both are defaults it may set
+        chosen = "the default" if pair_bins is None else "declared"
+        resolved = "from n, d, epsilon and delta" if bins is None else "declared"
         raise MechanismError(
-            f"pair_bins ({b}) cannot exceed the {B + 2 * atoms} cells of a column's histogram"
+            f"pair_bins ({b}, {chosen}) cannot exceed the {B + 2 * atoms} cells of a "
+            f"column's histogram (bins {B}, {resolved}): set pair_bins to at most "
+            f"{B + 2 * atoms}, or more bins"
         )
     pair_scale = noise.gaussian_scale_for_rho(
         pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]

@@ -508,6 +508,15 @@ def test_plan_keeps_the_fine_tables_within_their_limit() -> None:
         marginal_tree.plan(1000, 2, 1.0, 1e-6, bins=4096)
     with pytest.raises(MechanismError, match="fine-table entries"):
         marginal_tree.measure(np.zeros((50, 2)), 1.0, 1e-6, bins=4096)
+    # two rows give each histogram 2 bins: the default pair_bins (4) cannot apply, and
+    # the refusal says that neither number was the request's
+    with pytest.raises(MechanismError) as refused:
+        marginal_tree.plan(2, 2, 1.0, 1e-6)
+    assert str(refused.value) == (
+        "pair_bins (4, the default) cannot exceed the 2 cells of a column's histogram "
+        "(bins 2, from n, d, epsilon and delta): set pair_bins to at most 2, or more bins"
+    )
+    assert marginal_tree.plan(2, 2, 1.0, 1e-6, pair_bins=2).pair_bins == 2
     fits = marginal_tree.plan(1000, 2, 1.0, 1e-6, bins=500, bound_atoms=False)
     assert marginal_tree.fine_table_cells(2, fits.cells) <= limit
     assert marginals.resolve(10**9, 300, 1.0, 1e-6)[0] == marginals.MAX_BINS
