@@ -355,6 +355,20 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             # count, which is private: published fractions of whole batches would give it
             # exactly, so a graph's read only checks for a cancel or a lost lease.
             count_rows = dataset.kind != "graph"
+            # the curator's opt-in is read again here: one withdrawn while the release
+            # waited (or was being recorded) must not let a worker read the data for it
+            withdrawn = mechanism.privacy_kind == "non_dp" and not dataset.allow_non_dp_releases
+        if withdrawn:
+            read = _has_read(claim, None)
+            _end_measuring(
+                services,
+                claim,
+                "failed",
+                "the curator withdrew the dataset's opt-in to releases that are not "
+                f"differentially private before it was measured; {_outcome(read, mechanism)}",
+                read=read,
+            )
+            return
         eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
         _start_reading(services, claim)
         with Heartbeat(services, claim) as heartbeat:

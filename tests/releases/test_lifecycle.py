@@ -1007,6 +1007,34 @@ def test_non_dp_release_needs_the_opt_in_and_spends_nothing(
     ) == (0.0, 0.0, 1.0)
 
 
+def test_opt_in_withdrawn_while_a_non_dp_release_waits_ends_it_unread(
+    client: TestClient, curator: Caller
+) -> None:
+    """The curator withdraws the non-DP opt-in while a non-DP release is queued: its worker
+    must not read the data for it (an audit saw the PATCH answer 200 and the worker then
+    read the data and publish the release)."""
+    dataset_id = dataset(client, curator)
+    opt_in = f"/v1/datasets/{dataset_id}"
+    client.patch(opt_in, headers=curator.headers, json={"allow_non_dp_releases": True})
+    release_id = request_release(client, curator, dataset_id, {"mechanism": "test_non_dp"}).json()[
+        "id"
+    ]
+    withdrawn = client.patch(opt_in, headers=curator.headers, json={"allow_non_dp_releases": False})
+    assert withdrawn.status_code == 200
+    run_all(client, release_id)
+    ended = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert ended["status"] == "failed", ended
+    assert ended["message"].startswith("the curator withdrew the dataset's opt-in")
+    assert ended["message"].endswith("nothing was read")
+    assert ended["measured_at"] is None
+    assert not _stored(client, release_id)
+    assert budget(client, curator, dataset_id)["entries"] == []
+    with services_of(client).db.transaction() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        assert release.read_started_at is None
+
+
 def test_dp_mechanisms_need_epsilon(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator)
     response = request_release(client, curator, dataset_id, {"mechanism": "test_means"})
