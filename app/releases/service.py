@@ -499,6 +499,11 @@ def resynthesize(
             f"({sorted(allowed)}); not: {not_allowed}"
         )
     if session.get(ReleaseMeasurement, release.id) is None:
+        if release.status in ("failed", "cancelled"):  # it never will have any
+            raise Conflict(
+                f"the release ended ({release.status}) before it was measured; it has no "
+                "measurements to re-synthesise: request a new release"
+            )
         raise Conflict("the release has no measurements yet; nothing to re-synthesise")
     if release.status not in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the release is {release.status}; wait for it to finish")

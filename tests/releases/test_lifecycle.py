@@ -213,6 +213,29 @@ def test_cancel_before_measuring_refunds(client: TestClient, curator: Caller) ->
     assert client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 409
 
 
+def test_a_release_ended_before_measuring_says_it_cannot_be_resynthesised(
+    client: TestClient, curator: Caller
+) -> None:
+    """A re-synthesis of a release that ended unmeasured is a 409 that says it never will
+    have measurements (it said "no measurements yet", as to a release still running)."""
+    dataset_id = dataset(client, curator)
+    running = request_release(client, curator, dataset_id).json()["id"]
+    url = f"/v1/releases/{running}/resynthesize"
+    early = client.post(url, headers=curator.headers, json={"params": {}})
+    assert early.status_code == 409
+    assert early.json()["error"]["message"] == (
+        "the release has no measurements yet; nothing to re-synthesise"
+    )
+    client.delete(f"/v1/releases/{running}", headers=curator.headers)
+    ended = client.post(url, headers=curator.headers, json={"params": {}})
+    assert ended.status_code == 409
+    assert ended.json()["error"]["message"] == (
+        "the release ended (cancelled) before it was measured; it has no measurements to "
+        "re-synthesise: request a new release"
+    )
+    assert _entries(client, curator, dataset_id, running) == ["reserve", "refund"]
+
+
 def _cancel_while_measuring(
     client: TestClient, curator: Caller, tmp_path: Path, **params: Any
 ) -> tuple[str, str, dict[str, Any]]:
