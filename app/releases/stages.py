@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -524,10 +525,16 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
 
 def _end_synthesizing(services: Services, claim: Claim, status: str, message: str) -> None:
     """Fail or cancel a synthesis this claim still owns (no ledger entry: the measurements
-    were spent when they were stored; :func:`end_synthesis_run`)."""
+    were spent when they were stored; :func:`end_synthesis_run`). The run's version is
+    never published then: a directory of it on disk (moved into place by a publish whose
+    transaction then failed) is removed once this commits."""
     with _owned(services, claim, "synthesizing") as release:
         if release is not None:
             end_synthesis_run(release, status, message)
+            unpublished = ArtifactStore(services.settings.releases_dir).version_dir(
+                claim.release_id, claim.synthesis_version
+            )
+            on_commit(_session_of(release), lambda: shutil.rmtree(unpublished, ignore_errors=True))
 
 
 def _publish_synthesis(

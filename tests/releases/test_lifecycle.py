@@ -25,6 +25,7 @@ from app.releases import stages
 from app.releases.registry import Measured
 from app.releases.service import QUEUED
 from app.releases.stages import run_measure, run_synthesize, sweep
+from app.storage.artifacts import ArtifactStore
 from tests.conftest import Caller
 from tests.datasets.helpers import SENTINELS
 from tests.releases.helpers import (
@@ -831,6 +832,9 @@ def test_synthesis_failure_keeps_measurements_and_resynthesis_is_free(
     assert failed["status"] == "failed"
     assert "measurements are kept" in failed["message"]
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    # nothing of the failed version is left on disk (a failed commit left it published there)
+    store = ArtifactStore(services_of(client).settings.releases_dir)
+    assert not store.version_dir(uuid.UUID(release_id), 0).exists()
     with services_of(client).db.transaction() as session:
         payload = session.get(ReleaseMeasurement, uuid.UUID(release_id)).payload  # type: ignore[union-attr]
 
