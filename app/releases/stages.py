@@ -590,9 +590,37 @@ def sweep(services: Services) -> int:
     return requeued
 
 
+def remove_stale_work(session: Session, services: Services) -> int:
+    """Remove the temporary directories of synthesis runs that are over. A worker killed in
+    a run leaves its ``.tmp-v<N>-*`` directory, which the next claim of that run removes
+    (:meth:`ArtifactStore.begin`); a run that is not claimed again (the curator cancelled
+    it, or it was given up) left it for ever. A directory is stale when its release is not
+    synthesising that version; versions only grow, so such a run never resumes. The
+    directories are listed before the releases are read, so a run that begins meanwhile is
+    never among them. Returns how many were removed."""
+    store = ArtifactStore(services.settings.releases_dir)
+    candidates = store.work_dirs()
+    if not candidates:
+        return 0
+    running = {
+        (release_id, version)
+        for release_id, version in session.execute(
+            select(Release.id, Release.synthesis_version).where(Release.status == "synthesizing")
+        )
+    }
+    stale = [
+        work for release_id, version, work in candidates if (release_id, version) not in running
+    ]
+    for work in stale:
+        store.discard(work)
+        log.warning("removed the work directory %s of a synthesis run that is over", work.name)
+    return len(stale)
+
+
 class Sweeper:
-    """Runs :func:`sweep` and :func:`app.datasets.service.remove_stray_files` at start and
-    every ``lease_seconds / 2`` in a daemon thread."""
+    """Runs :func:`sweep`, :func:`remove_stale_work` and
+    :func:`app.datasets.service.remove_stray_files` at start and every ``lease_seconds / 2``
+    in a daemon thread."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -606,6 +634,7 @@ class Sweeper:
                 sweep(self.services)
                 with self.services.db.transaction(read_only=True) as session:
                     remove_stray_files(session, self.services)
+                    remove_stale_work(session, self.services)
             except Exception as exc:
                 log.warning("sweep failed: %s", type(exc).__name__)
             if self._stop.wait(interval):

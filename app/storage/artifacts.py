@@ -3,7 +3,8 @@
 Artifacts are differentially private outputs (or, for ``compressed``, the declared
 non-DP release) and are stored in clear. A version is written into a temporary directory
 and renamed into place when complete, so a reader never sees half an artifact and a
-crashed synthesis leaves only a ``.tmp-*`` directory, removed on the next attempt.
+crashed synthesis leaves only a ``.tmp-*`` directory, removed on the next attempt (or, once
+its run is over, by the sweeper: :func:`app.releases.stages.remove_stale_work`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,21 @@ class ArtifactStore:
         for child in base.iterdir():
             if child.name not in keep and not child.name.startswith(".tmp-"):
                 shutil.rmtree(child, ignore_errors=True)
+
+    def work_dirs(self) -> list[tuple[uuid.UUID, int, Path]]:
+        """Every temporary directory on disk, as ``(release id, version, path)``."""
+        found = []
+        if not self.root.exists():
+            return []
+        for base in self.root.iterdir():
+            for work in base.glob(".tmp-v*-*"):
+                try:
+                    release_id = uuid.UUID(base.name)
+                    version = int(work.name.removeprefix(".tmp-v").split("-", 1)[0])
+                except ValueError:
+                    continue
+                found.append((release_id, version, work))
+        return found
 
     def path(self, release_id: uuid.UUID, version: int, name: str) -> Path:
         if "/" in name or name.startswith("."):

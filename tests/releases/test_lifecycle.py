@@ -430,6 +430,32 @@ def test_cancelled_resynthesis_can_be_run_again(client: TestClient, curator: Cal
     _synthesizes_without_new_spend(client, curator, dataset_id, release_id)
 
 
+def test_the_work_of_a_dead_synthesis_that_was_cancelled_is_removed(
+    client: TestClient, curator: Caller
+) -> None:
+    """A worker killed in a synthesis leaves its temporary directory, which only the next
+    claim of that run removed: when the curator cancelled the run instead (or re-synthesised),
+    it stayed on disk for ever, even after later versions were published (found by
+    killing a worker mid-synthesis and cancelling). The sweeper removes it; the work of a
+    run still going stays."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    store = ArtifactStore(services.settings.releases_dir)
+    ended, going = (request_release(client, curator, dataset_id).json()["id"] for _ in range(2))
+    for release_id in (ended, going):
+        run_measure(services, uuid.UUID(release_id))
+    dead = store.begin(uuid.UUID(ended), 0)  # what the killed worker's claim left
+    live = store.begin(uuid.UUID(going), 0)
+    cancelled = client.delete(f"/v1/releases/{ended}", headers=curator.headers).json()
+    assert cancelled["status"] == "cancelled"
+    stages.Sweeper(services).start().stop()  # the worker's sweeper runs it first thing
+    assert not dead.exists()
+    assert live.exists()
+    run_synthesize(services, uuid.UUID(going))
+    assert not live.exists()  # published
+    assert sorted(p.name for p in store.release_dir(uuid.UUID(going)).iterdir()) == ["v0"]
+
+
 def _dead_measure_attempts(
     client: TestClient, release_id: str, count: int, *, opened: bool
 ) -> None:
