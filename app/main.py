@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.answers.endpoints import router as answers_router
 from app.config import Settings, load_settings
-from app.core.errors import ErrorBarrier, install_error_handlers
+from app.core.errors import ErrorBarrier, install_error_handlers, install_error_schema
 from app.core.services import Services, set_current
 from app.datasets.endpoints import router as datasets_router
 from app.releases.endpoints import router as releases_router
@@ -152,6 +152,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     )
     app.state.services = services
     install_error_handlers(app)
+    install_error_schema(app)
     app.include_router(users_router)
     app.include_router(datasets_router)
     app.include_router(releases_router)

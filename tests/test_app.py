@@ -210,3 +210,33 @@ def test_keys_and_sql_parameters_stay_out_of_messages(client: TestClient) -> Non
     assert services.db.engine.hide_parameters
     source = EncryptedTableSource(Path("x.parquet"), services.data_key, ["a"], 1)
     assert services.data_key not in repr(source).encode()
+
+
+def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
+    """Every error is ``{"error": {"code", "message"}}``: FastAPI's own 422 body
+    (``{"detail": [...]}``) is never sent, so the schema must not promise it."""
+    spec = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in json.dumps(spec)
+    envelope = spec["components"]["schemas"]["ErrorOut"]
+    assert envelope["required"] == ["error"]
+    paths = spec["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")) and path != "/readyz":
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorOut"}, (method, path)
+    # a bad path parameter is a validation_error, an upload that does not match an
+    # invalid_upload, and every body can be too large
+    assert paths["/v1/datasets/{dataset_id}"]["get"]["responses"]["422"]["description"] == (
+        "validation_error"
+    )
+    upload = paths["/v1/datasets"]["post"]["responses"]
+    assert upload["422"]["description"] == "invalid_request or invalid_upload"
+    release = paths["/v1/datasets/{dataset_id}/releases"]["post"]["responses"]
+    assert release["422"]["description"] == "invalid_request or validation_error"
+    assert release["413"]["description"] == "payload_too_large"
+    # a non-DP release without the opt-in, a second compressed one, a reused key: 409s
+    assert release["409"]["description"] == "budget_exhausted or conflict"
+    preview = paths["/v1/datasets/{dataset_id}/preview"]["post"]["responses"]
+    assert preview["409"]["description"] == "conflict"

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -94,12 +95,70 @@ class InvalidUpload(ServiceError):
     code = "invalid_upload"
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong: a stable ``code`` and a message for people (never a data value);
+    some errors add fields (``problems`` of an upload, what remains of a budget)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    """The body of every error response."""
+
+    error: ErrorDetail
+
+
 def error_responses(*errors: type[ServiceError]) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries for the errors an endpoint can raise."""
+    """OpenAPI ``responses=`` entries for the errors an endpoint can raise: one per status,
+    described by its codes (``invalid_request or invalid_upload``), with the error body."""
     out: dict[int | str, dict[str, Any]] = {}
     for err in errors:
-        out.setdefault(err.status_code, {"description": err.code})
+        entry = out.setdefault(err.status_code, {"description": err.code, "model": ErrorOut})
+        if err.code not in entry["description"].split(" or "):
+            entry["description"] += f" or {err.code}"
     return out
+
+
+_VALIDATION_ERROR_REF = "#/components/schemas/HTTPValidationError"
+
+
+def install_error_schema(app: FastAPI) -> None:
+    """Make ``/openapi.json`` tell the error bodies the handlers send: FastAPI documents
+    its own 422 body (``{"detail": [...]}``), which this service never sends (its
+    validation errors are ``validation_error`` in the error envelope), and no route
+    documents the 413 of :class:`app.main.BodyLimit`."""
+
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        error_ref = {"$ref": "#/components/schemas/ErrorOut"}
+        for operation in (op for ops in schema["paths"].values() for op in ops.values()):
+            responses = operation["responses"]
+            body = operation.get("requestBody", {}).get("content", {})
+            invalid = responses.get("422")
+            if invalid is not None:
+                content = invalid.get("content", {}).get("application/json", {})
+                if content.get("schema", {}).get("$ref") == _VALIDATION_ERROR_REF:
+                    invalid["description"] = "validation_error"
+                    content["schema"] = error_ref
+                elif operation.get("parameters") or "application/json" in body:
+                    invalid["description"] += " or validation_error"
+            if body and "413" not in responses:
+                responses["413"] = {
+                    "description": "payload_too_large",
+                    "content": {"application/json": {"schema": error_ref}},
+                }
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def describe_errors(errors: Sequence[Mapping[str, Any]], prefix: str = "") -> str:

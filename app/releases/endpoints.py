@@ -36,7 +36,7 @@ router = APIRouter(prefix="/v1", tags=["releases"], responses=error_responses(Un
     status_code=status.HTTP_202_ACCEPTED,
     responses={
         200: {"description": "replay of an earlier request with the same Idempotency-Key"},
-        **error_responses(NotFound, Forbidden, InvalidRequest, BudgetExhausted),
+        **error_responses(NotFound, Forbidden, InvalidRequest, BudgetExhausted, Conflict),
     },
 )
 async def create_release(
@@ -85,7 +85,7 @@ def list_releases(
 @router.post(
     "/datasets/{dataset_id}/preview",
     response_model=PreviewOut,
-    responses=error_responses(NotFound, Forbidden, InvalidRequest),
+    responses=error_responses(NotFound, Forbidden, InvalidRequest, Conflict),
 )
 def preview(
     dataset_id: uuid.UUID, body: ReleaseCreate, user: CurrentUser, services: ServicesDep
