@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.services import Services
+from app.datasets.schemas import DatasetDeclaration, GraphDeclaration
 from app.main import BodyLimit
 from app.storage.source import EncryptedTableSource
 from tests.conftest import Caller
@@ -181,6 +182,10 @@ def test_openapi_documents_the_upload(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     body = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert body["schema"]["required"] == ["file", "schema"]
+    declared = body["schema"]["properties"]["schema"]["description"]
+    for model in (DatasetDeclaration, GraphDeclaration):
+        for field in model.model_fields:
+            assert field in declared, field
 
 
 def test_unhandled_errors_are_answered_and_logged_without_their_message(

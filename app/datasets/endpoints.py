@@ -49,11 +49,14 @@ _UPLOAD_BODY = {
                         "file": {
                             "type": "string",
                             "format": "binary",
-                            "description": "CSV (with a header row) or Parquet",
+                            "description": "a table: CSV (UTF-8, with a header row) or "
+                            "Parquet; a graph: an edge list, one edge 'u,v' a line",
                         },
                         "schema": {
                             "type": "string",
-                            "description": "JSON: {name, columns, budget, out_of_bounds}",
+                            "description": "JSON: a table {name, kind: 'table' (default), "
+                            "columns, budget, out_of_bounds, allow_non_dp_releases}; a "
+                            "graph {name, kind: 'graph', vertices, budget}",
                         },
                     },
                 }
