@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from app.core.services import Services
 from app.datasets.schemas import DatasetDeclaration, GraphDeclaration
 from app.main import BodyLimit
+from app.releases.registry import REGISTRY
 from app.storage.source import EncryptedTableSource
 from tests.conftest import Caller
 
@@ -245,3 +246,12 @@ def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
     assert release["409"]["description"] == "budget_exhausted or conflict"
     preview = paths["/v1/datasets/{dataset_id}/preview"]["post"]["responses"]
     assert preview["409"]["description"] == "conflict"
+
+
+def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    mechanisms = schemas["ReleaseCreate"]["properties"]["mechanism"]["description"]
+    forms = schemas["AnswerRequest"]["properties"]["queries"]["description"]
+    for name in REGISTRY:
+        assert name in mechanisms, name
+        assert f"{name}:" in forms or f"{name} and" in forms, name

@@ -16,7 +16,14 @@ class AnswerRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    queries: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_QUERIES)
+    queries: list[dict[str, Any]] = Field(
+        min_length=1,
+        max_length=MAX_QUERIES,
+        description="each an object whose 'type' is one of its release's forms (README, "
+        "Answers): smooth_synthetic and smooth_synopsis: gaussian_mixture, polynomial, "
+        "product; randomized_response: conjunction, table, heterogeneous; graph_cuts: cut; "
+        "compressed: pca",
+    )
 
 
 class AnswersOut(BaseModel):

@@ -18,12 +18,18 @@ class ReleaseCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mechanism: str
+    mechanism: str = Field(
+        description="smooth_synthetic, smooth_synopsis or randomized_response (a table), "
+        "graph_cuts (a graph), compressed (a table; not differentially private)"
+    )
     # strict: a privacy parameter is a JSON number, never true or "1" (lax mode read both)
     epsilon: float | None = Field(default=None, strict=True)
     delta: float = Field(default=0.0, strict=True)
     columns: list[str] | None = Field(default=None, min_length=1)
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the mechanism's own parameters (README, Releases); an unknown one is a 422",
+    )
 
 
 class ResynthesizeRequest(BaseModel):
