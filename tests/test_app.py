@@ -243,7 +243,9 @@ def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
     assert release["422"]["description"] == "invalid_request or validation_error"
     assert release["413"]["description"] == "payload_too_large"
     # a non-DP release without the opt-in, a second compressed one, a reused key: 409s
-    assert release["409"]["description"] == "budget_exhausted or conflict"
+    assert release["409"]["description"] == (
+        "budget_exhausted or conflict or idempotency_key_reused"
+    )
     preview = paths["/v1/datasets/{dataset_id}/preview"]["post"]["responses"]
     assert preview["409"]["description"] == "conflict"
 

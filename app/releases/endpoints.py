@@ -36,7 +36,14 @@ router = APIRouter(prefix="/v1", tags=["releases"], responses=error_responses(Un
     status_code=status.HTTP_202_ACCEPTED,
     responses={
         200: {"description": "replay of an earlier request with the same Idempotency-Key"},
-        **error_responses(NotFound, Forbidden, InvalidRequest, BudgetExhausted, Conflict),
+        **error_responses(
+            NotFound,
+            Forbidden,
+            InvalidRequest,
+            BudgetExhausted,
+            Conflict,
+            service.IdempotencyConflict,
+        ),
     },
 )
 async def create_release(
