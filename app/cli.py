@@ -280,9 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the API with an embedded worker")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument(
-        "--port", type=_bounded(1, 65535), default=8000, help="port to listen on (1-65535)"
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
+    )
+    serve.add_argument(
+        "--port",
+        type=_bounded(1, 65535),
+        default=8000,
+        help="port to listen on, 1-65535 (default: 8000)",
     )
     serve.add_argument(
         "--no-migrate",

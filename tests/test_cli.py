@@ -358,3 +358,14 @@ def test_messages_hide_the_whole_password(url: str, shown: str) -> None:
     from app.cli import _without_password
 
     assert _without_password(url) == shown
+
+
+def test_serve_help_states_the_defaults_the_readme_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README runs the service "at http://127.0.0.1:8000"; --help says so too."""
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "address to listen on (default: 127.0.0.1)" in usage
+    assert "port to listen on, 1-65535 (default: 8000)" in usage
