@@ -1,4 +1,5 @@
-"""The README's curl walkthrough works verbatim against a running server."""
+"""The README's curl walkthrough works verbatim against a running server, and its error
+list names every code a client can get for a conflict, a body or invalid input."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+import app.main  # noqa: F401  (registers every route and so every error class)
+from app.core.errors import ServiceError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,3 +96,16 @@ def test_walkthrough_runs_verbatim(tmp_path: Path) -> None:
     assert "'interval'" in lines[8]
     assert "'value'" in lines[9]
     assert lines[10] == "2.0"  # two releases of epsilon 1 spent; the retry-safe key charged once
+
+
+def _error_classes(base: type[ServiceError]) -> list[type[ServiceError]]:
+    return [base, *(c for sub in base.__subclasses__() for c in _error_classes(sub))]
+
+
+def test_the_error_list_names_every_client_error_code() -> None:
+    text = (ROOT / "README.md").read_text()
+    errors = text.split("## HTTP API (v1)", 1)[1].split("| method and path |", 1)[0]
+    codes = {c.code for c in _error_classes(ServiceError) if c.status_code in (409, 413, 415, 422)}
+    codes.add("validation_error")  # the handler's code for a body or parameter that fails its type
+    for code in sorted(codes):
+        assert f"`{code}`" in errors, code
