@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from app.core.services import Services
 from app.datasets.schemas import DatasetDeclaration, GraphDeclaration
 from app.main import BodyLimit
-from app.releases.registry import REGISTRY
+from app.releases import adapters
 from app.storage.source import EncryptedTableSource
 from tests.conftest import Caller
 
@@ -254,6 +254,6 @@ def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
     mechanisms = schemas["ReleaseCreate"]["properties"]["mechanism"]["description"]
     forms = schemas["AnswerRequest"]["properties"]["queries"]["description"]
-    for name in REGISTRY:
+    for name in adapters.__all__:  # the service's release types (tests register others)
         assert name in mechanisms, name
         assert f"{name}:" in forms or f"{name} and" in forms, name
