@@ -25,6 +25,19 @@ MAX_CATEGORIES = 10_000
 #: computes ``2 (x - lower)`` and releases map back with ``(x' + 1) (upper - lower)``,
 #: both of which overflow to infinity past it.
 MAX_BOUND_WIDTH = sys.float_info.max / 2
+#: A budget total's epsilon range, at upload and on PATCH: the ledger's resolution is
+#: 1e-12 (app.ledger.units), its largest total 1e6.
+MIN_EPSILON_TOTAL = 1e-12
+MAX_EPSILON_TOTAL = 1e6
+
+
+def _epsilon_total_error(epsilon: float) -> str | None:
+    """Why ``epsilon`` cannot be a budget total, or None if it can."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        return "must be a positive finite number"
+    if not MIN_EPSILON_TOTAL <= epsilon <= MAX_EPSILON_TOTAL:
+        return f"must lie in [{MIN_EPSILON_TOTAL:g}, {MAX_EPSILON_TOTAL:g}] (the ledger's range)"
+    return None
 
 
 class ContinuousColumn(BaseModel):
@@ -117,12 +130,9 @@ class BudgetIn(BaseModel):
 
     @model_validator(mode="after")
     def _valid(self) -> BudgetIn:
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"budget.epsilon ({self.epsilon}) must be a positive finite number")
-        if not 1e-12 <= self.epsilon <= 1e6:
-            raise ValueError(
-                f"budget.epsilon ({self.epsilon}) must lie in [1e-12, 1e6] (the ledger's range)"
-            )
+        problem = _epsilon_total_error(self.epsilon)
+        if problem is not None:
+            raise ValueError(f"budget.epsilon ({self.epsilon}) {problem}")
         if not (0.0 <= self.delta < 1.0):
             raise ValueError(f"budget.delta ({self.delta}) must lie in [0, 1)")
         return self
@@ -264,10 +274,9 @@ class BudgetUpdate(BaseModel):
     def _valid(self) -> BudgetUpdate:
         if self.epsilon is None and self.delta is None:
             raise ValueError("give epsilon, delta or both")
-        if self.epsilon is not None and not (
-            math.isfinite(self.epsilon) and 0 < self.epsilon <= 1e6
-        ):
-            raise ValueError(f"epsilon ({self.epsilon}) must be a positive number up to 1e6")
+        problem = None if self.epsilon is None else _epsilon_total_error(self.epsilon)
+        if problem is not None:
+            raise ValueError(f"epsilon ({self.epsilon}) {problem}")
         if self.delta is not None and not (0.0 <= self.delta < 1.0):
             raise ValueError(f"delta ({self.delta}) must lie in [0, 1)")
         return self

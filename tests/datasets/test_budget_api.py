@@ -60,10 +60,16 @@ def test_curator_raises_and_lowers_totals(
         f"/v1/datasets/{dataset_id}/budget", headers=curator.headers, json={"epsilon": 0.5}
     )
     assert lowered.json()["epsilon_remaining"] == 0.5
-    for bad in ({}, {"epsilon": 0}, {"epsilon": -1}, {"delta": 1.0}, {"epsilon": 1, "x": 1}):
+    bads = ({}, {"epsilon": 0}, {"epsilon": -1}, {"epsilon": 1e-13}, {"epsilon": 2e6})
+    for bad in (*bads, {"delta": 1.0}, {"epsilon": 1, "x": 1}):
         response = client.patch(
             f"/v1/datasets/{dataset_id}/budget", headers=curator.headers, json=bad
         )
         assert response.status_code == 422, bad
+    tiny = client.patch(
+        f"/v1/datasets/{dataset_id}/budget", headers=curator.headers, json={"epsilon": 1e-13}
+    )
+    message = tiny.json()["error"]["message"]
+    assert "epsilon (1e-13) must lie in [1e-12, 1e+06]" in message, message
     events = client.get("/v1/audit", headers=admin.headers).json()
     assert [e["action"] for e in events].count("dataset.budget_update") == 2
