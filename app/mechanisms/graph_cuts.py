@@ -167,6 +167,10 @@ def _perturb(true_index: NDArray[np.int64], n_vertices: int, threshold: int) -> 
 
 
 def _as_mask(vertices: VertexSet, n_vertices: int, name: str) -> NDArray[np.bool_]:
+    if isinstance(vertices, list | tuple) and any(
+        isinstance(v, int) and not 0 <= v < n_vertices for v in vertices
+    ):  # before numpy: an id beyond int64 (10^23) would make an object array
+        raise MechanismError(f"{name} has vertex ids outside [0, {n_vertices})")
     array = np.asarray(vertices)
     if array.dtype == np.bool_:
         if array.shape != (n_vertices,):

@@ -187,6 +187,9 @@ def test_cut_rejects() -> None:
         released.cut([0, 1], [1, 2])
     with pytest.raises(MechanismError, match="outside"):
         released.cut([0, 7], [1])
+    for beyond_int64 in (10**23, -(10**23)):  # an object array in numpy
+        with pytest.raises(MechanismError, match=r"T has vertex ids outside \[0, 5\)"):
+            released.cut([0], [1, beyond_int64])
     with pytest.raises(MechanismError, match="more than once"):
         released.cut([0, 0], [1])
     with pytest.raises(MechanismError, match="mask"):
