@@ -3,6 +3,8 @@ message (or, for the graph_cuts preview, an answer), and nothing is written."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi.testclient import TestClient
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
@@ -11,6 +13,8 @@ from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.datasets.test_graphs import upload_graph
 from tests.releases.helpers import budget as budget_of
 from tests.releases.helpers import dataset, request_release, run_all
+
+NAN, INF = float("nan"), float("inf")
 
 
 def _smooth_release(client: TestClient, curator: Caller, dataset_id: str) -> str:
@@ -43,17 +47,35 @@ def test_huge_table_values_and_tiny_widths_are_422(client: TestClient, curator: 
     ).json()["id"]
     run_all(client, rr)
     smooth = _smooth_release(client, curator, dataset_id)
-    for release_id, query in (
-        (rr, {"type": "table", "values": [1e155] + [0.0] * 3}),  # squares overflowed
+    for release_id, query, message in (
+        (  # squares overflowed
+            rr,
+            {"type": "table", "values": [1e155] + [0.0] * 3},
+            "queries.0.table.values.0: must lie in [-1e+100, 1e+100]",
+        ),
+        (
+            rr,
+            {"type": "table", "values": [0.0, NAN, 0.0, 0.0]},
+            "values.1: Input should be a finite",
+        ),
+        (
+            rr,
+            {"type": "table", "values": [0.0, 0.0, -INF, 0.0]},
+            "values.2: Input should be a finite",
+        ),
         (
             smooth,
             {"type": "gaussian_mixture", "centers": [[0, 0]], "weights": [1], "sigma": 1e-300},
+            "queries.0: a Gaussian width is below 1e-12",
         ),
     ):
-        response = client.post(
-            f"/v1/releases/{release_id}/answers", headers=curator.headers, json={"queries": [query]}
+        response = client.post(  # json.dumps writes NaN and -Infinity (Python's json reads them)
+            f"/v1/releases/{release_id}/answers",
+            headers={**curator.headers, "Content-Type": "application/json"},
+            content=json.dumps({"queries": [query]}),
         )
         assert response.status_code == 422, response.text
+        assert message in response.json()["error"]["message"], response.text
 
 
 def test_graph_cuts_preview_at_a_large_epsilon(client: TestClient, curator: Caller) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 from app.core.errors import InvalidRequest
 from app.mechanisms import randomized_response as rr
@@ -78,14 +78,26 @@ class ConjunctionQuery(BaseModel):
     estimator: Literal["unbiased", "proper"] = "unbiased"
 
 
+#: A table query's values lie in [-MAX_TABLE_VALUE, MAX_TABLE_VALUE], so that squares and
+#: sums of squares stay finite (1e155 overflowed: a 500).
+MAX_TABLE_VALUE = 1e100
+
+
+def _table_value(value: float) -> float:
+    if not abs(value) <= MAX_TABLE_VALUE:
+        raise ValueError(
+            f"must lie in [-{MAX_TABLE_VALUE:g}, {MAX_TABLE_VALUE:g}] (squares must stay finite)"
+        )
+    return value
+
+
 class TableQuery(BaseModel):
     """Mean over rows of ``values[cell]``: one value per cell of the domain (small domains)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["table"]
-    #: bounded so that squares and sums of squares stay finite (1e155 overflowed: 500)
-    values: list[Annotated[float, Field(ge=-1e100, le=1e100)]]
+    values: list[Annotated[float, Field(allow_inf_nan=False), AfterValidator(_table_value)]]
     estimator: Literal["unbiased", "proper"] = "unbiased"
 
 
