@@ -229,11 +229,11 @@ def validate_release(
     return _validated(dataset, body)
 
 
-def _check_single_release(session: Session, dataset_id: uuid.UUID, checked: Validated) -> None:
+def _check_single_release(session: Session, dataset_id: uuid.UUID, mechanism: Mechanism) -> None:
     """Refuse (409) a second release of a :attr:`Mechanism.single_release` mechanism on the
     dataset: one still running, or one whose worker read the data (measured, or ended after
-    reading), counts; one that ended before reading does not. Runs under the dataset lock."""
-    mechanism = checked.mechanism
+    reading), counts; one that ended before reading does not. Runs under the dataset lock
+    for a request; a preview runs it too, so that it says what the request would meet."""
     if not mechanism.single_release:
         return
     earlier = session.scalars(
@@ -296,7 +296,7 @@ def create_release(
         existing = _existing(session, user, idempotency_key, request_hash)
         if existing is not None:
             return to_out(existing), False
-    _check_single_release(session, dataset.id, checked)
+    _check_single_release(session, dataset.id, checked.mechanism)
     now = utcnow()
     release = Release(
         dataset_id=dataset.id,
@@ -547,6 +547,7 @@ def preview(
     with services.db.transaction(read_only=True) as session:
         dataset = owned_dataset(session, user, dataset_id)
         balance = ledger.balance(session, dataset)
+        _check_single_release(session, dataset.id, registry.get(body.mechanism))
     checked = _validated(dataset, body)
     predicted = checked.predicted
     fits = (

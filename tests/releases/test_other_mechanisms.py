@@ -460,6 +460,11 @@ def test_one_compressed_release_per_dataset(client: TestClient, curator: Caller)
     assert first.status_code == 202, first.text
     running = request_release(client, curator, dataset_id, {**base, "params": far})
     assert running.status_code == 409, running.text
+    previewed = client.post(  # the preview says what the request would meet
+        f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json={**base, "params": far}
+    )
+    assert previewed.status_code == 409, previewed.text
+    assert first.json()["id"] in previewed.json()["error"]["message"]
     run_all(client, first.json()["id"])
     failed = client.get(f"/v1/releases/{first.json()['id']}", headers=curator.headers).json()
     assert failed["status"] == "failed"
