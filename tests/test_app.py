@@ -257,3 +257,40 @@ def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -
     for name in adapters.__all__:  # the service's release types (tests register others)
         assert name in mechanisms, name
         assert f"{name}:" in forms or f"{name} and" in forms, name
+
+
+def test_large_responses_are_gzipped_for_clients_that_accept_it(
+    client: TestClient, curator: Caller
+) -> None:
+    """Answers repeat their mechanism's note (~900 bytes each): 10^4 of them were 9 MB on
+    the wire. Compressed for a client that accepts gzip; never a small response (an API
+    key), an already compressed artifact (Parquet, .npz) or a partial (206) download."""
+    from tests.releases.helpers import dataset
+    from tests.releases.test_hostile_inputs import _smooth_release
+
+    release_id = _smooth_release(client, curator, dataset(client, curator, epsilon=5.0))
+    query = {"type": "gaussian_mixture", "centers": [[30, 60]], "weights": [1], "sigma": 5}
+    url = f"/v1/releases/{release_id}"
+    sent = {}
+    for encoding in ("gzip", "identity"):
+        response = client.post(
+            f"{url}/answers",
+            headers={**curator.headers, "Accept-Encoding": encoding},
+            json={"queries": [query] * 1000},
+        )
+        assert response.status_code == 200, response.text
+        assert len(response.json()["answers"]) == 1000
+        sent[encoding] = response.num_bytes_downloaded
+        assert response.headers.get("content-encoding") == ("gzip" if encoding == "gzip" else None)
+    assert sent["gzip"] * 50 < sent["identity"], sent
+    gzip = {**curator.headers, "Accept-Encoding": "gzip"}
+    for name, compressed in (("support.csv", True), ("support.parquet", False)):
+        download = client.get(f"{url}/artifacts/{name}", headers=gzip)
+        assert download.status_code == 200
+        assert (download.headers.get("content-encoding") == "gzip") is compressed, name
+    part = client.get(f"{url}/artifacts/support.csv", headers={**gzip, "Range": "bytes=0-99"})
+    assert (part.status_code, len(part.content)) == (206, 100)
+    assert "content-encoding" not in part.headers
+    me = client.get("/v1/users/me", headers=gzip)
+    assert me.status_code == 200
+    assert "content-encoding" not in me.headers
