@@ -58,6 +58,34 @@ def test_validation_errors_do_not_echo_input(client: TestClient, admin: Caller) 
 
 
 @pytest.mark.parametrize(
+    "content_type", [None, "application/x-www-form-urlencoded", "text/plain; charset=utf-8"]
+)
+def test_a_json_body_sent_without_its_content_type_says_so(
+    client: TestClient, admin: Caller, content_type: str | None
+) -> None:
+    """``curl -d`` sends application/x-www-form-urlencoded: FastAPI then validates the raw
+    bytes and said only "body: Input should be a valid dictionary or object"."""
+    body = b'{"name": "x", "role": "analyst"}'
+    headers = dict(admin.headers)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    response = client.post("/v1/users", headers=headers, content=body)
+    assert response.status_code == 422
+    message = response.json()["error"]["message"]
+    assert message.startswith(
+        "the request body must be a JSON object sent with Content-Type: application/json"
+    ), message
+    as_json = client.post(
+        "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, content=body
+    )
+    assert as_json.status_code == 201, as_json.text
+    a_field_missing = client.post(  # a JSON body keeps the message about its fields
+        "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, json={}
+    )
+    assert "name: Field required" in a_field_missing.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
     ("body", "message"),
     [
         (

@@ -182,6 +182,22 @@ def describe_errors(errors: Sequence[Mapping[str, Any]], prefix: str = "") -> st
     return "; ".join(parts) or "invalid request"
 
 
+NOT_JSON_MESSAGE = (
+    "the request body must be a JSON object sent with Content-Type: application/json "
+    "(curl -d sends application/x-www-form-urlencoded unless told otherwise)"
+)
+
+
+def _not_sent_as_json(request: Request, errors: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a JSON route's whole body was refused because the client did not say it
+    is JSON: FastAPI then validates the raw bytes and says only "Input should be a valid
+    dictionary or object to extract fields from" at ``body``."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return False
+    return any(tuple(err.get("loc", ())) == ("body",) for err in errors)
+
+
 _STATUS_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -200,10 +216,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # The message names fields and rules only; pydantic's "input" (the submitted value)
         # is deliberately left out.
-        body = {"error": {"code": "validation_error", "message": describe_errors(exc.errors())}}
+        errors = exc.errors()
+        message = describe_errors(errors)
+        if _not_sent_as_json(request, errors):
+            message = NOT_JSON_MESSAGE
+        body = {"error": {"code": "validation_error", "message": message}}
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
