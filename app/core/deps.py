@@ -15,6 +15,7 @@ from app.core.security import hash_api_key
 from app.core.services import Services
 from app.core.threads import ThreadLimit
 from app.models import ApiKey, User
+from app.users.service import ensure_key_active
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -40,6 +41,13 @@ def get_session(request: Request, services: ServicesDep) -> Iterator[Session]:
     HEAD requests get read-only transactions."""
     read_only = request.method in ("GET", "HEAD")
     with services.db.transaction(read_only=read_only) as session:
+        key_id = getattr(request.state, "api_key_id", None)
+        if key_id is not None and not read_only:
+            # The caller was authenticated in a transaction of its own; a write may have
+            # waited for the database's write lock since (up to 30 s on SQLite), and must
+            # not be committed on a key revoked meanwhile. Every route lists its user
+            # before its session, so the key is known here (tests/users pin it).
+            ensure_key_active(session, key_id)
         yield session
 
 

@@ -63,9 +63,10 @@ def keys_of(session: Session, user_id: uuid.UUID) -> list[ApiKey]:
 
 def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     """Check again, in the request's own transaction, that the key it was authenticated
-    with (``request.state.api_key_id``) has not been revoked since: for work that runs long
-    after authentication (an upload streams and is validated for minutes) and must not be
-    committed on a key revoked meanwhile."""
+    with (``request.state.api_key_id``) has not been revoked since: every write transaction
+    of a request does (:func:`app.core.deps.get_session`), and so does work that runs long
+    after authentication outside it (an upload streams and is validated for minutes) and
+    must not be committed on a key revoked meanwhile."""
     key = session.get(ApiKey, key_id)
     if key is None or key.revoked_at is not None:
         raise Unauthorized("invalid or revoked API key")

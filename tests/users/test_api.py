@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from app.answers.endpoints import router as answers_router
+from app.core import deps
+from app.core.deps import ServicesDep
 from app.core.security import hash_api_key
 from app.core.services import Services
-from app.models import ApiKey, AuditEvent
+from app.datasets.endpoints import router as datasets_router
+from app.models import ApiKey, AuditEvent, User
+from app.releases.endpoints import router as releases_router
+from app.users import service as users
+from app.users.endpoints import router as users_router
 from tests.conftest import Caller
+from tests.datasets.helpers import csv_bytes, upload
 
 
 def test_admin_creates_users_and_the_key_works_once_shown(
@@ -120,3 +134,61 @@ def test_state_changes_are_audited(client: TestClient, admin: Caller) -> None:
     with services.db.transaction() as session:
         texts = [str(e.details) for e in session.scalars(select(AuditEvent))]
         assert all(created["api_key"] not in t for t in texts)
+
+
+def test_a_write_on_a_key_revoked_after_authentication_commits_nothing(
+    client: TestClient, admin: Caller, curator: Caller
+) -> None:
+    """A request is authenticated in a transaction of its own; its write may then wait for
+    the database's write lock (up to 30 s on SQLite) while the key is revoked. The write
+    transaction checks the key again: a budget PATCH (here revoked in between) is a 401 and
+    changes nothing. A curator revoking the very key they use still can."""
+    dataset_id = upload(client, curator, csv_bytes()).json()["id"]
+    spare = client.post(f"/v1/users/{curator.id}/keys", headers=admin.headers).json()
+    spare_headers = {"Authorization": f"Bearer {spare['api_key']}"}
+    app: FastAPI = client.app  # type: ignore[assignment]
+
+    def revoked_after_authentication(
+        request: Request,
+        services: ServicesDep,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(deps._bearer)],
+    ) -> User:
+        user = deps.current_user(request, services, credentials)
+        with services.db.transaction() as session:
+            users.revoke_key(session, request.state.api_key_id, user)
+        return user
+
+    app.dependency_overrides[deps.current_user] = revoked_after_authentication
+    try:
+        response = client.patch(
+            f"/v1/datasets/{dataset_id}/budget", headers=curator.headers, json={"epsilon": 4}
+        )
+    finally:
+        app.dependency_overrides.clear()
+    assert response.status_code == 401, response.text
+    budget = client.get(f"/v1/datasets/{dataset_id}/budget", headers=spare_headers).json()
+    assert budget["epsilon_total"] == 1.0
+    own = client.delete(f"/v1/keys/{spare['key_id']}", headers=spare_headers)
+    assert own.status_code == 204
+
+
+def test_every_route_authenticates_before_it_opens_its_transaction() -> None:
+    """FastAPI resolves a route's dependencies in the order of its parameters: the write
+    transaction's key check (``get_session``) needs the user resolved before it."""
+
+    def authenticates(dependant: Dependant) -> bool:
+        return dependant.call is deps.current_user or any(
+            authenticates(sub) for sub in dependant.dependencies
+        )
+
+    checked = 0
+    routers = (answers_router, datasets_router, releases_router, users_router)
+    for route in (route for router in routers for route in router.routes):
+        assert isinstance(route, APIRoute)
+        calls = route.dependant.dependencies
+        sessions = [i for i, d in enumerate(calls) if d.call is deps.get_session]
+        users_ = [i for i, d in enumerate(calls) if authenticates(d)]
+        if sessions and users_:  # the upload and answers open their own
+            assert users_[0] < sessions[0], route.path
+            checked += 1
+    assert checked >= 15
