@@ -447,6 +447,8 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
     assert release is not None
     if release.status in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the release already ended ({release.status})")
+    if release.status == "measuring" and release.cancel_requested:
+        return to_out(release)  # asked before: the same answer, nothing new to record
     release.cancel_requested = True
     now = utcnow()
     if release.status == "queued":

@@ -14,12 +14,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 import tests.releases.fake_mechanism as fake  # registers test_means
 from app.mechanisms.privacy import CostPart, PrivacyCost
-from app.models import Release, ReleaseMeasurement
+from app.models import AuditEvent, Release, ReleaseMeasurement
 from app.models.base import utcnow
 from app.releases import stages
 from app.releases.registry import Measured
@@ -255,7 +255,16 @@ def _cancel_while_measuring(
     response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
     assert response.json()["status"] == "measuring"
     assert response.json()["cancel_requested"] is True
+    again = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+    assert (again.status_code, again.json()["message"]) == (200, response.json()["message"])
     worker.join(timeout=60)
+    with services_of(client).db.transaction() as session:  # the repeat recorded nothing
+        cancels = session.scalars(
+            select(AuditEvent.id).where(
+                AuditEvent.action == "release.cancel", AuditEvent.object_id == release_id
+            )
+        ).all()
+    assert len(cancels) == 1
     final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert final["status"] == "cancelled"
     return dataset_id, release_id, final
