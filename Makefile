@@ -14,7 +14,7 @@ run: install
 	$(BIN)/curator serve
 
 test: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy && $(BIN)/lint-imports
