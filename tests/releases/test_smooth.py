@@ -1233,6 +1233,37 @@ def test_an_answer_that_overflows_is_refused_with_its_position(
 
 
 @pytest.mark.parametrize(
+    "query",
+    [
+        {"type": "gaussian_mixture", "centers": [[1e308, 0.5]], "weights": [1.0], "sigma": 1.0},
+        {"type": "product", "factors": {"b": {"type": "gaussian", "center": -1e308, "sigma": 1}}},
+    ],
+)
+def test_a_centre_whose_rescaling_overflows_is_named_as_such(query: dict[str, Any]) -> None:
+    """A finite centre in original units far outside the bounds (1e308 on [0, 1])
+    rescales to an infinite normalised coordinate: the refusal said "center (inf) must be
+    finite" (a value the client never sent), or the mixture answered from it."""
+    from app.core.errors import InvalidRequest
+    from app.releases.adapters.smooth_queries import parse
+    from app.releases.registry import ColumnInfo, DatasetInfo
+
+    info = DatasetInfo(
+        n_rows=10,
+        columns=(
+            ColumnInfo("a", "continuous", 0.0, 1.0),
+            ColumnInfo("b", "continuous", 0.0, 1.0),
+        ),
+    )
+    with pytest.raises(InvalidRequest) as refused:
+        parse([{**query, "space": "original"}], info)
+    assert refused.value.message == (
+        "queries.0: a centre lies too far outside the declared bounds to be rescaled to "
+        "[-1, 1] (its normalised coordinate overflows a float)"
+    )
+    assert len(parse([{**query, "space": "normalized"}], info)) == 1  # far, but finite
+
+
+@pytest.mark.parametrize(
     ("refused", "expected"), [({5}, "queries.5: no"), ({0, 7}, "queries.0: no")]
 )
 def test_a_refused_batch_names_its_first_refused_query(refused: set[int], expected: str) -> None:

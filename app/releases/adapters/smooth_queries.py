@@ -149,7 +149,9 @@ def _gaussian_mixture(form: GaussianMixtureForm, info: DatasetInfo) -> Any:
     weights = np.asarray(form.weights, dtype=np.float64)
     if form.space == "original":
         lower, upper = _bounds(info)
-        centers = 2.0 * (centers - lower) / (upper - lower) - 1.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            centers = 2.0 * (centers - lower) / (upper - lower) - 1.0
+        _check_rescaled_centers(centers)
         sigma = 2.0 * np.broadcast_to(sigma, (d,)) / (upper - lower)
     _check_width(sigma)
     if sigma.ndim == 0:
@@ -169,6 +171,16 @@ def _affine(info: DatasetInfo, i: int, space: Space) -> tuple[float, float]:
 #: Narrowest Gaussian width on the normalised scale: below it ``2 s^2`` underflows towards 0
 #: and an exact answer on a support turned into a division by zero (500) or NaN.
 MIN_WIDTH = 1e-12
+
+
+def _check_rescaled_centers(centers: NDArray[np.float64]) -> None:
+    """A finite centre in original units whose normalised coordinate overflows (1e308 on
+    bounds [0, 1]) is named as such, not as the ``inf`` the client never sent."""
+    if not np.all(np.isfinite(centers)):
+        raise InvalidRequest(
+            "a centre lies too far outside the declared bounds to be rescaled to [-1, 1] "
+            "(its normalised coordinate overflows a float)"
+        )
 
 
 def _check_width(sigma: NDArray[np.float64]) -> None:
@@ -226,7 +238,9 @@ def _product(form: ProductForm, info: DatasetInfo) -> ProductQuery:
             # exp(-(x - c)^2 / (2 s^2)) with x = a + b x' is exp(-(x' - c')^2 / (2 s'^2)),
             # c' = (c - a) / b, s' = s / b; the library expands it exactly (chebyshev)
             _check_width(np.asarray(factor.sigma / b))
-            factors[i] = Gaussian1D(center=(factor.center - a) / b, sigma=factor.sigma / b)
+            center = (factor.center - a) / b
+            _check_rescaled_centers(np.asarray(center))
+            factors[i] = Gaussian1D(center=center, sigma=factor.sigma / b)
         elif isinstance(factor, PolynomialFactor):
             # g(x) = sum_k a_k x^k with x = a + b x': compose, then to Chebyshev coefficients
             composed: Any = np.zeros(1)
