@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.models import Release
@@ -481,3 +482,37 @@ def test_artifact_names_cannot_leave_the_release(world: World, name: str) -> Non
     assert response.status_code == 404, response.text
     assert "curator.db" not in response.text
     assert "data.key" not in response.text
+
+
+def test_hidden_and_missing_objects_take_the_same_path(world: World) -> None:
+    """A hidden dataset or release costs the same database statements as a missing one (one
+    lookup that applies the caller's visibility), so response times do not tell them apart
+    either: a release looked up by id, then its dataset, then the caller's grant, took
+    three statements against one for a missing id (0.76 ms more on SQLite, a median over
+    1500 requests)."""
+    engine = services_of(world.client).db.engine
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(str(args[2]))
+
+    paths = [
+        ("/v1/datasets/{}", world.table),
+        ("/v1/datasets/{}/budget", world.graph),
+        ("/v1/datasets/{}/releases", world.table),
+        ("/v1/releases/{}", world.releases["succeeded"]),
+        ("/v1/releases/{}/synthetic", world.releases["graph"]),
+    ]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        for kind in ("admin", "other", "elsewhere", "ungranted", "never"):
+            for path, object_id in paths:
+                counts = []
+                for target in (object_id, MISSING):
+                    statements.clear()
+                    response = world.client.get(path.format(target), headers=world.headers(kind))
+                    assert response.status_code == 404
+                    counts.append(len(statements))
+                assert counts[0] == counts[1], (kind, path, counts)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, exists, false, select
 from sqlalchemy.orm import Session
 
 from app.core.audit import record
@@ -212,17 +212,24 @@ def update_dataset(
     return to_out(session, dataset, user)
 
 
-def can_see(session: Session, user: User, dataset: Dataset) -> bool:
+def visible_to(user: User) -> ColumnElement[bool]:
+    """The SQL condition on :class:`Dataset` that ``user`` may see it: its curator, or an
+    analyst it is granted to."""
     if user.role == Role.curator:
-        return dataset.owner_id == user.id
+        return Dataset.owner_id == user.id
     if user.role == Role.analyst:
-        return session.get(Grant, (dataset.id, user.id)) is not None
-    return False
+        return exists().where(Grant.dataset_id == Dataset.id, Grant.user_id == user.id)
+    return false()
 
 
 def visible_dataset(session: Session, user: User, dataset_id: uuid.UUID) -> Dataset:
-    dataset = session.get(Dataset, dataset_id)
-    if dataset is None or not can_see(session, user, dataset):
+    """The dataset, if ``user`` may see it; else 404, the very answer for an id that does
+    not exist. One statement either way (the visibility is part of the lookup), so that the
+    response time does not tell a hidden dataset from a missing one."""
+    dataset = session.scalars(
+        select(Dataset).where(Dataset.id == dataset_id, visible_to(user))
+    ).one_or_none()
+    if dataset is None:
         raise NotFound("dataset not found")
     return dataset
 
