@@ -357,10 +357,9 @@ def grant(
     owned_dataset(session, user, dataset_id)
     ledger.lock_dataset(session, dataset_id)
     analyst = session.get(User, analyst_id)
-    if analyst is None:
-        raise InvalidRequest(f"user {analyst_id} does not exist")
-    if analyst.role != Role.analyst:
-        raise InvalidRequest(f"user {analyst_id} is not an analyst; only analysts get grants")
+    if analyst is None or analyst.role != Role.analyst:
+        # one answer for both: a curator learns neither that an id is a user's nor its role
+        raise InvalidRequest(f"no analyst has the id {analyst_id}; grants go to analysts only")
     existing = session.get(Grant, (dataset_id, analyst_id))
     if existing is not None:
         return existing, False

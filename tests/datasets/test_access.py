@@ -127,8 +127,11 @@ def test_grant_gives_read_access_and_revoke_takes_it_back(
 def test_grants_go_to_existing_analysts_only(
     client: TestClient, curator: Caller, admin: Caller
 ) -> None:
+    """A curator learns nothing of other users from a refused grant: an id that is nobody's,
+    another curator's and an admin's get the same answer (the message named the role)."""
     dataset_id = _dataset(client, curator)
     other_curator = make_user(client, "curator")
+    messages = set()
     for user_id in (uuid.uuid4(), other_curator.id, admin.id):
         response = client.post(
             f"/v1/datasets/{dataset_id}/grants",
@@ -137,6 +140,8 @@ def test_grants_go_to_existing_analysts_only(
         )
         assert response.status_code == 422
         assert response.json()["error"]["code"] == "invalid_request"
+        messages.add(response.json()["error"]["message"].replace(str(user_id), "ID"))
+    assert messages == {"no analyst has the id ID; grants go to analysts only"}
 
 
 def test_curator_lists_own_datasets(client: TestClient, curator: Caller) -> None:
