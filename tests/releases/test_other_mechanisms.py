@@ -128,10 +128,16 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
             },
         },
         {"type": "conjunction", "where": {"blood": ["A", "O"], "smoker": 1}},  # 1, unbiased
+        # every value allowed: 1 exactly (it was a 422, "a constant row function")
+        {"type": "conjunction", "where": {"blood": ["O", "AB", "B", "A"]}},
+        {"type": "conjunction", "where": {"smoker": [0, 1], "blood": ["A", "B", "AB", "O"]}},
     ]
     response = _answers(client, curator, release_id, queries)
     assert response.status_code == 200, response.text
     answers = response.json()["answers"]
+    for every in answers[5:]:
+        assert (every["value"], every["stderr"], every["interval"]) == (1.0, 0.0, [1.0, 1.0])
+        assert "every row satisfies them" in every["note"]
     assert all("answered_ranges" not in a for a in answers)  # no continuous column
     truth_a = float(np.mean(data["blood"] == "A"))
     assert abs(answers[0]["value"] - truth_a) < 5 * answers[0]["stderr"]

@@ -124,6 +124,22 @@ def _power_of_two(size: int) -> str:
     return f"about 2^{math.log2(size):.1f}"  # math.log2 takes an int of any size
 
 
+def _every_row(estimator: str, answered: dict[str, list[float]]) -> dict[str, Any]:
+    """The answer to a conjunction that allows every value of its columns: 1, exactly."""
+    item: dict[str, Any] = {
+        "value": 1.0,
+        "stderr": 0.0,
+        "interval": [1.0, 1.0],
+        "error_bound": 0.0,
+        "estimator": estimator,
+        "note": "the conditions allow every value of their columns: every row satisfies "
+        "them, so the fraction is 1, exactly (no noise enters it)",
+    }
+    if any(answered.values()):
+        item["answered_ranges"] = {k: v for k, v in answered.items() if v}
+    return item
+
+
 class RandomizedResponse(registry.Mechanism):
     name: ClassVar[str] = "randomized_response"
     description: ClassVar[str] = (
@@ -426,9 +442,13 @@ class RandomizedResponse(registry.Mechanism):
             try:
                 row_query: Any
                 if isinstance(query, ConjunctionQuery):
-                    row_query = rr.Conjunction(
-                        domain, self._terms(query.where, info, loaded["bits"], answered)
-                    )
+                    terms = self._terms(query.where, info, loaded["bits"], answered)
+                    if all(len(set(terms[a])) == domain.cardinalities[a] for a in terms):
+                        # every value allowed: every row satisfies it (Definition 3 needs a
+                        # row function that is not constant), exactly, with no noise
+                        out.append(_every_row(query.estimator, answered))
+                        continue
+                    row_query = rr.Conjunction(domain, terms)
                 elif isinstance(query, TableQuery):
                     if domain.size > MAX_TABLE_DOMAIN:
                         raise InvalidRequest(
