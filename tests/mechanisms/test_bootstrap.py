@@ -206,6 +206,8 @@ def test_bootstrap_helpers() -> None:
         bootstrap.standard_errors(np.array([[1e300, -1e-300], [3e300, 1e-300]])),
         [np.sqrt(2.0) * 1e300, np.sqrt(2.0) * 1e-300],
     )
+    # replicate answers that are all zero have no scale to divide by: 0, not 0 / 0
+    np.testing.assert_array_equal(bootstrap.standard_errors(np.zeros((3, 2))), [0.0, 0.0])
 
 
 def _moment_release(
