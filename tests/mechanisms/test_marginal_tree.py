@@ -517,6 +517,13 @@ def test_plan_keeps_the_fine_tables_within_their_limit() -> None:
         "(bins 2, from n, d, epsilon and delta): set pair_bins to at most 2, or more bins"
     )
     assert marginal_tree.plan(2, 2, 1.0, 1e-6, pair_bins=2).pair_bins == 2
+    # and says which of them the request did set
+    with pytest.raises(MechanismError) as refused:
+        marginal_tree.plan(2, 2, 1.0, 1e-6, bins=2, pair_bins=5)
+    assert str(refused.value).startswith(
+        "pair_bins (5, declared) cannot exceed the 2 cells of a column's histogram "
+        "(bins 2, declared): "
+    )
     fits = marginal_tree.plan(1000, 2, 1.0, 1e-6, bins=500, bound_atoms=False)
     assert marginal_tree.fine_table_cells(2, fits.cells) <= limit
     assert marginals.resolve(10**9, 300, 1.0, 1e-6)[0] == marginals.MAX_BINS
