@@ -476,6 +476,22 @@ def test_bad_schemas_are_422(
     assert_nothing_stored(client)
 
 
+def test_the_widest_bounds_allowed_are_half_the_largest_double(
+    client: TestClient, curator: Caller
+) -> None:
+    """upper - lower equal to MAX_BOUND_WIDTH still normalises without overflow (2 (x -
+    lower) is at most the largest double): it is accepted, only wider bounds are not."""
+    from app.datasets.schemas import MAX_BOUND_WIDTH
+
+    columns = [
+        {**c, "lower": 0.0, "upper": MAX_BOUND_WIDTH} if c["name"] == "age" else c
+        for c in SCHEMA["columns"]
+    ]
+    widest = with_columns(*columns)
+    response = upload(client, curator, csv_bytes(), widest)
+    assert response.status_code == 201, response.text
+
+
 def test_missing_parts(client: TestClient, curator: Caller) -> None:
     no_schema = client.post(
         "/v1/datasets", headers=curator.headers, files={"file": ("d.csv", csv_bytes())}
