@@ -1095,6 +1095,14 @@ def test_opt_in_withdrawn_while_a_non_dp_release_waits_ends_it_unread(
         release = session.get(Release, uuid.UUID(release_id))
         assert release is not None
         assert release.read_started_at is None
+    # it ended failed unmeasured: a re-synthesis is told it never will have measurements
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize", headers=curator.headers, json={"params": {}}
+    )
+    assert again.status_code == 409
+    assert again.json()["error"]["message"].startswith(
+        "the release ended (failed) before it was measured"
+    )
 
 
 def test_dp_mechanisms_need_epsilon(client: TestClient, curator: Caller) -> None:
