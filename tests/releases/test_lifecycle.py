@@ -465,6 +465,36 @@ def test_the_work_of_a_dead_synthesis_that_was_cancelled_is_removed(
     assert sorted(p.name for p in store.release_dir(uuid.UUID(going)).iterdir()) == ["v0"]
 
 
+def test_the_work_of_an_earlier_synthesis_run_of_a_resynthesising_release_is_removed(
+    client: TestClient, curator: Caller
+) -> None:
+    """Staleness is per version: a release synthesising a new version does not keep the
+    work directory of an earlier run of it that was killed and cancelled."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    store = ArtifactStore(services.settings.releases_dir)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    url = f"/v1/releases/{release_id}/resynthesize"
+
+    def version() -> int:
+        with services.db.transaction() as session:
+            release = session.get(Release, uuid.UUID(release_id))
+            assert release is not None
+            assert release.status == "synthesizing"
+            return release.synthesis_version
+
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    dead = store.begin(uuid.UUID(release_id), version())  # its killed worker's
+    client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    live = store.begin(uuid.UUID(release_id), version())
+    assert live != dead
+    stages.Sweeper(services).start().stop()
+    assert not dead.exists()
+    assert live.exists()
+
+
 def _dead_measure_attempts(
     client: TestClient, release_id: str, count: int, *, opened: bool
 ) -> None:
