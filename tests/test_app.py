@@ -83,6 +83,14 @@ def test_a_json_body_sent_without_its_content_type_says_so(
         "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, json={}
     )
     assert "name: Field required" in a_field_missing.json()["error"]["message"]
+    not_an_object = client.post(  # sent as JSON: the body itself is what is wrong
+        "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, content=b"[]"
+    )
+    assert not_an_object.status_code == 422
+    assert "Content-Type" not in not_an_object.json()["error"]["message"]
+    bad_path = client.get("/v1/datasets/not-an-id", headers=admin.headers)  # no body at all
+    assert bad_path.status_code == 422
+    assert "dataset_id" in bad_path.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
