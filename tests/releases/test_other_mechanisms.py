@@ -139,6 +139,17 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
         assert (every["value"], every["stderr"], every["interval"]) == (1.0, 0.0, [1.0, 1.0])
         assert "every row satisfies them" in every["note"]
     assert all("answered_ranges" not in a for a in answers)  # no continuous column
+    # only conjunctions that allow every value of every column named are exact: not one
+    # that restricts another column, nor one naming three categories, one of them twice
+    partial = [
+        {"type": "conjunction", "where": {"smoker": [0, 1], "blood": ["A"]}},
+        {"type": "conjunction", "where": {"blood": ["A", "A", "B", "O"]}},
+    ]
+    estimated = _answers(client, curator, release_id, partial)
+    assert estimated.status_code == 200, estimated.text
+    for answer in estimated.json()["answers"]:
+        assert answer["stderr"] > 0, answer
+        assert "every row satisfies them" not in answer["note"]
     truth_a = float(np.mean(data["blood"] == "A"))
     assert abs(answers[0]["value"] - truth_a) < 5 * answers[0]["stderr"]
     assert answers[0]["interval"][0] < answers[0]["value"] < answers[0]["interval"][1]
