@@ -300,6 +300,15 @@ def test_randomized_response_discretises_continuous_columns(
     ).json()["answers"][0]
     assert asked["answered_ranges"] == {"age": [0.0, 50.0]}
     assert "not in the range asked" in asked["note"]
+    # a range over every cell: 1 exactly, and still says which range it answered
+    whole = _answers(
+        client,
+        curator,
+        release_id,
+        [{"type": "conjunction", "where": {"age": {"between": [0, 100]}}}],
+    ).json()["answers"][0]
+    assert (whole["value"], whole["stderr"]) == (1.0, 0.0)
+    assert whole["answered_ranges"] == {"age": [0.0, 100.0]}
     for between in ([10], [1, 2, 3], ["a", 2], [True, 2], {"low": 1}):
         where = {"age": {"between": between}}
         refused = _answers(client, curator, release_id, [{"type": "conjunction", "where": where}])
