@@ -76,6 +76,11 @@ def test_huge_table_values_and_tiny_widths_are_422(client: TestClient, curator: 
         )
         assert response.status_code == 422, response.text
         assert message in response.json()["error"]["message"], response.text
+    edge = {"type": "table", "values": [1e100, -1e100, 0.0, 0.0]}  # the range is closed
+    accepted = client.post(
+        f"/v1/releases/{rr}/answers", headers=curator.headers, json={"queries": [edge]}
+    )
+    assert accepted.status_code == 200, accepted.text
 
 
 def test_graph_cuts_preview_at_a_large_epsilon(client: TestClient, curator: Caller) -> None:
