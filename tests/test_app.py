@@ -79,6 +79,12 @@ def test_a_json_body_sent_without_its_content_type_says_so(
         "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, content=body
     )
     assert as_json.status_code == 201, as_json.text
+    suffixed = client.post(  # FastAPI reads a +json media type as JSON too: not the hint
+        "/v1/users",
+        headers={**admin.headers, "Content-Type": "application/vnd.api+json"},
+        content=b"[]",
+    )
+    assert "valid dictionary" in suffixed.json()["error"]["message"], suffixed.text
     a_field_missing = client.post(  # a JSON body keeps the message about its fields
         "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, json={}
     )
