@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
@@ -531,10 +530,9 @@ def _end_synthesizing(services: Services, claim: Claim, status: str, message: st
     with _owned(services, claim, "synthesizing") as release:
         if release is not None:
             end_synthesis_run(release, status, message)
-            unpublished = ArtifactStore(services.settings.releases_dir).version_dir(
-                claim.release_id, claim.synthesis_version
-            )
-            on_commit(_session_of(release), lambda: shutil.rmtree(unpublished, ignore_errors=True))
+            store = ArtifactStore(services.settings.releases_dir)
+            unpublished = store.version_dir(claim.release_id, claim.synthesis_version)
+            on_commit(_session_of(release), lambda: store.discard(unpublished))
 
 
 def _publish_synthesis(
