@@ -11,11 +11,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import Forbidden, Unauthorized
-from app.core.security import hash_api_key
+from app.core.security import ensure_key_active, hash_api_key
 from app.core.services import Services
 from app.core.threads import ThreadLimit
 from app.models import ApiKey, User
-from app.users.service import ensure_key_active
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -122,7 +121,7 @@ def current_user(
     """The caller, looked up in a short read-only transaction of its own, so that a request
     holds no database lock before its endpoint runs (an upload may stream for minutes).
     The key's id is kept on ``request.state.api_key_id``
-    (:func:`app.users.service.ensure_key_active`)."""
+    (:func:`app.core.security.ensure_key_active`)."""
     if credentials is None or not credentials.credentials:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
     with services.db.transaction(read_only=True) as session:

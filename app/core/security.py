@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import uuid
+
+from sqlalchemy.orm import Session
+
+from app.core.errors import Unauthorized
+from app.models import ApiKey
 
 KEY_PREFIX = "cur_"
 KEY_BYTES = 32
@@ -25,3 +31,14 @@ def hash_api_key(key: str) -> str:
 
 def display_prefix(key: str) -> str:
     return key[:DISPLAY_PREFIX_CHARS]
+
+
+def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
+    """Check again, in the request's own transaction, that the key it was authenticated
+    with (``request.state.api_key_id``) has not been revoked since: every write transaction
+    of a request does (:func:`app.core.deps.get_session`), and so does work that runs long
+    after authentication outside it (an upload streams and is validated for minutes) and
+    must not be committed on a key revoked meanwhile."""
+    key = session.get(ApiKey, key_id)
+    if key is None or key.revoked_at is not None:
+        raise Unauthorized("invalid or revoked API key")

@@ -27,6 +27,7 @@ from app.core.errors import (
     NotFound,
     describe_errors,
 )
+from app.core.security import ensure_key_active
 from app.core.services import Services
 from app.datasets.graphs import validate_graph_and_store
 from app.datasets.schemas import (
@@ -44,7 +45,6 @@ from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
 from app.models import Dataset, Grant, Role, User
 from app.models.base import utcnow
-from app.users.service import ensure_key_active
 
 log = logging.getLogger("curator.datasets")
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.core.audit import record
 from app.core.db import on_commit, uses_row_locks
 from app.core.errors import Conflict, InvalidRequest, NotFound
+from app.core.security import ensure_key_active
 from app.core.services import Services
 from app.datasets.service import owned_dataset, visible_dataset, visible_to
 from app.ledger import service as ledger
@@ -40,7 +41,6 @@ from app.releases import adapters as _adapters  # noqa: F401 - registers the rel
 from app.releases import registry
 from app.releases.registry import ColumnInfo, DatasetInfo, Mechanism
 from app.releases.schemas import ArtifactOut, PreviewOut, ReleaseCreate, ReleaseOut
-from app.users.service import ensure_key_active
 
 MEASURE_TASK = "release.measure"
 SYNTHESIZE_TASK = "release.synthesize"

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.audit import record
-from app.core.errors import Forbidden, NotFound, Unauthorized
+from app.core.errors import Forbidden, NotFound
 from app.core.security import display_prefix, generate_api_key, hash_api_key
 from app.models import ApiKey, AuditEvent, Role, User
 from app.models.base import utcnow
@@ -59,17 +59,6 @@ def keys_of(session: Session, user_id: uuid.UUID) -> list[ApiKey]:
     return list(
         session.scalars(select(ApiKey).where(ApiKey.user_id == user_id).order_by(ApiKey.created_at))
     )
-
-
-def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
-    """Check again, in the request's own transaction, that the key it was authenticated
-    with (``request.state.api_key_id``) has not been revoked since: every write transaction
-    of a request does (:func:`app.core.deps.get_session`), and so does work that runs long
-    after authentication outside it (an upload streams and is validated for minutes) and
-    must not be committed on a key revoked meanwhile."""
-    key = session.get(ApiKey, key_id)
-    if key is None or key.revoked_at is not None:
-        raise Unauthorized("invalid or revoked API key")
 
 
 def revoke_key(session: Session, key_id: uuid.UUID, actor: User) -> ApiKey:
