@@ -159,13 +159,11 @@ class DatasetDeclaration(BaseModel):
         duplicates = sorted(name for name, count in counts.items() if count > 1)
         if duplicates:
             raise ValueError(f"duplicate column names in the schema: {duplicates}")
-        # Cells are matched with their surrounding whitespace trimmed: such a category could
-        # never match one. Checked here, on the declaration only: a stored dataset's columns
-        # are validated again each time they are shown.
+        # Checked on the declaration only, not on the column models: a stored dataset's
+        # columns are validated again each time they are shown, and may predate these.
         for column in self.columns:
-            # Also on the declaration only (stored datasets may predate it). Wider bounds
-            # normalised values above lower + MAX_BOUND_WIDTH to 1 and released infinity
-            # for synthetic values near the upper bound (sample.csv held "inf").
+            # Wider bounds normalised values above lower + MAX_BOUND_WIDTH to 1 and released
+            # infinity for synthetic values near the upper bound (sample.csv held "inf").
             if (
                 isinstance(column, ContinuousColumn)
                 and column.upper - column.lower > MAX_BOUND_WIDTH
@@ -175,6 +173,8 @@ class DatasetDeclaration(BaseModel):
                     f"must be at most {MAX_BOUND_WIDTH:g}, half the largest double (the "
                     "normalisation computes 2 (x - lower), which would overflow)"
                 )
+            # Cells are matched with their surrounding whitespace trimmed: such a category
+            # could never match one.
             if isinstance(column, CategoricalColumn):
                 for label in column.labels:
                     if label != label.strip():
