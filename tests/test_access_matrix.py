@@ -183,13 +183,19 @@ def _roles(admin: int, curator: int, analyst: int) -> dict[str, int]:
     }
 
 
+def _expected(owner: int, granted: int) -> dict[str, int]:
+    """What a route on a dataset's objects gives: the owner's status, a granted analyst's,
+    and HIDDEN for every other caller."""
+    return {"admin": HIDDEN, "owner": owner, "granted": granted, **NOBODY_ELSE}
+
+
 def _dataset_route(
     method: str, path: str, owner: int, granted: int, body: Callable[[World], Any] | None = None
 ) -> Route:
     return Route(
         method,
         path,
-        {"admin": HIDDEN, "owner": owner, "granted": granted, **NOBODY_ELSE},
+        _expected(owner, granted),
         body,
         lambda w: {"dataset_id": w.table},
     )
@@ -206,7 +212,7 @@ def _release_route(
     return Route(
         method,
         path,
-        {"admin": HIDDEN, "owner": owner, "granted": granted, **NOBODY_ELSE},
+        _expected(owner, granted),
         body,
         lambda w: {"release_id": w.releases[release], "name": "sample.csv"},
     )
@@ -261,7 +267,7 @@ ROUTES = [
     Route(
         "DELETE",
         "/v1/datasets/{dataset_id}/grants/{user_id}",
-        {"admin": HIDDEN, "owner": 204, "granted": 403, **NOBODY_ELSE},
+        _expected(204, 403),
         ids=lambda w: {"dataset_id": w.table, "user_id": str(w.spare_analyst.id)},
     ),
     _dataset_route("GET", "/v1/datasets/{dataset_id}/releases", 200, 200),
