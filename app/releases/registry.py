@@ -251,6 +251,19 @@ def validate_queries(forms: TypeAdapter[list[QueryT]], queries: Sequence[Any]) -
         ) from None
 
 
+def check_batch_work(
+    queries: int, per_query: int, limit: int, *, what: str = "queries", reads: str
+) -> None:
+    """422 for a batch whose ``queries`` answers, each ``per_query`` units of work (rows or
+    edges it reads; public sizes), exceed ``limit``, saying how many fit in one request."""
+    if queries * per_query > limit:
+        raise InvalidRequest(
+            f"{queries} {what} are more than one request may ask of this release (each "
+            f"reads {reads}): at most {max(1, limit // per_query)} per request; split the "
+            "batch"
+        )
+
+
 REGISTRY: dict[str, Mechanism] = {}
 
 

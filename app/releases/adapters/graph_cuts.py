@@ -204,13 +204,13 @@ class GraphCuts(registry.Mechanism):
         parsed = registry.validate_queries(_QUERIES, queries)
         release: gc.GraphRelease = loaded
         released = int(release.edges.shape[0])
-        per_query = 2 * released + release.n_vertices
-        if len(parsed) * per_query > MAX_CUT_WORK:
-            raise InvalidRequest(
-                f"{len(parsed)} cut queries are more than one request may ask of this release "
-                f"(each reads its {released} released edges): at most "
-                f"{max(1, MAX_CUT_WORK // per_query)} per request; split the batch"
-            )
+        registry.check_batch_work(
+            len(parsed),
+            2 * released + release.n_vertices,
+            MAX_CUT_WORK,
+            what="cut queries",
+            reads=f"its {released} released edges",
+        )
         out = []
         for position, query in enumerate(parsed):
             try:

@@ -430,12 +430,9 @@ class RandomizedResponse(registry.Mechanism):
         release: rr.RRRelease = loaded["release"]
         domain = release.domain
         assert domain is not None
-        if len(parsed) * release.n > MAX_ANSWER_ROWS:
-            raise InvalidRequest(
-                f"{len(parsed)} queries are more than one request may ask of this release "
-                f"(each reads its {release.n} released rows): at most "
-                f"{max(1, MAX_ANSWER_ROWS // release.n)} per request; split the batch"
-            )
+        registry.check_batch_work(
+            len(parsed), release.n, MAX_ANSWER_ROWS, reads=f"its {release.n} released rows"
+        )
         out = []
         for position, query in enumerate(parsed):
             answered: dict[str, Any] = {}
