@@ -336,3 +336,26 @@ def test_large_responses_are_gzipped_for_clients_that_accept_it(
     me = client.get("/v1/users/me", headers=gzip)
     assert me.status_code == 200
     assert "content-encoding" not in me.headers
+
+
+def test_binary_artifacts_are_never_gzipped(client: TestClient) -> None:
+    """Parquet and ``.npz`` artifacts are already compressed: served as stored at any size
+    (the test release's ``.npz`` is under the 4 KB threshold, so this uses routes of its
+    own, with a text response of the same size as the control that is compressed)."""
+    from fastapi import Response
+
+    body = bytes(range(256)) * 64  # 16 KB, above GZIP_MINIMUM_BYTES
+    for media_type in ("application/octet-stream", "application/vnd.apache.parquet", "text/csv"):
+        client.app.add_api_route(  # type: ignore[attr-defined]
+            f"/gzip-probe/{media_type}",
+            lambda media_type=media_type: Response(body, media_type=media_type),
+        )
+    for media_type, compressed in (
+        ("application/octet-stream", False),
+        ("application/vnd.apache.parquet", False),
+        ("text/csv", True),
+    ):
+        response = client.get(f"/gzip-probe/{media_type}", headers={"Accept-Encoding": "gzip"})
+        assert response.status_code == 200, media_type
+        assert response.content == body
+        assert (response.headers.get("content-encoding") == "gzip") is compressed, media_type
