@@ -871,8 +871,7 @@ class Synopsis:
         if expansion is not None:
             out = self._answers_separable(expansion, level, extrapolate)
         else:
-            coef = self.coefficients(query, rng=rng)
-            out = self._answers(coef, level, None)
+            out = self._answers_general(self.coefficients(query, rng=rng), level)
         if len(out) != 1:
             raise MechanismError("evaluate() takes one query; use answer_many() for a batch")
         return out[0]
@@ -932,7 +931,8 @@ class Synopsis:
             answers = self._answers_separable(expansion, level, extrapolate)
             parts.append((separable[positions], answers))
         for i in general:
-            parts.append((np.asarray([i]), self._answers(self.coefficients(items[i]), level, None)))
+            answers = self._answers_general(self.coefficients(items[i]), level)
+            parts.append((np.asarray([i]), answers))
         return _merge(parts, len(items), level)
 
     # -- internals
@@ -1010,6 +1010,21 @@ class Synopsis:
     def _answers_separable(
         self, expansion: TensorExpansion, level: float, extrapolate: bool
     ) -> Answers:
+        """Answers of a separable batch, computed on its power-of-two rescaling
+        (:func:`_unit_expansion`) and scaled back: every output is of degree one in the
+        query's scale, and the sums of squares behind the standard errors and the
+        interaction scale overflowed past ~1e154 (a finite answer was refused) and
+        underflowed below ~1e-154 (a zero-width interval)."""
+        expansion, exponents = _unit_expansion(expansion)
+        return _scale_answers(self._answers_unit(expansion, level, extrapolate), exponents)
+
+    def _answers_general(self, coef: QueryCoefficients, level: float) -> Answers:
+        """Answers of non-separable queries, on their rows' power-of-two rescaling (as
+        :meth:`_answers_separable`)."""
+        coef, exponents = _unit_coefficients(coef)
+        return _scale_answers(self._answers(coef, level, None), exponents)
+
+    def _answers_unit(self, expansion: TensorExpansion, level: float, extrapolate: bool) -> Answers:
         coef = restrict(expansion, self.index_set)
         mu = self.centred_mu if extrapolate else self.mu
         estimate = truncation_estimate(expansion, self.index_set, coef.coefficients, mu)
@@ -1484,6 +1499,76 @@ def _check_positive(name: str, value: int) -> None:
 def _check_level(level: float) -> None:
     if not (isinstance(level, float | int) and 0.0 < level < 1.0):
         raise MechanismError(f"level ({level!r}) must lie in (0, 1)")
+
+
+def _exponents(magnitudes: NDArray[np.float64]) -> NDArray[np.int64]:
+    """``e`` with ``magnitudes / 2^e`` in ``[1/2, 1)`` (0 where the magnitude is 0)."""
+    out: NDArray[np.int64] = np.frexp(magnitudes)[1].astype(np.int64)
+    return out
+
+
+def _unit_expansion(
+    expansion: TensorExpansion,
+) -> tuple[TensorExpansion, NDArray[np.int64]]:
+    """``(f', e)`` with ``f_q = 2^{e_q} f'_q``: each query's weights divided by a power of
+    two near the largest ``|w_qj|``, and each column's factor coefficients (and their tail
+    bounds) by one near the largest ``|a_qjik|`` over the query's kernels ``j`` and degrees
+    ``k``. Powers of two rescale exactly; the query stays the same function up to its
+    factor ``2^{e_q}``, and its largest weight and coefficients are in ``[1/2, 1)``."""
+    w_exp = _exponents(np.abs(expansion.weights).max(axis=1))  # (Q,)
+    a_exp = _exponents(np.abs(expansion.factors).max(axis=(1, 3)))  # (Q, d)
+    if not (np.any(w_exp) or np.any(a_exp)):
+        return expansion, w_exp
+    unit = dataclasses.replace(
+        expansion,
+        weights=np.ldexp(expansion.weights, -w_exp[:, None]),
+        factors=np.ldexp(expansion.factors, -a_exp[:, None, :, None]),
+        tails=np.ldexp(expansion.tails, -a_exp[:, None, :]),
+    )
+    return unit, w_exp + a_exp.sum(axis=1)
+
+
+def _unit_coefficients(
+    coef: QueryCoefficients,
+) -> tuple[QueryCoefficients, NDArray[np.int64]]:
+    """``(coef', e)`` with each query's ``c_0``, ``c_S`` and truncation bound divided by a
+    power of two ``2^{e_q}`` near the largest of them (as :func:`_unit_expansion`)."""
+    top = np.maximum(
+        np.abs(coef.coefficients).max(axis=1, initial=0.0),
+        np.maximum(np.abs(coef.constant), coef.truncation_bound),
+    )
+    exponents = _exponents(np.where(np.isfinite(top), top, 0.0))
+    if not np.any(exponents):
+        return coef, exponents
+    unit = dataclasses.replace(
+        coef,
+        constant=np.ldexp(coef.constant, -exponents),
+        coefficients=np.ldexp(coef.coefficients, -exponents[:, None]),
+        truncation_bound=np.ldexp(coef.truncation_bound, -exponents),
+        check_residual=None
+        if coef.check_residual is None
+        else np.ldexp(coef.check_residual, -exponents),
+    )
+    return unit, exponents
+
+
+def _scale_answers(answers: Answers, exponents: NDArray[np.int64]) -> Answers:
+    """``answers`` of the rescaled queries times ``2^{e_q}``: values, standard errors and
+    every half-width are of degree one in a query's scale (a value past the float range
+    becomes infinite and is refused as before); the dependence factor, the flags and the
+    level do not move."""
+    if not np.any(exponents):
+        return answers
+    return dataclasses.replace(
+        answers,
+        values=np.ldexp(answers.values, exponents),
+        stderr=np.ldexp(answers.stderr, exponents),
+        truncation_bound=np.ldexp(answers.truncation_bound, exponents),
+        noise_halfwidth=np.ldexp(answers.noise_halfwidth, exponents),
+        halfwidth=np.ldexp(answers.halfwidth, exponents),
+        extrapolation=np.ldexp(answers.extrapolation, exponents),
+        worst_case_halfwidth=np.ldexp(answers.worst_case_halfwidth, exponents),
+    )
 
 
 def _concatenate(pieces: Sequence[Answers], level: float) -> Answers:

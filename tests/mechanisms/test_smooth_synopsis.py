@@ -626,3 +626,38 @@ def test_queries_narrower_than_the_declared_smoothness_get_the_worst_case_interv
             np.testing.assert_array_equal(out.halfwidth, worst)
         assert np.all((out.low <= truth) & (truth <= out.high)), sigma
     assert out[0].as_dict()["within_smoothness"] is True
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_answers_are_of_degree_one_in_the_query_scale_past_the_squares_range(
+    delta: float,
+) -> None:
+    """A query times ``s`` answers ``s`` times as much, with ``s`` times the standard error
+    and every half-width, for ``s`` whose square overflows (1e160) or underflows (1e-170):
+    sums of squared coefficients gave an infinite standard error (the answer was refused)
+    or a zero one (an interval of width 0)."""
+    _, syn = fixed_setting(delta)
+    exponents = np.array([[1, 0], [2, 0], [1, 1], [0, 2]])
+    coefficients = np.array([0.5, 1.0, -0.7, 0.3])
+    centers = np.array([[0.2, -0.4], [-0.5, 0.1]])
+    fields = ("value", "stderr", "halfwidth", "noise_halfwidth", "worst_case_halfwidth")
+    for scale in (1e160, 1e-170, 2.0**-1000):
+        for unit, scaled in (
+            (Polynomial(exponents, coefficients), Polynomial(exponents, scale * coefficients)),
+            (
+                GaussianMixture(centers, np.array([1.0, 0.5]), 0.8),
+                GaussianMixture(centers, scale * np.array([1.0, 0.5]), 0.8),
+            ),
+        ):
+            base, big = syn.evaluate(unit), syn.evaluate(scaled)
+            many = syn.answer_many([scaled, scaled])
+            for name in fields:
+                assert getattr(big, name) == pytest.approx(scale * getattr(base, name), rel=1e-12)
+                assert getattr(many[1], name) == pytest.approx(getattr(big, name), rel=1e-12)
+            assert big.stderr > 0
+            assert big.halfwidth > 0
+    # a non-separable query (interpolated), with the interpolation's points fixed
+    base = syn.evaluate(lambda X: np.cos(X[:, 0]) * X[:, 1], rng=np.random.default_rng(3))
+    big = syn.evaluate(lambda X: 1e160 * np.cos(X[:, 0]) * X[:, 1], rng=np.random.default_rng(3))
+    for name in fields:
+        assert getattr(big, name) == pytest.approx(1e160 * getattr(base, name), rel=1e-9)
