@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from app.core.types import Integer
+
 ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Category = Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
 
@@ -197,7 +199,7 @@ class GraphDeclaration(BaseModel):
 
     name: DatasetName
     kind: Literal["graph"]
-    vertices: Annotated[int, Field(ge=2, le=MAX_VERTICES)]
+    vertices: Annotated[Integer, Field(ge=2, le=MAX_VERTICES)]
     budget: BudgetIn
 
 

@@ -173,6 +173,46 @@ def test_privacy_parameters_are_json_numbers(client: TestClient, curator: Caller
     assert accepted.status_code == 202, accepted.text
 
 
+def test_integral_json_floats_are_integers(client: TestClient, curator: Caller) -> None:
+    """JSON does not tell ``6`` from ``6.0`` and many clients send the second: an integral
+    float is that integer in every integer field (parameters, query powers); ``6.5``
+    stays a 422, as ``"6"`` and ``true`` do (the test above)."""
+    dataset_id = dataset(client, curator, epsilon=5.0)
+
+    def preview(bins: object) -> dict[str, object]:
+        body = {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": {"bins": bins}}
+        response = client.post(
+            f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body
+        )
+        assert response.status_code == 200, (bins, response.text)
+        shown: dict[str, object] = response.json()
+        return shown
+
+    assert preview(6.0) == preview(6) != preview(4)
+    for params in ({"bins": 6.5}, {"bins": 2.0**60}, {"method": "moments", "smoothness": 4.5}):
+        refused = request_release(
+            client,
+            curator,
+            dataset_id,
+            {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": params},
+        )
+        assert refused.status_code == 422, (params, refused.text)
+    assert budget_of(client, curator, dataset_id)["entries"] == []
+
+    release_id = _smooth_release(client, curator, dataset_id)
+    answers = []
+    for power in (2, 2.0):
+        query = {"type": "polynomial", "terms": [{"coefficient": 1, "powers": {"age": power}}]}
+        response = client.post(
+            f"/v1/releases/{release_id}/answers",
+            headers=curator.headers,
+            json={"queries": [query]},
+        )
+        assert response.status_code == 200, response.text
+        answers.append(response.json()["answers"])
+    assert answers[0] == answers[1]
+
+
 def test_declarations_opt_ins_and_parameters_are_json_typed(
     client: TestClient, curator: Caller
 ) -> None:

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from app.core.errors import InvalidRequest
+from app.core.types import Integer
 from app.mechanisms import compressed as cp
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -41,7 +42,7 @@ class CompressedParams(BaseModel):
         description="Delta_max of paper 002 (eq. 5-6), declared by the curator; in (0, 1) "
         "(Theorem 3.2)",
     )
-    m: int | None = Field(
+    m: Integer | None = Field(
         default=None, ge=1, description="rows of Phi X; default: the smallest m paper 002 allows"
     )
     reference: list[list[float]] | None = Field(
@@ -57,7 +58,7 @@ class PCAQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["pca"]
-    k: int = Field(ge=1)
+    k: Integer = Field(ge=1)
 
 
 _QUERIES: TypeAdapter[list[Annotated[PCAQuery, Field(discriminator="type")]]] = TypeAdapter(

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from scipy.special import expit
 
 from app.core.errors import InvalidRequest
+from app.core.types import Integer
 from app.mechanisms import graph_cuts as gc
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -50,8 +51,8 @@ class CutQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["cut"]
-    S: list[int] = Field(min_length=1)
-    T: list[int] = Field(min_length=1)
+    S: list[Integer] = Field(min_length=1)
+    T: list[Integer] = Field(min_length=1)
 
 
 _QUERIES: TypeAdapter[list[Annotated[CutQuery, Field(discriminator="type")]]] = TypeAdapter(

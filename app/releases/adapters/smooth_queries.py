@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from app.core.errors import InvalidRequest
+from app.core.types import Integer
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import (
     AnisotropicGaussianMixture,
@@ -69,7 +70,7 @@ class Term(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     coefficient: float
-    powers: dict[str, Annotated[int, Field(ge=0, le=MAX_DEGREE)]] = Field(default_factory=dict)
+    powers: dict[str, Annotated[Integer, Field(ge=0, le=MAX_DEGREE)]] = Field(default_factory=dict)
 
 
 class PolynomialForm(BaseModel):

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.errors import InvalidRequest
+from app.core.types import Integer
 from app.mechanisms import smooth_synopsis as sy
 from app.mechanisms.basis import IndexSet
 from app.mechanisms.errors import MechanismError
@@ -33,10 +34,10 @@ from app.storage.source import EncryptedTableSource
 class SynopsisParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    smoothness: int = Field(default=4, ge=1, le=100, description="K of paper 001")
+    smoothness: Integer = Field(default=4, ge=1, le=100, description="K of paper 001")
     basis: Literal["auto", "nominal", "paper", "total_degree", "full_tensor"] = "auto"
-    basis_size: int | None = Field(default=None, ge=1)
-    max_basis_size: int = Field(default=sy.DEFAULT_MAX_BASIS_SIZE, ge=1, le=200_000)
+    basis_size: Integer | None = Field(default=None, ge=1)
+    max_basis_size: Integer = Field(default=sy.DEFAULT_MAX_BASIS_SIZE, ge=1, le=200_000)
     noise_mechanism: Literal["laplace", "gaussian"] | None = None
     co_spread: bool = Field(
         default=True,

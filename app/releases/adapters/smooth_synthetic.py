@@ -82,6 +82,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from app.core.errors import InvalidRequest
+from app.core.types import Integer
 from app.mechanisms import bootstrap, marginal_tree, marginals, noise
 from app.mechanisms import smooth_synthetic as ss
 from app.mechanisms.chebyshev import separable_blocks
@@ -179,7 +180,7 @@ class SyntheticParams(BaseModel):
     #: Whether ``method`` came from :func:`default_method` rather than the request.
     _method_defaulted: bool = PrivateAttr(default=False)
     # marginals and tree
-    bins: int | None = Field(
+    bins: Integer | None = Field(
         default=None,
         ge=2,
         le=4096,
@@ -191,7 +192,7 @@ class SyntheticParams(BaseModel):
         "low; marginals, tree)",
     )
     # tree only
-    pair_bins: int | None = Field(
+    pair_bins: Integer | None = Field(
         default=None,
         ge=2,
         le=16,
@@ -208,22 +209,22 @@ class SyntheticParams(BaseModel):
         "average cell's mass, else 'equal'; tree only",
     )
     # moments only
-    smoothness: int = Field(default=4, ge=1, le=100, description="K of paper 000")
+    smoothness: Integer = Field(default=4, ge=1, le=100, description="K of paper 000")
     grid: Literal["hypercube", "pca_ellipsoid", "full"] = "hypercube"
-    basis_size: int | None = Field(default=None, ge=1, le=ss.MAX_BASIS_SIZE)
+    basis_size: Integer | None = Field(default=None, ge=1, le=ss.MAX_BASIS_SIZE)
     basis_rule: Literal["paper_min_d", "paper"] = "paper_min_d"
     noise_mechanism: Literal["laplace", "gaussian", "laplace_approx"] | None = None
     pca_share: float = Field(default=0.2, gt=0, lt=1)
-    pca_rank: int | None = Field(default=None, ge=1)
-    pca_iterations: int | None = Field(default=None, ge=1, le=100)
+    pca_rank: Integer | None = Field(default=None, ge=1)
+    pca_iterations: Integer | None = Field(default=None, ge=1, le=100)
     pca_noise: Literal["laplace", "gaussian"] | None = None
     centre_share: float = Field(default=0.05, gt=0, lt=1)
     # post-processing (grid_size, sample_size: every method; solver, ellipsoid_radius: moments)
-    grid_size: int | None = Field(
+    grid_size: Integer | None = Field(
         default=None, ge=1, le=1_000_000, description="support size C (every method)"
     )
     solver: Literal["simplex", "ipm"] = "simplex"
-    sample_size: int | None = Field(
+    sample_size: Integer | None = Field(
         default=None,
         ge=1,
         le=ss.MAX_DEFAULT_SAMPLE_SIZE,

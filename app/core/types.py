@@ -1,0 +1,25 @@
+"""Request field types shared by the packages' schemas."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+#: Floats hold every integer up to here exactly; past it ``2^53 + 1`` reads as ``2^53``.
+EXACT_FLOAT_INTEGERS = 2**53
+
+
+def _integral_number(value: object) -> object:
+    """JSON does not tell ``6`` from ``6.0`` (RFC 8259, section 6), and many clients
+    (JavaScript's numbers, Python's ``/``) send the second: a float with no fractional
+    part, within the range where floats are exact integers, is that integer. Anything else
+    goes to the strict integer check unchanged, so ``6.5``, ``true`` and ``"6"`` are still
+    refused."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= EXACT_FLOAT_INTEGERS:
+        return int(value)
+    return value
+
+
+#: A strict integer that also takes integral JSON floats (``6.0``).
+Integer = Annotated[int, BeforeValidator(_integral_number)]
