@@ -242,6 +242,10 @@ class DatasetOut(BaseModel):
     validation: ValidationReport | None = Field(
         default=None, description="present for the dataset's curator only"
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="advice on the declaration, e.g. a delta total not below 1/n_rows",
+    )
 
 
 class DatasetUpdate(BaseModel):

@@ -255,8 +255,24 @@ def budget_summary(balance: ledger.Balance) -> BudgetSummary:
     )
 
 
+def delta_warnings(delta: float, n_rows: int | None, what: str) -> list[str]:
+    """A warning when ``delta >= 1 / n``: an (epsilon, delta)-DP mechanism may then publish
+    whole rows, each with probability delta, so about ``n delta >= 1`` of them ("values of
+    delta on the order of 1/n are very dangerous", Dwork and Roth 2014, section 2.3).
+    ``n`` is public (the dataset's row count), so the warning reveals nothing. Advice
+    only: a curator may have reasons, and the request is not refused."""
+    if not n_rows or delta * n_rows < 1.0:
+        return []
+    return [
+        f"{what} ({delta:g}) is not below 1/n = {1.0 / n_rows:.3g} (n = {n_rows} rows): an "
+        "(epsilon, delta)-DP release may then publish whole rows, each with probability "
+        "delta; keep delta well below 1/n (1e-9, say)"
+    ]
+
+
 def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
     is_owner = dataset.owner_id == viewer.id
+    balance = ledger.balance(session, dataset)
     data: dict[str, Any] = {
         "id": dataset.id,
         "name": dataset.name,
@@ -267,10 +283,15 @@ def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
         "n_vertices": dataset.n_vertices,
         "out_of_bounds": dataset.out_of_bounds,
         "allow_non_dp_releases": dataset.allow_non_dp_releases,
-        "budget": budget_summary(ledger.balance(session, dataset)),
+        "budget": budget_summary(balance),
         "created_at": dataset.created_at,
         # stored without clip counts (migration 0005 removed the ones stored before)
         "validation": dataset.validation if is_owner and dataset.kind == "table" else None,
+        "warnings": delta_warnings(
+            delta_value(balance.delta_total),
+            dataset.n_rows if dataset.kind == "table" else None,
+            "the budget's delta total",
+        ),
     }
     return DatasetOut.model_validate(data)
 

@@ -91,3 +91,6 @@ class PreviewOut(BaseModel):
     accuracy: dict[str, Any]
     fits_budget: bool
     remaining: dict[str, float]
+    warnings: list[str] = Field(
+        default_factory=list, description="advice on the request, e.g. a delta not below 1/n"
+    )

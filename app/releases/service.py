@@ -21,7 +21,7 @@ from app.core.db import on_commit, uses_row_locks
 from app.core.errors import Conflict, InvalidRequest, NotFound
 from app.core.security import ensure_key_active
 from app.core.services import Services
-from app.datasets.service import owned_dataset, visible_dataset, visible_to
+from app.datasets.service import delta_warnings, owned_dataset, visible_dataset, visible_to
 from app.ledger import service as ledger
 from app.ledger.units import (
     DELTA_SCALE,
@@ -568,6 +568,11 @@ def preview(
         accuracy=predicted.get("accuracy", {}),
         fits_budget=fits,
         remaining=balance.remaining(),
+        warnings=delta_warnings(
+            checked.delta,
+            dataset.n_rows if dataset.kind == "table" else None,
+            "the request's delta",
+        ),
     )
 
 

@@ -1264,3 +1264,35 @@ def test_previews_in_progress_leave_sessions_to_other_requests(
             ).status_code
         ),
     )
+
+
+def test_a_delta_not_below_one_over_n_is_warned_about(client: TestClient, curator: Caller) -> None:
+    """A delta of 1/n or more lets an (epsilon, delta)-DP release publish whole rows: the
+    dataset (its delta total) and a preview (the request's delta) say so, without refusing;
+    below 1/n they say nothing. n is public, so the warning reveals nothing."""
+    from tests.datasets.helpers import ROWS
+
+    n = len(ROWS)
+    for delta, warned in ((1.0 / n, True), (0.999 / n, False)):
+        dataset_id = dataset(client, curator, epsilon=5.0, delta=delta)
+        for shown in (
+            client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json(),
+            client.get("/v1/datasets", headers=curator.headers).json()[-1],
+        ):
+            assert len(shown["warnings"]) == warned, shown
+            if warned:
+                assert f"(n = {n} rows)" in shown["warnings"][0]
+                assert "delta total" in shown["warnings"][0]
+        response = client.post(
+            f"/v1/datasets/{dataset_id}/preview",
+            headers=curator.headers,
+            json={**REQUEST, "delta": delta},
+        )
+        assert response.status_code == 200, response.text
+        assert len(response.json()["warnings"]) == warned
+        small = client.post(
+            f"/v1/datasets/{dataset_id}/preview",
+            headers=curator.headers,
+            json={**REQUEST, "delta": 1e-9},
+        )
+        assert small.json()["warnings"] == []
