@@ -700,7 +700,7 @@ def test_measure_failure_refunds_only_before_reading(
 @pytest.mark.parametrize(
     ("epsilon", "delta"),
     [
-        (0.2 * (1 + 1e-6), 0.0),  # just past within()'s relative tolerance of 1e-9
+        (0.2 * (1 + 1e-10), 0.0),  # past within()'s relative tolerance of 1e-12 (was 1e-9)
         (0.1, 1e-12),  # any delta over a reservation of delta = 0
     ],
 )
