@@ -128,18 +128,33 @@ def _check_queue(services: Services) -> int | None:
     return None
 
 
-def _check_port(host: str, port: int) -> int | None:
-    """Refuse to start a server whose address is taken (uvicorn would start the app, and
-    its embedded worker, before it failed to bind, and exit with a bare error): bind it
-    once, as uvicorn will (``SO_REUSEADDR``), and let it go."""
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound and listening before the app starts: a taken address is
+    refused before the app and its embedded worker start (uvicorn started them, then
+    failed to bind), and the socket is handed to uvicorn rather than let go and bound
+    again, so no other process can take the port in between; with port 0 the system picks
+    a free one. ``SO_REUSEADDR``, as uvicorn sets it."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as exc:
-        return _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", code=1)
-    return None
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _write_port(path: Path, port: int) -> None:
+    """Write ``port`` to ``path`` whole (a reader sees no file or the complete number)."""
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(f"{port}\n")
+    partial.replace(path)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -152,20 +167,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     app = create_app(settings, embedded_worker=not args.no_worker)
-    refused = _check_queue(app.state.services) or _check_port(args.host, args.port)
+    refused = _check_queue(app.state.services)
     if refused is not None:
         app.state.services.close()
         return refused
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as exc:
+        app.state.services.close()
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", code=1)
+    port = int(sock.getsockname()[1])
+    if args.port_file is not None:
+        try:
+            _write_port(args.port_file, port)
+        except OSError as exc:
+            sock.close()
+            app.state.services.close()
+            return _fail(
+                f"cannot write --port-file {args.port_file}: {exc.strerror or exc}", code=1
+            )
     log.info(
-        "privacy curator %s on http://%s:%s (data in %s, %s, worker %s)",
+        "privacy curator %s on %s (data in %s, %s, worker %s)",
         __version__,
-        args.host,
-        args.port,
+        _url(args.host, port),
         settings.data_dir.resolve(),
         "PostgreSQL" if settings.resolved_database_url.startswith("postgresql") else "SQLite",
         "off" if args.no_worker else "embedded",
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower())
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=port, log_level=settings.log_level.lower())
+    )
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # the SIGINT uvicorn shut down on, re-raised: as uvicorn.run does
+        pass
+    finally:
+        sock.close()
     return 0
 
 
@@ -285,9 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--port",
-        type=_bounded(1, 65535),
+        type=_bounded(0, 65535),
         default=8000,
-        help="port to listen on, 1-65535 (default: 8000)",
+        help="port to listen on, 0-65535; 0 takes a free one the system picks (default: 8000)",
+    )
+    serve.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="once the server listens, write its port to this file (give a path that does not "
+        "exist yet, and wait for it)",
     )
     serve.add_argument(
         "--no-migrate",

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from app import __version__
 from app.cli import main
 
 
@@ -62,52 +63,57 @@ def test_configuration_errors_exit_2_with_a_message(
     assert "configuration error: CURATOR_DATA_KEY is not a Fernet key" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def serve_on_a_free_port(port_file: Path) -> list[str]:
+    """The command line of ``curator serve`` on a port the system picks, which it writes
+    to ``port_file`` once it listens (no free port chosen here, which another process
+    could take before the server binds it)."""
+    command = [sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", "0"]
+    return [*command, "--port-file", str(port_file)]
 
 
-def test_serve_migrates_answers_and_stops_cleanly(tmp_path: Path) -> None:
-    port = _free_port()
+def wait_for_port(process: subprocess.Popen[Any], port_file: Path, timeout: float = 60) -> int:
+    """The port the server started with :func:`serve_on_a_free_port` listens on, once it does."""
+    deadline = time.monotonic() + timeout
+    while not port_file.exists():
+        assert process.poll() is None, "the server exited"
+        assert time.monotonic() < deadline, f"the server did not listen in {timeout} s"
+        time.sleep(0.1)
+    return int(port_file.read_text())
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_serve_migrates_answers_and_stops_cleanly(tmp_path: Path, stop: signal.Signals) -> None:
+    """On a port the system picks (--port 0), reported in --port-file and the log; SIGTERM
+    (docker stop) and SIGINT (Ctrl+C) shut it down cleanly."""
+    port_file = tmp_path / "port"
     process = subprocess.Popen(
-        [sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port)],
+        serve_on_a_free_port(port_file),
         env=_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/readyz", timeout=2
-                ) as response:
-                    assert json.load(response) == {
-                        "status": "ready",
-                        "database": "ok",
-                        "queue": "ok",
-                    }
-                    break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.3)
-        process.send_signal(signal.SIGTERM)
+        port = wait_for_port(process, port_file)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=30) as response:
+            assert json.load(response) == {"status": "ready", "database": "ok", "queue": "ok"}
+        process.send_signal(stop)
         output, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
     # uvicorn finishes its shutdown, then re-raises SIGTERM so that supervisors see it
-    assert process.returncode in (0, -signal.SIGTERM), output
+    assert process.returncode == (-signal.SIGTERM if stop == signal.SIGTERM else 0), output
+    assert "Traceback" not in output
+    assert f"privacy curator {__version__} on http://127.0.0.1:{port} (data in" in output
     assert "Application shutdown complete" in output
     assert "embedded worker started" in output
     assert "embedded worker stopped" in output
+    assert not (tmp_path / "port.partial").exists()
 
 
 def test_serve_no_migrate_refuses_an_old_database(tmp_path: Path) -> None:
-    result = _run(tmp_path, "serve", "--no-migrate", "--port", str(_free_port()))
+    result = _run(tmp_path, "serve", "--no-migrate", "--port", "0")
     assert result.returncode == 2
     assert "run: curator migrate" in result.stderr
 
@@ -197,7 +203,7 @@ def never_started(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a consumer or the server was started")
 
     monkeypatch.setattr("app.worker.queue.Queue.consumer", started)
-    monkeypatch.setattr("uvicorn.run", started)
+    monkeypatch.setattr("uvicorn.Server.run", started)
 
 
 @pytest.mark.usefixtures("never_started")
@@ -238,11 +244,24 @@ def test_serve_on_a_taken_port_refuses_before_starting(
 
 
 @pytest.mark.usefixtures("never_started")
+def test_serve_refuses_a_port_file_it_cannot_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --port-file that cannot be written: a one-line refusal (exit 1) before the app
+    starts, not a server a script waits for in vain."""
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    port_file = tmp_path / "missing" / "port"
+    code, err = _exit(["serve", "--port", "0", "--port-file", str(port_file)], capsys)
+    assert code == 1
+    assert err == f"curator: cannot write --port-file {port_file}: No such file or directory\n"
+
+
+@pytest.mark.usefixtures("never_started")
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["serve", "--port", "99999"], "argument --port: 99999 is not in 1-65535"),
-        (["serve", "--port", "0"], "argument --port: 0 is not in 1-65535"),
+        (["serve", "--port", "99999"], "argument --port: 99999 is not in 0-65535"),
+        (["serve", "--port", "-1"], "argument --port: -1 is not in 0-65535"),
         (["worker", "--threads", "0"], "argument --threads: 0 is not in 1-64"),
         (["worker", "--threads", "-1"], "argument --threads: -1 is not in 1-64"),
         (["worker", "--threads", "x"], "argument --threads: 'x' is not an integer"),
@@ -368,4 +387,7 @@ def test_serve_help_states_the_defaults_the_readme_names(
         main(["serve", "--help"])
     usage = " ".join(capsys.readouterr().out.split())
     assert "address to listen on (default: 127.0.0.1)" in usage
-    assert "port to listen on, 1-65535 (default: 8000)" in usage
+    assert (
+        "port to listen on, 0-65535; 0 takes a free one the system picks (default: 8000)" in usage
+    )
+    assert "--port-file PORT_FILE once the server listens, write its port to this file" in usage

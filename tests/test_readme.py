@@ -7,17 +7,15 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import app.main  # noqa: F401  (registers every route and so every error class)
 from app.core.errors import ServiceError
+from tests.test_cli import serve_on_a_free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,12 +28,6 @@ def walkthrough() -> str:
     return match.group(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_walkthrough_runs_verbatim(tmp_path: Path) -> None:
     # A scratch checkout: the examples, and a .venv whose activate puts this interpreter first.
@@ -45,27 +37,20 @@ def test_walkthrough_runs_verbatim(tmp_path: Path) -> None:
     (work / "app" / "demo").symlink_to(ROOT / "app" / "demo")
     bin_dir = Path(sys.executable).parent
     (work / ".venv" / "bin" / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CURATOR_")}
-    env |= {"CURATOR_DATA_DIR": str(tmp_path / "data"), "CURATOR_URL": f"http://127.0.0.1:{port}"}
+    env |= {"CURATOR_DATA_DIR": str(tmp_path / "data")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    port_file = tmp_path / "port"
     server = subprocess.Popen(
-        [sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port)],
+        serve_on_a_free_port(port_file),
         env=env,
         cwd=tmp_path,  # not the scratch checkout: its app/ would shadow the installed package
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).close()
-                break
-            except OSError:
-                assert server.poll() is None, "the server exited"
-                assert time.monotonic() < deadline, "the server did not start in 60 s"
-                time.sleep(0.3)
+        port = wait_for_port(server, port_file)
+        env["CURATOR_URL"] = f"http://127.0.0.1:{port}"
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", walkthrough()],
             env=env,
