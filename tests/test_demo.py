@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import io
+import socket
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from app.demo.runner import run
+from app.config import Settings
+from app.core import migrations
+from app.demo.runner import run, serving
 
 
 @pytest.mark.slow
@@ -35,3 +39,43 @@ def test_demo_runs_the_whole_flow(tmp_path: Path) -> None:
     # practically none; the synthetic answers sit well inside 0.1 of the truth
     assert 1 <= summary["covered"] <= 5
     assert summary["max_abs_error_synthetic"] < 0.1
+
+
+def test_the_demo_server_keeps_the_port_it_picked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's server listens on a port the system picked, on the very socket that got
+    it: a port found free and let go (the demo did so) can be taken by another process
+    before uvicorn binds it. Here each listening socket this process lets go of has its
+    port taken at once, as another process could; the demo's server failed to start."""
+    close = socket.socket.close
+    takers: list[socket.socket] = []
+
+    def close_and_take(self: socket.socket) -> None:
+        address = None
+        if self.family == socket.AF_INET and self.fileno() != -1:
+            try:
+                self.getpeername()  # a connection's socket: its port is not offered
+            except OSError:
+                address = self.getsockname()
+        close(self)
+        if address is not None and address[1] != 0:
+            taker = socket.socket()
+            try:
+                taker.bind(address)
+                taker.listen()
+            except OSError:
+                close(taker)
+            else:
+                takers.append(taker)
+
+    settings = Settings(data_dir=tmp_path, database_url=None, redis_url=None)
+    settings.prepare()
+    migrations.upgrade(settings.resolved_database_url)
+    monkeypatch.setattr(socket.socket, "close", close_and_take)
+    try:
+        with serving(settings) as base, urllib.request.urlopen(f"{base}/healthz") as response:
+            assert response.status == 200
+    finally:
+        for taker in takers:
+            close(taker)

@@ -90,12 +90,6 @@ class Client:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait(client: Client, release_id: str, label: str, out: TextIO) -> dict[str, Any]:
     """Poll a release until it ends, showing its stage and progress (redrawn in place on a
     terminal, one line per stage otherwise)."""
@@ -143,32 +137,32 @@ def run(data_dir: Path | None = None, out: TextIO = sys.stdout) -> dict[str, Any
 
 @contextmanager
 def serving(settings: Settings) -> Iterator[str]:
-    """The API with its embedded worker on a free local port, in a thread; yields its URL."""
+    """The API with its embedded worker on a free local port, in a thread; yields its URL.
+    The port is bound here and the socket handed to uvicorn (a port found free and let go
+    could be taken by another process before uvicorn bound it)."""
     import uvicorn
 
     from app.main import create_app
 
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, embedded_worker=True),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
+    app = create_app(settings, embedded_worker=True)
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="curator-server", daemon=True
     )
-    thread = threading.Thread(target=server.run, name="curator-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise DemoError("the server did not start")
-        time.sleep(0.05)
     try:
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise DemoError("the server did not start")
+            time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+        sock.close()
 
 
 def _run(settings: Settings, out: TextIO) -> dict[str, Any]:
