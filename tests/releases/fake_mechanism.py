@@ -1,5 +1,6 @@
-"""A test-only release type: noisy column means (OpenDP Laplace), with optional pauses and
-marker files so that tests can kill a worker in the middle of a stage.
+"""A test-only release type: noisy column means (OpenDP Laplace), with an optional gate
+and marker files so that tests can act (cancel, signal or kill a worker) while a stage
+stands at a known point.
 
 Importing this module registers ``test_means``. It is never imported by the service.
 """
@@ -10,7 +11,7 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import opendp.prelude as dp
@@ -27,15 +28,21 @@ from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressF
 dp.enable_features("contrib")
 
 
+#: The points of the stages where a gate can stand: in measure, before the first row is
+#: read, after the first batch, or after the last (the mechanism returns next); or at the
+#: start of synthesize.
+GatePoint = Literal["before_reading", "after_first_batch", "after_reading", "before_synthesizing"]
+#: How long a stage stands at a gate the test never opens before it fails.
+GATE_SECONDS = 120.0
+
+
 class MeansParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     rows: int = Field(default=20, ge=1, le=10_000)
-    pause_measure: float = Field(default=0.0, ge=0.0)
-    pause_synthesize: float = Field(default=0.0, ge=0.0)
-    #: seconds to wait after the stage starts and before the first row is read
-    pause_before_reading: float = Field(default=0.0, ge=0.0)
-    #: how many times the data are read (the pause follows each batch)
+    #: where the first attempt of a stage stops (see :func:`_stand_at_gate`)
+    gate: GatePoint | None = None
+    #: how many times the data are read
     passes: int = Field(default=1, ge=1, le=5)
     marker_dir: str | None = None
     fail_in: str | None = None
@@ -58,17 +65,21 @@ class TestMeans(registry.Mechanism):
         self, source: Any, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
     ) -> Measured:
         assert isinstance(params, MeansParams)
-        first = _mark(params, "measure")
-        pause = params.pause_measure if first else 0.0
-        time.sleep(params.pause_before_reading if first else 0.0)
+        gate = params.gate if _mark(params, "measure") else None
+        if gate == "before_reading":
+            _stand_at_gate(params)
         if params.fail_in == "measure_before_reading":
             raise RuntimeError("failed before reading a row")
-        total = np.zeros(info.d)
+        total, batches = np.zeros(info.d), 0
         for _ in range(params.passes):
             total = np.zeros(info.d)
             for batch in iter_checked(source):
                 total += batch.sum(axis=0)
-                time.sleep(pause)
+                batches += 1
+                if batches == 1 and gate == "after_first_batch":
+                    _stand_at_gate(params)
+        if gate == "after_reading":
+            _stand_at_gate(params)
         if params.fail_in == "measure":
             raise RuntimeError("value 37.123456 must never reach a client")
         means = total / info.n_rows
@@ -99,8 +110,8 @@ class TestMeans(registry.Mechanism):
         progress: ProgressFn,
     ) -> Synthesized:
         assert isinstance(params, MeansParams)
-        if _mark(params, "synthesize"):
-            time.sleep(params.pause_synthesize)
+        if _mark(params, "synthesize") and params.gate == "before_synthesizing":
+            _stand_at_gate(params)
         progress(0.5)
         if params.fail_in == "synthesize":
             raise RuntimeError("synthesis failed")
@@ -123,8 +134,23 @@ class TestMeans(registry.Mechanism):
         )
 
 
+def _stand_at_gate(params: MeansParams) -> None:
+    """Write ``gate.reached`` in ``marker_dir`` and wait there until the test writes
+    ``gate.open`` (files, so that a worker in another process can be held too): the test
+    acts while the stage stands at a known point, however slow the machine is."""
+    assert params.marker_dir is not None, "a gate needs a marker_dir"
+    folder = Path(params.marker_dir)
+    (folder / "gate.reached").touch()
+    deadline = time.monotonic() + GATE_SECONDS
+    while not (folder / "gate.open").exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gate {params.gate} was not opened in {GATE_SECONDS} s")
+        time.sleep(0.01)
+
+
 def _mark(params: MeansParams, stage: str) -> bool:
-    """Leave a marker; True on the stage's first attempt (only the first attempt pauses)."""
+    """Leave a marker; True on the stage's first attempt (only the first attempt stands at
+    its gate)."""
     if not params.marker_dir:
         return True
     marker = Path(params.marker_dir, f"{stage}.started")

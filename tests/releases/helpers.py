@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -126,3 +129,27 @@ def assert_sessions_free_while_held(
                 thread.join(timeout=60)
     assert served_while_held == [200], "GET /v1/datasets waited for the held requests"
     assert codes == [expected] * (MAX_CONCURRENT_TRANSACTIONS + 1)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The fake mechanism's gate, in ``folder``: the first attempt of the stage stands at
+    ``point`` (a ``GatePoint`` of ``tests.releases.fake_mechanism``) until :meth:`open`."""
+
+    folder: Path
+
+    def params(self, point: str) -> dict[str, Any]:
+        return {"gate": point, "marker_dir": str(self.folder)}
+
+    def wait_reached(self, timeout: float = 60) -> None:
+        wait_for((self.folder / "gate.reached").exists, "the stage to reach its gate", timeout)
+
+    def open(self) -> None:
+        (self.folder / "gate.open").touch()

@@ -30,12 +30,14 @@ from tests.conftest import Caller
 from tests.datasets.helpers import SENTINELS
 from tests.releases.helpers import (
     REQUEST,
+    Gate,
     budget,
     dataset,
     race_same_key,
     request_release,
     run_all,
     services_of,
+    wait_for,
 )
 
 
@@ -237,27 +239,59 @@ def test_a_release_ended_before_measuring_says_it_cannot_be_resynthesised(
     assert _entries(client, curator, dataset_id, running) == ["reserve", "refund"]
 
 
+def _heartbeat_sees_the_cancel(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once a stage's heartbeat has read the release's cancel (the stage's
+    next progress call raises it). The cancel's grace is lifted meanwhile: a heartbeat lets
+    the lease lapse when the stage ignores a cancel for 4 lease periods (1.6 s at 0.4 s;
+    test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper), and a loaded
+    machine must not get there between the heartbeat seeing the cancel and the stage going
+    on."""
+    seen = threading.Event()
+    beat = stages.Heartbeat.beat
+
+    def beat_and_tell(self: stages.Heartbeat) -> None:
+        beat(self)
+        if self.cancelled:
+            seen.set()
+
+    monkeypatch.setattr(stages.Heartbeat, "beat", beat_and_tell)
+    monkeypatch.setattr(stages, "CANCEL_GRACE_LEASES", 10_000)
+    return seen
+
+
 def _cancel_while_measuring(
-    client: TestClient, curator: Caller, tmp_path: Path, **params: Any
+    client: TestClient,
+    curator: Caller,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gate: str,
+    *,
+    heartbeat_first: bool,
+    **params: Any,
 ) -> tuple[str, str, dict[str, Any]]:
-    """A release whose worker is cancelled while it measures (the fake mechanism pauses
-    1.5 s after each batch it reads, and ``params`` add to that); returns the dataset, the
-    release and its final state."""
+    """A release cancelled while its worker measures: the fake mechanism stands at
+    ``gate`` until the cancel is recorded and, if ``heartbeat_first``, seen by the stage's
+    heartbeat; ``params`` add to the request's. Returns the dataset, the release and its
+    final state."""
+    seen = _heartbeat_sees_the_cancel(monkeypatch)
     dataset_id = dataset(client, curator)
-    body = {**REQUEST, "params": {"pause_measure": 1.5, "marker_dir": str(tmp_path), **params}}
+    held = Gate(tmp_path)
+    body = {**REQUEST, "params": {**held.params(gate), **params}}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
     worker.start()
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "measure.started").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
-    assert response.json()["status"] == "measuring"
-    assert response.json()["cancel_requested"] is True
-    again = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
-    assert (again.status_code, again.json()["message"]) == (200, response.json()["message"])
-    worker.join(timeout=60)
+    try:
+        held.wait_reached()
+        response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+        assert response.json()["status"] == "measuring"
+        assert response.json()["cancel_requested"] is True
+        again = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+        assert (again.status_code, again.json()["message"]) == (200, response.json()["message"])
+        if heartbeat_first:
+            assert seen.wait(timeout=30), "the heartbeat did not see the cancel"
+    finally:
+        held.open()
+        worker.join(timeout=60)
     with services_of(client).db.transaction() as session:  # the repeat recorded nothing
         cancels = session.scalars(
             select(AuditEvent.id).where(
@@ -276,24 +310,30 @@ def test_a_short_stage_publishes_its_progress_before_the_next_renewal(
     """Renewals come every lease_seconds / 4 (15 s by default): a stage shorter than that
     showed progress 0 until it ended. A changed progress is published within
     PROGRESS_SECONDS (0.2 here): the measure stage's 0.99 after its one batch shows while
-    the fake mechanism pauses 3 s."""
-    monkeypatch.setattr(services_of(client).settings, "lease_seconds", 60.0)
+    the fake mechanism stands at its gate after reading, well within the 30 s the test
+    waits (the lease of 600 s puts the first renewal 150 s away)."""
+    monkeypatch.setattr(services_of(client).settings, "lease_seconds", 600.0)
     monkeypatch.setattr(stages, "PROGRESS_SECONDS", 0.2)
     dataset_id = dataset(client, curator)
-    body = {**REQUEST, "params": {"pause_measure": 3.0, "marker_dir": str(tmp_path)}}
+    held = Gate(tmp_path)
+    body = {**REQUEST, "params": held.params("after_reading")}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
     worker.start()
     seen: list[float] = []
-    deadline = time.monotonic() + 30
-    while worker.is_alive() and time.monotonic() < deadline:
-        seen.append(
-            client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["progress"]
-        )
-        if seen[-1] > 0:
-            break
-        time.sleep(0.05)
-    worker.join(timeout=60)
+    try:
+        held.wait_reached()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            seen.append(
+                client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["progress"]
+            )
+            if seen[-1] > 0:
+                break
+            time.sleep(0.05)
+    finally:
+        held.open()
+        worker.join(timeout=60)
     assert 0.99 in seen, seen[-5:]
 
 
@@ -310,7 +350,7 @@ def test_cancel_seen_before_reading_refunds(
     mechanism, so nothing was read and the reservation is refunded."""
     monkeypatch.setattr(services_of(client).settings, "lease_seconds", 0.4)
     dataset_id, release_id, final = _cancel_while_measuring(
-        client, curator, tmp_path, pause_before_reading=1.5
+        client, curator, tmp_path, monkeypatch, "before_reading", heartbeat_first=True
     )
     assert (
         final["message"] == "cancelled while measuring; nothing was read; the budget was refunded"
@@ -329,14 +369,16 @@ def test_a_graph_cancel_seen_before_reading_refunds(
 
     services = services_of(client)
     monkeypatch.setattr(services.settings, "lease_seconds", 0.4)
+    seen = _heartbeat_sees_the_cancel(monkeypatch)
     original, started = GraphCuts.measure, threading.Event()
 
-    def slow_start(self: GraphCuts, source: Any, *args: Any) -> Any:
+    def held_start(self: GraphCuts, source: Any, *args: Any) -> Any:
         started.set()
-        time.sleep(1.0)  # the heartbeat (every 0.1 s) sees the cancel meanwhile
+        if not seen.wait(timeout=30):  # the heartbeat (every 0.1 s) sees the cancel
+            raise RuntimeError("the heartbeat did not see the cancel")
         return original(self, source, *args)
 
-    monkeypatch.setattr(GraphCuts, "measure", slow_start)
+    monkeypatch.setattr(GraphCuts, "measure", held_start)
     graph_id = upload_graph(client, curator, b"0 1\n1 2\n2 3\n").json()["id"]
     body = {"mechanism": "graph_cuts", "epsilon": 1.0}
     release_id = request_release(client, curator, graph_id, body).json()["id"]
@@ -357,11 +399,13 @@ def test_cancel_seen_while_measuring_after_reading_spends(
     client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DESIGN rule 6: refund only if nothing was measured. The mechanism reads the data
-    twice; the heartbeat sees the cancel and the second pass's first batch stops the
-    measurement. The rows had been read, so the reservation is spent (it was refunded
-    before) and nothing is stored."""
+    twice; the heartbeat sees the cancel after the first batch and the next batch's
+    progress call stops the measurement. The rows had been read, so the reservation is
+    spent (it was refunded before) and nothing is stored."""
     monkeypatch.setattr(services_of(client).settings, "lease_seconds", 0.4)
-    dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path, passes=2)
+    dataset_id, release_id, final = _cancel_while_measuring(
+        client, curator, tmp_path, monkeypatch, "after_first_batch", heartbeat_first=True, passes=2
+    )
     assert final["message"] == (
         "cancelled while measuring; the data may have been read, so the budget stays spent"
     )
@@ -378,13 +422,20 @@ def test_cancel_seen_after_the_measurement_keeps_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A cancel that arrives after the last batch was read, whether the heartbeat sees it
-    before the mechanism returns (a short lease) or only when the worker persists (the
-    default lease), finds a complete measurement: it is stored and spent, and a
-    re-synthesis reaches it (it was refunded and dropped before, and once the heartbeat
-    saw it first)."""
+    before the mechanism returns (a short lease: the mechanism waits for it) or only when
+    the worker persists (the default lease), finds a complete measurement: it is stored
+    and spent, and a re-synthesis reaches it (it was refunded and dropped before, and once
+    the heartbeat saw it first)."""
     if lease_seconds is not None:
         monkeypatch.setattr(services_of(client).settings, "lease_seconds", lease_seconds)
-    dataset_id, release_id, final = _cancel_while_measuring(client, curator, tmp_path)
+    dataset_id, release_id, final = _cancel_while_measuring(
+        client,
+        curator,
+        tmp_path,
+        monkeypatch,
+        "after_reading",
+        heartbeat_first=lease_seconds is not None,
+    )
     assert final["message"] == "cancelled after measuring; the budget stays spent"
     assert final["measured_at"] is not None
     assert _stored(client, release_id)
@@ -851,33 +902,36 @@ def test_the_measure_stage_gives_up_after_its_attempts(
 def test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper(
     client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A mechanism busy after its last progress call (4 s here) never raised the cancel,
-    and its heartbeat renewed the lease, so the release stayed measuring for as long as
-    the worker lived. After CANCEL_GRACE_LEASES lease periods the heartbeat lets the
-    lease run out; the sweeper re-queues the stage and the next claim ends it (spent:
-    the first attempt read the data)."""
+    """A mechanism busy after its last progress call (standing at its gate here) never
+    raised the cancel, and its heartbeat renewed the lease, so the release stayed measuring
+    for as long as the worker lived. After CANCEL_GRACE_LEASES lease periods the heartbeat
+    lets the lease run out; the sweeper re-queues the stage and the next claim ends it
+    (spent: the first attempt read the data)."""
     services = services_of(client)
     monkeypatch.setattr(services.settings, "lease_seconds", 0.5)
     dataset_id = dataset(client, curator)
-    body = {**REQUEST, "params": {"pause_measure": 4.0, "marker_dir": str(tmp_path)}}
+    held = Gate(tmp_path)
+    body = {**REQUEST, "params": held.params("after_reading")}
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     worker = threading.Thread(target=run_measure, args=(services, uuid.UUID(release_id)))
     worker.start()
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "measure.started").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    assert client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 200
-    while sweep(services) == 0:  # the grace (2 s) and then the lease (0.5 s) run out
+    try:
+        held.wait_reached()
+        assert (
+            client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 200
+        )
+        # the grace (2 s) and then the lease (0.5 s) run out
+        wait_for(lambda: sweep(services) > 0, "the sweeper to take the stage over")
         assert worker.is_alive(), "the hung attempt ended before the sweeper took over"
-        time.sleep(0.1)
-    run_measure(services, uuid.UUID(release_id))
-    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+        run_measure(services, uuid.UUID(release_id))
+        final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    finally:
+        held.open()  # the hung attempt finishes, finds its lease gone, stores nothing
+        worker.join(timeout=30)
     assert final["status"] == "cancelled"
     assert final["message"] == (
         "cancelled while measuring; the data may have been read, so the budget stays spent"
     )
-    worker.join(timeout=30)  # the hung attempt finishes, finds its lease gone, stores nothing
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
     assert not _stored(client, release_id)
 

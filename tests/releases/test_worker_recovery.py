@@ -7,9 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,14 @@ from app.config import Settings
 from app.main import create_app
 from app.models import ReleaseMeasurement
 from tests.conftest import Caller, make_user
-from tests.releases.helpers import budget, dataset, request_release, services_of
+from tests.releases.helpers import (
+    Gate,
+    budget,
+    dataset,
+    request_release,
+    services_of,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 2.0
@@ -77,13 +83,6 @@ def start_worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
@@ -100,23 +99,16 @@ def _payload(client: TestClient, release_id: str) -> Any:
         return None if row is None else row.payload
 
 
-def _paused_release(
-    api: TestClient, tmp_path: Path, stage: str, pause: float
-) -> tuple[Caller, str, str, Path]:
-    """A queued test_means release whose ``stage`` pauses ``pause`` s once started (it
-    writes ``<stage>.started`` in the returned marker folder): ``(curator, dataset id,
-    release id, markers)``."""
+def _held_release(api: TestClient, tmp_path: Path, gate: str) -> tuple[Caller, str, str, Gate]:
+    """A queued test_means release whose first attempt stands at ``gate`` until the
+    returned gate is opened: ``(curator, dataset id, release id, gate)``."""
     curator = make_user(api, "curator")
     dataset_id = dataset(api, curator)
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    body = {
-        "mechanism": "test_means",
-        "epsilon": 0.2,
-        "params": {f"pause_{stage}": pause, "marker_dir": str(markers), "rows": 4},
-    }
+    held = Gate(tmp_path / "markers")
+    held.folder.mkdir()
+    body = {"mechanism": "test_means", "epsilon": 0.2, "params": {**held.params(gate), "rows": 4}}
     release_id = request_release(api, curator, dataset_id, body).json()["id"]
-    return curator, dataset_id, release_id, markers
+    return curator, dataset_id, release_id, held
 
 
 @pytest.mark.slow
@@ -124,11 +116,12 @@ def _paused_release(
 def test_sigkill_in_a_stage_is_recovered(
     api: TestClient, lane: Settings, tmp_path: Path, stage: str
 ) -> None:
-    curator, dataset_id, release_id, markers = _paused_release(api, tmp_path, stage, 60)
+    gate = "after_first_batch" if stage == "measure" else "before_synthesizing"
+    curator, dataset_id, release_id, held = _held_release(api, tmp_path, gate)
     log = tmp_path / "worker.log"
     first = start_worker(lane, log)
     try:
-        wait_for(lambda: (markers / f"{stage}.started").exists(), f"{stage} to start")
+        held.wait_reached()
         before = _payload(api, release_id)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
@@ -172,12 +165,15 @@ def test_sigterm_lets_the_running_stage_finish(
     its running measure stage finishes and is stored, instead of being cut off and taken
     over once its lease expires, at the cost of one of the stage's three attempts (Huey's
     graceful signal was SIGINT; SIGTERM interrupted the stage)."""
-    curator, _, release_id, markers = _paused_release(api, tmp_path, "measure", 3)
+    curator, _, release_id, held = _held_release(api, tmp_path, "after_reading")
     log = tmp_path / "worker.log"
     worker = start_worker(lane, log)
     try:
-        wait_for(lambda: (markers / "measure.started").exists(), "measure to start")
+        held.wait_reached()
         worker.send_signal(signal.SIGTERM)
+        # the consumer has taken the signal (and stops taking tasks) while the stage runs
+        wait_for(lambda: "Shutting down" in log.read_text(), "the worker to take SIGTERM")
+        held.open()
         assert worker.wait(timeout=30) == 0, log.read_text()
     finally:
         stop(worker)
