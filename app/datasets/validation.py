@@ -364,13 +364,25 @@ def detect_format(reader: io.RawIOBase, size: int, filename: str | None = None) 
     return "csv"
 
 
+def _csv_options() -> tuple[pacsv.ReadOptions, pacsv.ParseOptions]:
+    # newlines_in_values: a quoted cell may hold a line end (RFC 4180); without it the
+    # reader cuts its blocks at any line end, inside such a cell too, and refused a valid
+    # file as ragged or unreadable depending on where a block boundary fell
+    return (
+        pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+        pacsv.ParseOptions(newlines_in_values=True),
+    )
+
+
 def _open(
     reader: Any, fmt: FileFormat, declared: list[str]
 ) -> tuple[list[str], Iterator[pa.RecordBatch]]:
     if fmt == "csv":
+        read_options, parse_options = _csv_options()
         stream = pacsv.open_csv(
             reader,
-            read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+            read_options=read_options,
+            parse_options=parse_options,
             convert_options=pacsv.ConvertOptions(
                 column_types={name: pa.string() for name in declared},
                 strings_can_be_null=False,
@@ -389,9 +401,11 @@ def _open(
 
 def _header_names(reader: Any, fmt: FileFormat) -> list[str]:
     if fmt == "csv":
+        read_options, parse_options = _csv_options()
         stream = pacsv.open_csv(
             reader,
-            read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+            read_options=read_options,
+            parse_options=parse_options,
             convert_options=pacsv.ConvertOptions(strings_can_be_null=False, null_values=[]),
         )
         return list(stream.schema.names)
