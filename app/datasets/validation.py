@@ -83,6 +83,12 @@ class Problems:
         )
 
 
+NOT_UTF8 = (
+    "the file is not valid UTF-8 text (Latin-1 or Windows-1252?): save it as UTF-8 (in "
+    "Excel: 'CSV UTF-8'), or upload Parquet"
+)
+
+
 def file_problem(message: str) -> InvalidUpload:
     """An error about the file as a whole (no column)."""
     return InvalidUpload(
@@ -104,7 +110,7 @@ def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase)
     if "Expected" in text and "columns" in text:
         return "some rows have a different number of fields than the header row"
     if "UTF8" in text or "UTF-8" in text:
-        return "the file is not valid UTF-8 text"
+        return NOT_UTF8
     if fmt == "parquet":
         return "the file could not be read as Parquet"
     return "the file could not be read as CSV"
@@ -408,7 +414,10 @@ def _header_names(reader: Any, fmt: FileFormat) -> list[str]:
             parse_options=parse_options,
             convert_options=pacsv.ConvertOptions(strings_can_be_null=False, null_values=[]),
         )
-        return list(stream.schema.names)
+        try:
+            return list(stream.schema.names)
+        except UnicodeDecodeError:  # pyarrow decodes the header's names only when asked
+            raise file_problem(NOT_UTF8) from None
     return list(pq.ParquetFile(reader).schema_arrow.names)
 
 

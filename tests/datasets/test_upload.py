@@ -321,7 +321,8 @@ def test_malformed_uploads_name_the_column_and_store_nothing(
         ),
         pytest.param(
             HEADER.encode() + b"\n1,2,\xff\xfe,1\n",
-            "the file is not valid UTF-8 text",
+            "the file is not valid UTF-8 text (Latin-1 or Windows-1252?): save it as UTF-8 (in "
+            "Excel: 'CSV UTF-8'), or upload Parquet",
             id="not-utf8",
         ),
         pytest.param(

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from app.storage.tables import open_table
 from tests.conftest import Caller
 from tests.datasets.helpers import upload, with_columns
+from tests.datasets.test_upload import assert_nothing_stored
 
 COLUMNS: list[dict[str, Any]] = [
     {"name": "x", "kind": "continuous", "lower": 0, "upper": 100},
@@ -39,6 +40,13 @@ def stored_rows(
     return out
 
 
+def problems_of(response: Any) -> list[dict[str, Any]]:
+    """The problems of a refused upload (422 invalid_upload)."""
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "invalid_upload"
+    return response.json()["error"]["problems"]  # type: ignore[no-any-return]
+
+
 @pytest.mark.parametrize("line_end", ["\n", "\r\n"])
 @pytest.mark.parametrize("shift", range(4))
 def test_quoted_line_ends_are_read_wherever_the_reader_cuts_its_blocks(
@@ -62,3 +70,29 @@ def test_quoted_line_ends_are_read_wherever_the_reader_cuts_its_blocks(
     stored = stored_rows(client, response.json()["id"], columns)
     assert stored["c"] == ["A"] * shift + ["B\nA", "A"] * 100
     assert stored["x"] == [1.0] * shift + [2.0, 3.0] * 100
+
+
+NOT_UTF8 = (
+    "the file is not valid UTF-8 text (Latin-1 or Windows-1252?): save it as UTF-8 (in "
+    "Excel: 'CSV UTF-8'), or upload Parquet"
+)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param("x,c,bé\n1,A,1\n".encode("latin-1"), id="latin-1-header"),
+        pytest.param("x,c,b\n1,A,1\n2,B\u2019,0\n".encode("cp1252"), id="cp1252-cell"),
+        pytest.param(b"x,c,b\n" + b"1,A,1\n" * 2000 + "1,é,1\n".encode("latin-1"), id="late"),
+    ],
+)
+def test_text_that_is_not_utf8_is_refused_with_what_to_do(
+    client: TestClient, curator: Caller, content: bytes
+) -> None:
+    """A CSV saved as Latin-1 or Windows-1252 (Excel's plain "CSV" on Windows): a byte
+    that is not UTF-8 in the header row was a 500 (pyarrow decodes the column names
+    lazily, and its UnicodeDecodeError was no read error the service knew); anywhere else
+    it was "not valid UTF-8 text", which did not say what to do."""
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    assert problems_of(response) == [{"column": None, "problem": NOT_UTF8, "rows": None}]
+    assert_nothing_stored(client)
