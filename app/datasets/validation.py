@@ -128,6 +128,7 @@ def _as_text(array: pa.Array) -> pa.Array | None:
     elif (
         pa.types.is_integer(array.type)
         or pa.types.is_floating(array.type)
+        or pa.types.is_decimal(array.type)  # its digits, as a CSV cell: "1.0" at scale 1
         or pa.types.is_boolean(array.type)
     ):
         text = pc.cast(array, pa.string())

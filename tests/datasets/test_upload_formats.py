@@ -3,14 +3,16 @@ or refused with a message that names the problem (never a value) and stores noth
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
 from app.storage.tables import open_table
 from tests.conftest import Caller
-from tests.datasets.helpers import upload, with_columns
+from tests.datasets.helpers import parquet_bytes, upload, with_columns
 from tests.datasets.test_upload import assert_nothing_stored
 
 COLUMNS: list[dict[str, Any]] = [
@@ -96,3 +98,34 @@ def test_text_that_is_not_utf8_is_refused_with_what_to_do(
     response = upload(client, curator, content, with_columns(*COLUMNS))
     assert problems_of(response) == [{"column": None, "problem": NOT_UTF8, "rows": None}]
     assert_nothing_stored(client)
+
+
+def test_parquet_decimal_columns_are_category_codes_flags_and_identifiers(
+    client: TestClient, curator: Caller
+) -> None:
+    """A decimal column (SQL NUMERIC exports) is read as its text, as a CSV cell is, for a
+    categorical, binary or public column: it was refused as "has type decimal128(3, 0);
+    expected text or numbers" (or "expected 0/1") although it held just that, while a
+    continuous column took it (found by the file-formats audit)."""
+    columns = [
+        COLUMNS[0],
+        {"name": "c", "kind": "categorical", "categories": [1, 2]},
+        COLUMNS[2],
+        {"name": "p", "kind": "public"},
+    ]
+    table = pa.table(
+        {
+            "x": pa.array([Decimal("1.5"), Decimal("2")], type=pa.decimal128(4, 1)),
+            "c": pa.array([Decimal("2"), Decimal("1")], type=pa.decimal128(3, 0)),
+            "b": pa.array([Decimal("1.0"), Decimal("0.0")], type=pa.decimal128(2, 1)),
+            "p": pa.array([Decimal("1007"), Decimal("1008")], type=pa.decimal256(40, 0)),
+        }
+    )
+    response = upload(client, curator, parquet_bytes(table), with_columns(*columns))
+    assert response.status_code == 201, response.text
+    assert stored_rows(client, response.json()["id"], columns) == {
+        "x": [1.5, 2.0],
+        "c": [2, 1],
+        "b": [1, 0],
+        "p": ["1007", "1008"],
+    }
