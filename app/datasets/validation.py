@@ -371,6 +371,30 @@ def detect_format(reader: io.RawIOBase, size: int, filename: str | None = None) 
     return "csv"
 
 
+_OTHER_SEPARATORS = (
+    (b";", "semicolons", ", with '.' as the decimal mark"),
+    (b"\t", "tabs", ""),
+)
+
+
+def _refuse_other_separators(reader: io.RawIOBase, declared: list[str]) -> None:
+    """Refuse, saying so, a CSV separated by semicolons (Excel's export where the decimal
+    mark is a comma) or tabs: its first line has no comma, so its header is one column,
+    which cannot name the two or more declared ones (with one declared column, a header
+    without a comma is normal, and nothing is checked)."""
+    head = reader.read(SNIFF_BYTES) or b""
+    reader.seek(0)
+    line, end, _ = head.replace(b"\r", b"\n").partition(b"\n")
+    if len(declared) < 2 or b"," in line or not (end or len(head) < SNIFF_BYTES):
+        return
+    for separator, name, advice in _OTHER_SEPARATORS:
+        if separator in line:
+            raise file_problem(
+                f"the file is separated by {name}, not commas (its first line has no "
+                f"comma): upload comma-separated CSV{advice}"
+            )
+
+
 def _csv_options() -> tuple[pacsv.ReadOptions, pacsv.ParseOptions]:
     # newlines_in_values: a quoted cell may hold a line end (RFC 4180); without it the
     # reader cuts its blocks at any line end, inside such a cell too, and refused a valid
@@ -467,6 +491,8 @@ def validate_and_store(
     fmt = detect_format(reader, size, filename)
     declared = [c.name for c in columns]
     try:
+        if fmt == "csv":
+            _refuse_other_separators(reader, declared)
         file_names = _header_names(reader, fmt)
         reader.seek(0)
         problems = Problems()

@@ -129,3 +129,39 @@ def test_parquet_decimal_columns_are_category_codes_flags_and_identifiers(
         "b": [1, 0],
         "p": ["1007", "1008"],
     }
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        pytest.param(
+            b"x;c;b\r\n1;A;1\r\n",
+            "the file is separated by semicolons, not commas (its first line has no comma): "
+            "upload comma-separated CSV, with '.' as the decimal mark",
+            id="semicolons",
+        ),
+        pytest.param(
+            # Excel's CSV in a locale with a decimal comma: the rows have commas, so the
+            # header (one column) and the rows (two) were "a different number of fields"
+            b"\xef\xbb\xbfx;c;b\r\n1,5;A;1\r\n",
+            "the file is separated by semicolons, not commas (its first line has no comma): "
+            "upload comma-separated CSV, with '.' as the decimal mark",
+            id="semicolons-decimal-comma",
+        ),
+        pytest.param(
+            b"x\tc\tb\n1.5\tA\t1\n",
+            "the file is separated by tabs, not commas (its first line has no comma): "
+            "upload comma-separated CSV",
+            id="tabs",
+        ),
+    ],
+)
+def test_a_file_separated_by_semicolons_or_tabs_is_refused_as_such(
+    client: TestClient, curator: Caller, content: bytes, problem: str
+) -> None:
+    """Its header read as one column, such a file got every declared column "missing" and
+    "does the file start with a header row?", or, with decimal commas in its rows, "some
+    rows have a different number of fields" (found by the file-formats audit)."""
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    assert problems_of(response) == [{"column": None, "problem": problem, "rows": None}]
+    assert_nothing_stored(client)
