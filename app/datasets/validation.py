@@ -446,12 +446,34 @@ def _header_names(reader: Any, fmt: FileFormat) -> list[str]:
     return list(pq.ParquetFile(reader).schema_arrow.names)
 
 
+def _loose(name: str) -> str:
+    return name.strip().casefold()
+
+
 def _check_header(file_names: list[str], declared: list[str], problems: Problems) -> None:
     declared_set = set(declared)
     counts = Counter(file_names)
+    near_misses = False
     for name in declared:
         if counts[name] == 0:
-            problems.add(name, "missing from the file")
+            # a header cell that is the declared name in another case or with spaces
+            # around it ("x, c, b"): names are public, so saying where it is quotes nothing
+            near = [
+                i + 1
+                for i, other in enumerate(file_names)
+                if other not in declared_set and _loose(other) == _loose(name)
+            ]
+            near_misses = near_misses or bool(near)
+            problems.add(
+                name,
+                "missing from the file"
+                + (
+                    f": column {near[0]} of the file has its name but for case or "
+                    "surrounding spaces (the names must match exactly)"
+                    if near
+                    else ""
+                ),
+            )
         elif counts[name] > 1:
             problems.add(name, f"appears {counts[name]} times in the file's header")
     # Header names not in the schema are reported by position: a file without a header row
@@ -463,7 +485,7 @@ def _check_header(file_names: list[str], declared: list[str], problems: Problems
             f"{len(extra)} column(s) of the file are not declared in the schema "
             f"(positions {extra[:20]}{'...' if len(extra) > 20 else ''})",
         )
-    if problems and extra and all(counts[name] == 0 for name in declared):
+    if problems and extra and not near_misses and all(counts[name] == 0 for name in declared):
         problems.add(None, "no declared column was found: does the file start with a header row?")
 
 

@@ -165,3 +165,50 @@ def test_a_file_separated_by_semicolons_or_tabs_is_refused_as_such(
     response = upload(client, curator, content, with_columns(*COLUMNS))
     assert problems_of(response) == [{"column": None, "problem": problem, "rows": None}]
     assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(
+            b"x, c, b\n1,A,1\n",
+            {
+                (
+                    "c",
+                    "missing from the file: column 2 of the file has its name but for "
+                    "case or surrounding spaces (the names must match exactly)",
+                ),
+                (
+                    "b",
+                    "missing from the file: column 3 of the file has its name but for "
+                    "case or surrounding spaces (the names must match exactly)",
+                ),
+            },
+            id="spaces-after-commas",
+        ),
+        pytest.param(
+            b'"X","C","B"\n1,A,1\n',
+            {
+                (
+                    name,
+                    f"missing from the file: column {i} of the file has its name but for "
+                    "case or surrounding spaces (the names must match exactly)",
+                )
+                for i, name in ((1, "x"), (2, "c"), (3, "b"))
+            },
+            id="upper-case",
+        ),
+    ],
+)
+def test_header_names_that_differ_in_case_or_spaces_are_pointed_out(
+    client: TestClient, curator: Caller, content: bytes, expected: set[tuple[str, str]]
+) -> None:
+    """Header names match the declaration exactly. A header written "x, c, b" or in
+    another case got "missing from the file" for the columns it holds, beside "columns
+    of the file are not declared", and, when no name matched, "does the file start with a
+    header row?" (found by the file-formats audit)."""
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    problems = problems_of(response)
+    assert {(p["column"], p["problem"]) for p in problems if p["column"]} == expected
+    assert not any("header row" in p["problem"] for p in problems)
+    assert_nothing_stored(client)
