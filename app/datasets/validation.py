@@ -13,6 +13,7 @@ quote rows, so they are translated, never forwarded.
 from __future__ import annotations
 
 import io
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -446,6 +447,11 @@ def _header_names(reader: Any, fmt: FileFormat) -> list[str]:
     return list(pq.ParquetFile(reader).schema_arrow.names)
 
 
+#: The name pandas' to_parquet gives an index it writes as a column (one that is not a
+#: plain 0..n-1 range, such as the index of filtered rows); never a cell of the file.
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__")
+
+
 def _loose(name: str) -> str:
     return name.strip().casefold()
 
@@ -480,10 +486,21 @@ def _check_header(file_names: list[str], declared: list[str], problems: Problems
     # would otherwise have its first data row quoted back.
     extra = [i + 1 for i, name in enumerate(file_names) if name not in declared_set]
     if extra:
+        pandas_index = next(
+            (file_names[i - 1] for i in extra if _PANDAS_INDEX.fullmatch(file_names[i - 1])),
+            None,
+        )
         problems.add(
             None,
             f"{len(extra)} column(s) of the file are not declared in the schema "
-            f"(positions {extra[:20]}{'...' if len(extra) > 20 else ''})",
+            f"(positions {extra[:20]}{'...' if len(extra) > 20 else ''}): declare them, or "
+            "remove them from the file"
+            + (
+                f" ({pandas_index} is pandas' index: write the file with "
+                "to_parquet(..., index=False))"
+                if pandas_index
+                else ""
+            ),
         )
     if problems and extra and not near_misses and all(counts[name] == 0 for name in declared):
         problems.add(None, "no declared column was found: does the file start with a header row?")

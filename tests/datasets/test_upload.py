@@ -222,7 +222,8 @@ CONTINUOUS = {"name": "age", "kind": "continuous", "lower": 0, "upper": 100}
             csv_bytes(HEADER + ",extra", [r + ",1" for r in ROWS]),
             None,
             None,
-            "1 column(s) of the file are not declared in the schema (positions [5])",
+            "1 column(s) of the file are not declared in the schema (positions [5]): declare "
+            "them, or remove them from the file",
             None,
             id="extra-column",
         ),
