@@ -316,11 +316,6 @@ def test_malformed_uploads_name_the_column_and_store_nothing(
             id="header-only-without-line-end",
         ),
         pytest.param(
-            csv_bytes(rows=[f"{SENTINELS[0]},{SENTINELS[1]},A", "20,60,A,1"]),
-            "some rows have a different number of fields than the header row",
-            id="ragged-rows",
-        ),
-        pytest.param(
             HEADER.encode() + b"\n1,2,\xff\xfe,1\n",
             "the file is not valid UTF-8 text (Latin-1 or Windows-1252?): save it as UTF-8 (in "
             "Excel: 'CSV UTF-8'), or upload Parquet",

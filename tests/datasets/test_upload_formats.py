@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from app.storage.tables import open_table
 from tests.conftest import Caller
-from tests.datasets.helpers import parquet_bytes, upload, with_columns
-from tests.datasets.test_upload import assert_nothing_stored
+from tests.datasets.helpers import SENTINELS, parquet_bytes, upload, with_columns
+from tests.datasets.test_upload import assert_no_raw_values, assert_nothing_stored
 
 COLUMNS: list[dict[str, Any]] = [
     {"name": "x", "kind": "continuous", "lower": 0, "upper": 100},
@@ -251,4 +251,57 @@ def test_undeclared_columns_are_refused_with_what_to_do(
     filtered, went unexplained (found by the file-formats audit)."""
     response = upload(client, curator, content, with_columns(*COLUMNS))
     assert problems_of(response) == [{"column": None, "problem": problem, "rows": None}]
+    assert_nothing_stored(client)
+
+
+RAGGED = (
+    "rows with a different number of fields than the header row, the first at rows {rows} "
+    "(the header is row 1; a comma in a cell that is not quoted, or a quote left open?)"
+)
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        pytest.param(
+            [f"{SENTINELS[0]},{SENTINELS[1]}", "2,B,0", f"3,A,1,{SENTINELS[2]}"],
+            {"column": None, "problem": RAGGED.format(rows="[2, 4]"), "rows": 2},
+            id="fewer-and-more",
+        ),
+        pytest.param(
+            # an unquoted comma in a number, the usual culprit
+            ["1,A,1"] * 7 + [f'"{SENTINELS[0]}",A,1', f"1,{SENTINELS[1]},B,0"],
+            {"column": None, "problem": RAGGED.format(rows="[10]"), "rows": 1},
+            id="comma-in-a-cell",
+        ),
+        pytest.param(
+            # a quote left open swallows the rest of the file into one row
+            ["1,A,1", f'2,"B,{SENTINELS[0]}', *["3,A,1"] * 50],
+            {"column": None, "problem": RAGGED.format(rows="[3]"), "rows": 1},
+            id="quote-left-open",
+        ),
+        pytest.param(
+            # the read stops at the sixth (each costs a Python call), so no count
+            ["1,A,1"] * 3 + [f"1,A,1,{SENTINELS[0]}"] * 5000,
+            {
+                "column": None,
+                "problem": RAGGED.format(rows="[5, 6, 7, 8, 9, ...]"),
+                "rows": None,
+            },
+            id="many",
+        ),
+    ],
+)
+def test_rows_with_a_different_number_of_fields_are_counted_and_located(
+    client: TestClient, curator: Caller, rows: list[str], expected: dict[str, Any]
+) -> None:
+    """A row with more or fewer fields than the header got "some rows have a different
+    number of fields than the header row", for the whole file, which left a curator with
+    a million rows nothing to look for (found by the file-formats audit). Row numbers
+    are not cell values: they come back, the first five, with the count if there are no
+    more."""
+    content = ("x,c,b\n" + "\n".join(rows) + "\n").encode()
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    assert problems_of(response) == [expected]
+    assert_no_raw_values(response.text)
     assert_nothing_stored(client)
