@@ -112,7 +112,7 @@ def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase)
     if "UTF8" in text or "UTF-8" in text:
         return NOT_UTF8
     if fmt == "parquet":
-        return "the file could not be read as Parquet"
+        return "the file could not be read as Parquet (is it truncated or corrupt?)"
     return "the file could not be read as CSV"
 
 
@@ -360,7 +360,7 @@ def detect_format(reader: io.RawIOBase, size: int, filename: str | None = None) 
         raise file_problem("the file is empty")
     head = reader.read(4) or b""
     reader.seek(0)
-    if size >= 8 and head == b"PAR1":
+    if head == b"PAR1":  # even if too short to be one: a Parquet file cut short
         return "parquet"
     if filename is not None and filename.lower().endswith(PARQUET_SUFFIXES):
         raise file_problem(

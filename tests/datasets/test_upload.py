@@ -323,7 +323,7 @@ def test_malformed_uploads_name_the_column_and_store_nothing(
         ),
         pytest.param(
             b"PAR1" + b"\x00" * 64 + SENTINELS[0].encode(),
-            "the file could not be read as Parquet",
+            "the file could not be read as Parquet (is it truncated or corrupt?)",
             id="broken-parquet",
         ),
         # a CSV parser calls these "ragged" or "empty": say what the file is instead

@@ -305,3 +305,34 @@ def test_rows_with_a_different_number_of_fields_are_counted_and_located(
     assert problems_of(response) == [expected]
     assert_no_raw_values(response.text)
     assert_nothing_stored(client)
+
+
+def _parquet() -> bytes:
+    return parquet_bytes(pa.table({"x": [1.0, 2.0], "c": ["A", "B"], "b": [True, False]}))
+
+
+@pytest.mark.parametrize(
+    ("content", "filename"),
+    [
+        pytest.param(_parquet()[:4], "d.parquet", id="magic-only"),
+        pytest.param(_parquet()[:6], "d.csv", id="six-bytes"),
+        pytest.param(_parquet()[: len(_parquet()) // 2], "d.parquet", id="half"),
+        pytest.param(_parquet()[:-1], "d.csv", id="last-byte-lost"),
+    ],
+)
+def test_a_truncated_parquet_file_is_refused_as_such(
+    client: TestClient, curator: Caller, content: bytes, filename: str
+) -> None:
+    """A Parquet file cut short (an interrupted copy). Under 8 bytes it was not taken for
+    Parquet at all: named .parquet it got "not a Parquet file (it does not start with
+    Parquet's magic bytes PAR1)", which it does, and otherwise a CSV reader's complaint
+    (found by the file-formats audit)."""
+    response = upload(client, curator, content, with_columns(*COLUMNS), filename=filename)
+    assert problems_of(response) == [
+        {
+            "column": None,
+            "problem": "the file could not be read as Parquet (is it truncated or corrupt?)",
+            "rows": None,
+        }
+    ]
+    assert_nothing_stored(client)
