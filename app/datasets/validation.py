@@ -548,6 +548,18 @@ def _check_header(file_names: list[str], declared: list[str], problems: Problems
         problems.add(None, "no declared column was found: does the file start with a header row?")
 
 
+def _process(check: ColumnCheck, array: pa.Array, problems: Problems) -> pa.Array:
+    try:
+        return check.process(array, problems)
+    except pa.ArrowInvalid as exc:
+        if "UTF8" not in str(exc):
+            raise
+        # a Parquet string column of bytes that are not UTF-8: pyarrow reads it unchecked,
+        # and the check's first text function fails (on which rows, it does not say)
+        problems.add(check.name, "text that is not valid UTF-8")
+        return pa.nulls(len(array), check.arrow_type)
+
+
 @dataclass(frozen=True)
 class StoredTable:
     format: FileFormat
@@ -589,7 +601,7 @@ def validate_and_store(
         try:
             for batch in batches:
                 n_rows += batch.num_rows
-                arrays = [check.process(batch.column(check.name), problems) for check in checks]
+                arrays = [_process(check, batch.column(check.name), problems) for check in checks]
                 if problems:
                     continue  # keep counting problems; nothing more is written
                 if writer is None:

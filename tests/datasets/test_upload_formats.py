@@ -336,3 +336,23 @@ def test_a_truncated_parquet_file_is_refused_as_such(
         }
     ]
     assert_nothing_stored(client)
+
+
+def test_a_parquet_string_column_that_is_not_utf8_is_named(
+    client: TestClient, curator: Caller
+) -> None:
+    """pyarrow reads a Parquet string column without checking its bytes; the check's first
+    text function then failed, and the file got a CSV's refusal, "not valid UTF-8 text:
+    save it as UTF-8 (in Excel ...)", naming no column (found by the file-formats audit).
+    The column is named, and the other columns are still checked."""
+    not_utf8 = pa.array([b"A", b"\xff" + SENTINELS[0].encode()]).view(pa.string())
+    table = pa.table({"x": [1.0, 200.0], "c": not_utf8, "b": [True, False]})
+    response = upload(
+        client, curator, parquet_bytes(table), with_columns(*COLUMNS, out_of_bounds="reject")
+    )
+    assert problems_of(response) == [
+        {"column": "x", "problem": "values outside the declared bounds [0.0, 100.0]", "rows": 1},
+        {"column": "c", "problem": "text that is not valid UTF-8", "rows": None},
+    ]
+    assert_no_raw_values(response.text)
+    assert_nothing_stored(client)
