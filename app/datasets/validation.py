@@ -494,6 +494,15 @@ def _header_names(reader: Any, fmt: FileFormat, ragged: RaggedRows) -> list[str]
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")
 
 
+def _undeclared_hint(position: int, name: str) -> str | None:
+    """What an undeclared column may be, if its name shows it (names that are no cell)."""
+    if not name.strip():
+        return f"column {position} has no name: does every line end with a comma?"
+    if _PANDAS_INDEX.fullmatch(name):
+        return f"{name} is pandas' index: write the file with to_parquet(..., index=False)"
+    return None
+
+
 def _loose(name: str) -> str:
     return name.strip().casefold()
 
@@ -528,21 +537,12 @@ def _check_header(file_names: list[str], declared: list[str], problems: Problems
     # would otherwise have its first data row quoted back.
     extra = [i + 1 for i, name in enumerate(file_names) if name not in declared_set]
     if extra:
-        pandas_index = next(
-            (file_names[i - 1] for i in extra if _PANDAS_INDEX.fullmatch(file_names[i - 1])),
-            None,
-        )
+        hints = [h for i in extra if (h := _undeclared_hint(i, file_names[i - 1]))]
         problems.add(
             None,
             f"{len(extra)} column(s) of the file are not declared in the schema "
             f"(positions {extra[:20]}{'...' if len(extra) > 20 else ''}): declare them, or "
-            "remove them from the file"
-            + (
-                f" ({pandas_index} is pandas' index: write the file with "
-                "to_parquet(..., index=False))"
-                if pandas_index
-                else ""
-            ),
+            "remove them from the file" + (f" ({hints[0]})" if hints else ""),
         )
     if problems and extra and not near_misses and all(counts[name] == 0 for name in declared):
         problems.add(None, "no declared column was found: does the file start with a header row?")

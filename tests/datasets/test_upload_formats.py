@@ -356,3 +356,18 @@ def test_a_parquet_string_column_that_is_not_utf8_is_named(
     ]
     assert_no_raw_values(response.text)
     assert_nothing_stored(client)
+
+
+def test_a_column_without_a_name_is_pointed_out(client: TestClient, curator: Caller) -> None:
+    """Some exports end every line with a comma: the header then has a last column with
+    no name, which was "not declared in the schema (positions [4])", a column the curator
+    could neither see nor declare (found by the file-formats audit)."""
+    response = upload(client, curator, b"x,c,b,\n1,A,1,\n", with_columns(*COLUMNS))
+    assert problems_of(response) == [
+        {
+            "column": None,
+            "problem": UNDECLARED + " (column 4 has no name: does every line end with a comma?)",
+            "rows": None,
+        }
+    ]
+    assert_nothing_stored(client)
