@@ -3,10 +3,14 @@ or refused with a message that names the problem (never a value) and stores noth
 
 from __future__ import annotations
 
+import io
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
@@ -370,4 +374,213 @@ def test_a_column_without_a_name_is_pointed_out(client: TestClient, curator: Cal
             "rows": None,
         }
     ]
+    assert_nothing_stored(client)
+
+
+READ = {"x": [1.5, 20.0], "c": ["A", "B"], "b": [1, 0]}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"x,c,b\r1.5,A,1\r20,B,0\r", id="cr-line-ends"),
+        pytest.param(b"x,c,b\r\n1.5,A,1\n20,B,0", id="mixed-line-ends-no-last"),
+        pytest.param(b'"x","c","b"\n"1.5","A","1"\n"20","B","0"\n', id="quoted"),
+        pytest.param(b"b,x,c\n1,1.5,A\n0,20,B\n", id="other-column-order"),
+        pytest.param(b"x,c,b\n1.5,A,1\n\n20,B,0\n\n\n", id="blank-lines"),
+        pytest.param(b"x,c,b\n 1.5 , A ,\t1\n20,B,0\n", id="spaces-around-cells"),
+        pytest.param(b"x,c,b\n15e-1,A,true\n2E1,B,FALSE\n", id="exponents-and-words"),
+        pytest.param(b"x,c,b\n+1.50,A,True\n20.,B,False\n", id="plus-and-trailing-point"),
+        pytest.param(b"x,c,b\n1.5,A,1.0\n.2e2,B,0.0\n", id="leading-point-and-1.0"),
+    ],
+)
+def test_csv_dialects_and_spellings_are_read_as_written(
+    client: TestClient, curator: Caller, content: bytes
+) -> None:
+    """What the README promises of a CSV: line ends, quoting, any column order, blank
+    lines, trimmed cells, number and flag spellings (a BOM and CRLF: test_upload.py)."""
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    assert response.status_code == 201, response.text
+    assert stored_rows(client, response.json()["id"]) == READ
+
+
+@pytest.mark.parametrize(
+    ("cell", "problem"),
+    [
+        pytest.param("NA", "non-numeric values", id="NA"),
+        pytest.param("null", "non-numeric values", id="null"),
+        pytest.param('"1,000"', "non-numeric values", id="thousands-separator"),
+        pytest.param("0x10", "non-numeric values", id="hex"),
+        pytest.param("-nan", "NaN cells", id="nan"),
+        pytest.param("-Infinity", "infinite values", id="infinity"),
+        pytest.param("1e400", "infinite values", id="overflow"),
+        pytest.param('""', "empty cells", id="quoted-empty"),
+    ],
+)
+def test_a_continuous_cell_must_hold_a_finite_number(
+    client: TestClient, curator: Caller, cell: str, problem: str
+) -> None:
+    """Every row needs a value: a missing one is refused in any spelling (as are NaN and
+    infinities), and so is a number with a thousands separator ("cell" is CSV text)."""
+    content = f'x,c,b\n"{SENTINELS[0]}",A,1\n{cell},B,0\n'
+    response = upload(client, curator, content.encode(), with_columns(*COLUMNS))
+    assert problems_of(response) == [{"column": "x", "problem": problem, "rows": 1}]
+    assert_no_raw_values(response.text)
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("cells", "column", "problem"),
+    [
+        pytest.param(
+            ["yes", "no", "t", "f", "01", "2"],
+            "b",
+            "values other than 0/1/true/false",
+            id="binary",
+        ),
+        pytest.param(
+            ["a", "b", "A.", "AB"],
+            "c",
+            "values that are not declared categories",
+            id="categories-by-exact-text",
+        ),
+    ],
+)
+def test_flags_and_categories_take_their_spellings_only(
+    client: TestClient, curator: Caller, cells: list[str], column: str, problem: str
+) -> None:
+    rows = [f"1,{cell},1" if column == "c" else f"1,A,{cell}" for cell in cells]
+    content = ("x,c,b\n" + "\n".join(rows) + "\n").encode()
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    assert problems_of(response) == [{"column": column, "problem": problem, "rows": len(cells)}]
+    assert_nothing_stored(client)
+
+
+def test_categories_are_matched_by_their_text(client: TestClient, curator: Caller) -> None:
+    """ "01" and "1" are two categories, and a category declared as the number 1 is the
+    text "1": neither "01" nor "1.0" is it."""
+    columns = [COLUMNS[0], {"name": "c", "kind": "categorical", "categories": ["01", 1]}]
+    ok = upload(client, curator, b"x,c\n1,01\n2, 1\n3,1\n", with_columns(*columns))
+    assert ok.status_code == 201, ok.text
+    assert stored_rows(client, ok.json()["id"], columns)["c"] == ["01", 1, 1]
+    refused = upload(client, curator, b"x,c\n1,1.0\n2,001\n", with_columns(*columns))
+    assert problems_of(refused) == [
+        {"column": "c", "problem": "values that are not declared categories", "rows": 2}
+    ]
+
+
+def _typed(x: pa.Array, c: pa.Array, b: pa.Array) -> pa.Table:
+    return pa.table({"x": x, "c": c, "b": b})
+
+
+NUMBERS = [1.5, 20.0]
+LABELS = ["A", "B"]
+
+
+@pytest.mark.parametrize(
+    ("table", "write"),
+    [
+        *[
+            pytest.param(
+                _typed(pa.array([1, 20], type=t), pa.array(LABELS), pa.array([1, 0], type=t)),
+                {},
+                id=str(t),
+            )
+            for t in (
+                pa.int8(),
+                pa.int16(),
+                pa.int32(),
+                pa.int64(),
+                pa.uint8(),
+                pa.uint16(),
+                pa.uint32(),
+                pa.uint64(),
+            )
+        ],
+        *[
+            pytest.param(
+                _typed(
+                    pa.array(np.array(NUMBERS, dtype=dtype)),
+                    pa.array(LABELS, type=pa.large_string()),
+                    pa.array(np.array([1, 0], dtype=dtype)),
+                ),
+                {},
+                id=str(np.dtype(dtype)),
+            )
+            for dtype in (np.float16, np.float32, np.float64)
+        ],
+        pytest.param(
+            # a pandas category column is dictionary-encoded, its dictionary strings or ints
+            _typed(
+                pa.array(NUMBERS).dictionary_encode(),
+                pa.array(LABELS).dictionary_encode(),
+                pa.array([1, 0]).dictionary_encode(),
+            ),
+            {},
+            id="dictionary",
+        ),
+        pytest.param(
+            _typed(pa.array(NUMBERS), pa.array(LABELS), pa.array([True, False])),
+            {"row_group_size": 1, "compression": "none"},
+            id="row-groups-uncompressed",
+        ),
+        *[
+            pytest.param(
+                _typed(pa.array(NUMBERS), pa.array(LABELS), pa.array([True, False])),
+                {"compression": codec},
+                id=codec,
+            )
+            for codec in ("snappy", "gzip", "brotli", "zstd", "lz4")
+        ],
+    ],
+)
+def test_parquet_types_and_codecs_are_read(
+    client: TestClient, curator: Caller, table: pa.Table, write: dict[str, Any]
+) -> None:
+    """Integers of every width, floats of every width (half floats too), dictionaries
+    (pandas categories), row groups and every codec pyarrow writes, whatever the name of
+    the file (it is uploaded as data.csv: the format is read from its first bytes)."""
+    sink = io.BytesIO()
+    pq.write_table(table, sink, **write)
+    response = upload(client, curator, sink.getvalue(), with_columns(*COLUMNS))
+    assert response.status_code == 201, response.text
+    assert response.json()["validation"]["format"] == "parquet"
+    expected = {**READ, "x": [1.0, 20.0]} if pa.types.is_integer(table["x"].type) else READ
+    assert stored_rows(client, response.json()["id"]) == expected
+
+
+@pytest.mark.parametrize(
+    ("array", "problem"),
+    [
+        pytest.param(
+            pa.array([datetime(2020, 1, 1)] * 2),
+            "has type timestamp[us]; expected numbers",
+            id="timestamp",
+        ),
+        pytest.param(
+            pa.array([date(2020, 1, 1)] * 2),
+            "has type date32[day]; expected numbers",
+            id="date",
+        ),
+        pytest.param(
+            pa.array([[1.0], [2.0]]),
+            "has type list<element: double>; expected numbers",
+            id="list",
+        ),
+        pytest.param(
+            pa.array([{"v": 1.0}] * 2),
+            "has type struct<v: double>; expected numbers",
+            id="struct",
+        ),
+        pytest.param(pa.array([True, False]), "has type bool; expected numbers", id="bool"),
+        pytest.param(pa.array([None, 1.0]), "empty cells", id="null"),
+    ],
+)
+def test_parquet_columns_that_are_not_numbers_are_refused_by_type(
+    client: TestClient, curator: Caller, array: pa.Array, problem: str
+) -> None:
+    table = _typed(array, pa.array(LABELS), pa.array([True, False]))
+    response = upload(client, curator, parquet_bytes(table), with_columns(*COLUMNS))
+    [found] = problems_of(response)
+    assert (found["column"], found["problem"]) == ("x", problem)
     assert_nothing_stored(client)
