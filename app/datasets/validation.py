@@ -104,7 +104,8 @@ def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase)
     text = str(exc)
     if "Empty CSV file" in text:
         reader.seek(0)
-        head = (reader.read(SNIFF_BYTES) or b"").strip()
+        # a UTF-8 byte-order mark alone is what Excel's "CSV UTF-8" writes of an empty sheet
+        head = (reader.read(SNIFF_BYTES) or b"").removeprefix(b"\xef\xbb\xbf").strip()
         if head and b"\n" not in head and b"\r" not in head:
             # pyarrow's word for one line without a line end (a header, no rows)
             return "the file has no data rows (it is a single line)"

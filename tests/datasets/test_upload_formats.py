@@ -584,3 +584,14 @@ def test_parquet_columns_that_are_not_numbers_are_refused_by_type(
     [found] = problems_of(response)
     assert (found["column"], found["problem"]) == ("x", problem)
     assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize("content", [b"\xef\xbb\xbf", b"\xef\xbb\xbf\r\n\r\n"])
+def test_a_file_with_only_a_byte_order_mark_is_empty(
+    client: TestClient, curator: Caller, content: bytes
+) -> None:
+    """What Excel's "CSV UTF-8" writes for an empty sheet: it got "the file has no data
+    rows (it is a single line)" (found by the file-formats audit)."""
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    assert problems_of(response) == [{"column": None, "problem": "the file is empty", "rows": None}]
+    assert_nothing_stored(client)
