@@ -9,6 +9,7 @@ Gaussian scale do not depend on the vector's length), reshaped to 2,000 draws of
 import itertools
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -661,3 +662,34 @@ def test_answers_are_of_degree_one_in_the_query_scale_past_the_squares_range(
     big = syn.evaluate(lambda X: 1e160 * np.cos(X[:, 0]) * X[:, 1], rng=np.random.default_rng(3))
     for name in fields:
         assert getattr(big, name) == pytest.approx(1e160 * getattr(base, name), rel=1e-9)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_answers_are_of_degree_one_in_a_factors_scale_and_in_a_batchs_general_query(
+    delta: float,
+) -> None:
+    """The rescaling covers a query whose weight is already of unit size but whose factor
+    coefficients are not (a product query with a factor times 1e160: only its factors
+    carry the scale), and a non-separable query answered in a batch (``answer_many``), as
+    it does ``evaluate``: either gave an infinite standard error when left unscaled."""
+    _, syn = fixed_setting(delta)
+    fields = ("value", "stderr", "halfwidth", "noise_halfwidth", "worst_case_halfwidth")
+    factors = (np.array([0.3, 0.5, -0.2]), np.array([0.4, -0.25]))
+    for weight in (0.75, 1.0):
+        base = syn.evaluate(ProductQuery(factors, weight=weight))
+        big = syn.evaluate(ProductQuery((1e160 * factors[0], factors[1]), weight=weight))
+        for name in fields:
+            assert getattr(big, name) == pytest.approx(1e160 * getattr(base, name), rel=1e-12)
+        assert math.isfinite(big.stderr)
+        assert big.stderr > 0
+
+    def general(scale: float) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda X: scale * np.cos(X[:, 0]) * X[:, 1]
+
+    single = syn.evaluate(general(1e160))
+    many = syn.answer_many([general(1.0), general(1e160)])
+    assert math.isfinite(many[1].stderr)
+    assert many[1].stderr > 0
+    for name in fields:
+        assert getattr(many[1], name) == pytest.approx(getattr(single, name), rel=1e-9)
+        assert getattr(many[1], name) == pytest.approx(1e160 * getattr(many[0], name), rel=1e-9)
