@@ -17,6 +17,20 @@ def test_compose_adds_epsilon_and_delta() -> None:
     assert not cost.within(0.99, 5e-10)
 
 
+def test_within_tolerates_float_rounding_and_no_more_than_the_ledgers_resolution() -> None:
+    """within() allows a sum of shares a few ulps over its request (0.1 + 0.2 is
+    0.30000000000000004), and nothing past 1e-12 relative, the ledger's resolution at
+    epsilon 1: a cost 2e-12 or 1e-10 over its reservation is not within it, in epsilon
+    or in delta."""
+    rounded = PrivacyCost.compose([CostPart("a", 0.1, 1e-10), CostPart("b", 0.2, 2e-10)])
+    assert rounded.epsilon > 0.3
+    assert rounded.within(0.3, 3e-10)
+    for over in (2e-12, 1e-10):
+        assert not PrivacyCost.compose([CostPart("a", 0.2 * (1 + over))]).within(0.2, 0.0)
+        assert not PrivacyCost.compose([CostPart("a", 0.2, 1e-9 * (1 + over))]).within(0.2, 1e-9)
+    assert PrivacyCost.compose([CostPart("a", 0.2 * (1 + 2e-13), 1e-9)]).within(0.2, 1e-9)
+
+
 def test_round_trip_through_dict() -> None:
     cost = PrivacyCost.compose([CostPart("moments", 0.7, 1e-9)])
     assert PrivacyCost.from_dict(cost.as_dict()) == cost
