@@ -3,11 +3,19 @@ message (or, for the graph_cuts preview, an answer), and nothing is written."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import pkgutil
+import re
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app.core.types import Integer
 from tests.conftest import Caller
 from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.datasets.test_graphs import upload_graph
@@ -211,6 +219,87 @@ def test_integral_json_floats_are_integers(client: TestClient, curator: Caller) 
         assert response.status_code == 200, response.text
         answers.append(response.json()["answers"])
     assert answers[0] == answers[1]
+
+
+#: Integer-typed fields that hold a category's value, not a count: a cell matches a category
+#: by its text ("3" matches 3), so 3.0 is not taken for 3 there (commit f1480ae covers
+#: parameters, query powers, vertex ids and the vertex count).
+_CATEGORY_VALUE_FIELDS = {
+    ("CategoricalColumn", "categories"),
+    ("ConjunctionQuery", "where"),
+    ("HeterogeneousQuery", "by_public"),
+}
+
+
+def _strict_integer_fields() -> list[tuple[type[BaseModel], str, dict[str, Any]]]:
+    """Every integer field of a strict request model of the datasets' schemas and the
+    mechanisms' adapters (found by its JSON schema, so a new plain ``int`` is found too),
+    with its JSON schema."""
+    import app.datasets.schemas
+    import app.releases.adapters
+
+    modules = [app.datasets.schemas] + [
+        importlib.import_module(m.name)
+        for m in pkgutil.iter_modules(app.releases.adapters.__path__, "app.releases.adapters.")
+    ]
+    found = []
+    for module in modules:
+        for model in vars(module).values():
+            if not (
+                inspect.isclass(model)
+                and issubclass(model, BaseModel)
+                and model.__module__ == module.__name__
+                and model.model_config.get("strict")
+            ):
+                continue
+            for name, schema in model.model_json_schema().get("properties", {}).items():
+                if (
+                    "'integer'" in str(schema)
+                    and (model.__name__, name) not in _CATEGORY_VALUE_FIELDS
+                ):
+                    found.append((model, name, schema))
+    return found
+
+
+def test_every_integer_field_takes_integral_floats() -> None:
+    """Each integer parameter (of every mechanism), query power, graph vertex id and the
+    graph's vertex count reads 6.0 as 6 (f1480ae: "in every integer parameter"); a field
+    left a plain strict ``int`` refuses it."""
+    fields = _strict_integer_fields()
+    assert len(fields) >= 15, fields
+    for model, name, schema in fields:
+        low = next((int(m) for m in re.findall(r"'minimum': (\d+)", str(schema))), 1)
+        value = float(max(low, 2))
+        text = str(schema)
+        if "'array'" in text:
+            given: object = [value]
+        elif "additionalProperties" in text:
+            given = {"x": value}
+        else:
+            given = value
+        try:
+            model.model_validate({name: given})
+        except ValidationError as exc:
+            at_field = [e for e in exc.errors() if e["loc"][:1] == (name,)]
+            assert at_field == [], (model.__name__, name, at_field)
+
+
+def test_integral_floats_are_integers_only_where_floats_are_exact() -> None:
+    """Integral floats up to 2^53 (in magnitude) are integers; past it a float stands for
+    several integers (2^53 + 1 reads as 2^53) and stays refused, as 6.5, true and "6" do."""
+    adapter: TypeAdapter[int] = TypeAdapter(Integer, config=ConfigDict(strict=True))
+    for given, expected in (
+        (6.0, 6),
+        (-6.0, -6),
+        (0.0, 0),
+        (2.0**53, 2**53),
+        (-(2.0**53), -(2**53)),
+    ):
+        read = adapter.validate_python(given)
+        assert (read, type(read)) == (expected, int), given
+    for refused in (6.5, 2.0**53 + 2, -(2.0**53 + 2), 2.0**60, 1e300, INF, NAN, True, "6"):
+        with pytest.raises(ValidationError):
+            adapter.validate_python(refused)
 
 
 def test_declarations_opt_ins_and_parameters_are_json_typed(
