@@ -1350,3 +1350,30 @@ def test_a_delta_not_below_one_over_n_is_warned_about(client: TestClient, curato
             json={**REQUEST, "delta": 1e-9},
         )
         assert small.json()["warnings"] == []
+
+
+def test_a_graphs_delta_is_not_warned_about_its_private_edge_count(
+    client: TestClient, curator: Caller
+) -> None:
+    """A graph's stored row count is its number of edges, private under edge-level DP:
+    the 1/n warning is for tables only, so a graph's delta total of 0.5 over 3 edges
+    (0.5 * 3 >= 1) is not compared with it, and nothing shown tells the count."""
+    from tests.datasets.test_graphs import upload_graph
+
+    schema = {
+        "name": "g",
+        "kind": "graph",
+        "vertices": 6,
+        "budget": {"epsilon": 5.0, "delta": 0.5},
+    }
+    uploaded = upload_graph(client, curator, b"0 1\n1 2\n4 5\n", schema)
+    assert uploaded.status_code == 201, uploaded.text
+    graph_id = uploaded.json()["id"]
+    for shown in (
+        uploaded.json(),
+        client.get(f"/v1/datasets/{graph_id}", headers=curator.headers).json(),
+        client.get("/v1/datasets", headers=curator.headers).json()[-1],
+    ):
+        assert shown["id"] == graph_id
+        assert shown["n_rows"] is None
+        assert shown["warnings"] == [], shown
