@@ -256,6 +256,80 @@ def test_serve_refuses_a_port_file_it_cannot_write(
     assert err == f"curator: cannot write --port-file {port_file}: No such file or directory\n"
 
 
+def test_serve_listens_before_it_reports_its_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The port in --port-file is listened on when the file appears, before uvicorn
+    serves: a client that connects as soon as it reads the port is queued, not refused
+    (a socket bound but not listening refused it); and uvicorn is handed that very socket."""
+    import socket
+
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    port_file = tmp_path / "port"
+    connected: list[int] = []
+
+    def run(_server: object, sockets: list[socket.socket] | None = None) -> None:
+        port = int(port_file.read_text())
+        assert sockets is not None
+        assert [s.getsockname()[1] for s in sockets] == [port]
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            connected.append(port)
+
+    monkeypatch.setattr("uvicorn.Server.run", run)
+    code, err = _exit(["serve", "--port", "0", "--port-file", str(port_file)], capsys)
+    assert (code, err) == (0, "")
+    assert len(connected) == 1
+
+
+def test_the_servers_socket_binds_a_port_left_in_time_wait(tmp_path: Path) -> None:
+    """A server restarted on its port while connections it closed are in TIME_WAIT binds
+    it (SO_REUSEADDR, as uvicorn sets it): without, 'address already in use' for a minute."""
+    import socket
+
+    from app.cli import _listen
+
+    with _listen("127.0.0.1", 0) as server:
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server closes first: its side goes to TIME_WAIT
+            assert client.recv(1) == b""
+    with _listen("127.0.0.1", port) as again:
+        assert again.getsockname()[1] == port
+
+
+def test_the_port_file_never_holds_part_of_the_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script polling for --port-file sees no file or the whole number: the port is
+    written elsewhere and renamed into place, never written where it is read."""
+    from app.cli import _write_port
+
+    port_file = tmp_path / "port"
+    seen: list[str | None] = []
+    write_text = Path.write_text
+
+    def slow_write(self: Path, data: str, *args: Any, **kwargs: Any) -> int:
+        write_text(self, data[:1], *args, **kwargs)  # as a write cut short would leave it
+        seen.append(port_file.read_text() if port_file.exists() else None)
+        return write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", slow_write)
+    _write_port(port_file, 54321)
+    assert seen == [None]
+    assert port_file.read_text() == "54321\n"
+    assert not (tmp_path / "port.partial").exists()
+
+
+def test_the_logged_url_brackets_an_ipv6_host() -> None:
+    from app.cli import _url
+
+    assert _url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    assert _url("0.0.0.0", 80) == "http://0.0.0.0:80"
+    assert _url("::1", 8000) == "http://[::1]:8000"
+    assert _url("::", 8080) == "http://[::]:8080"
+
+
 @pytest.mark.usefixtures("never_started")
 @pytest.mark.parametrize(
     ("argv", "message"),
