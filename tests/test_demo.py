@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import socket
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -79,3 +81,44 @@ def test_the_demo_server_keeps_the_port_it_picked(
     finally:
         for taker in takers:
             close(taker)
+
+
+def _settings(tmp_path: Path) -> Settings:
+    settings = Settings(data_dir=tmp_path, database_url=None, redis_url=None)
+    settings.prepare()
+    migrations.upgrade(settings.resolved_database_url)
+    return settings
+
+
+def _server_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "curator-server"]
+
+
+def test_the_demo_server_stops_and_lets_its_port_go_when_done(tmp_path: Path) -> None:
+    """Leaving serving() stops the server at once (it was told to exit, not waited for
+    until the join's 60 s timeout) and the port is free again."""
+    assert _server_threads() == []
+    with serving(_settings(tmp_path)) as base:
+        port = int(base.rsplit(":", 1)[1])
+        assert len(_server_threads()) == 1
+    assert _server_threads() == []
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))
+
+
+def test_a_demo_server_that_does_not_start_is_reported_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server thread that ends without starting is a DemoError as soon as it ends, not
+    after the 30 s start deadline."""
+    import uvicorn
+
+    from app.demo.runner import DemoError
+
+    settings = _settings(tmp_path)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *_args, **_kwargs: None)
+    began = time.monotonic()
+    with pytest.raises(DemoError, match="the server did not start"), serving(settings):
+        pass
+    assert time.monotonic() - began < 10
+    assert _server_threads() == []
