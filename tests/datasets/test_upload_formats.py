@@ -153,6 +153,14 @@ def test_parquet_decimal_columns_are_category_codes_flags_and_identifiers(
             id="semicolons-decimal-comma",
         ),
         pytest.param(
+            # old Mac line ends (CR only): the first line ends at the CR, before the
+            # decimal comma of the first row
+            b"x;c;b\r1,5;A;1\r",
+            "the file is separated by semicolons, not commas (its first line has no comma): "
+            "upload comma-separated CSV, with '.' as the decimal mark",
+            id="semicolons-cr-line-ends",
+        ),
+        pytest.param(
             b"x\tc\tb\n1.5\tA\t1\n",
             "the file is separated by tabs, not commas (its first line has no comma): "
             "upload comma-separated CSV",
@@ -169,6 +177,28 @@ def test_a_file_separated_by_semicolons_or_tabs_is_refused_as_such(
     response = upload(client, curator, content, with_columns(*COLUMNS))
     assert problems_of(response) == [{"column": None, "problem": problem, "rows": None}]
     assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize(
+    ("columns", "content"),
+    [
+        pytest.param([{**COLUMNS[0], "name": "x;y"}], b"x;y\n1\n2\n", id="one-column"),
+        pytest.param(
+            [COLUMNS[0], {**COLUMNS[1], "name": "c;d"}, COLUMNS[2]],
+            b"x,c;d,b\n1,A,1\n2,B,0\n",
+            id="comma-separated",
+        ),
+    ],
+)
+def test_a_semicolon_in_a_header_name_is_no_separator(
+    client: TestClient, curator: Caller, columns: list[dict[str, Any]], content: bytes
+) -> None:
+    """The semicolon check is on a first line without a comma, and only when two or more
+    columns are declared: a one-column file's header has no comma, and a declared name
+    may hold a semicolon."""
+    response = upload(client, curator, content, with_columns(*columns))
+    assert response.status_code == 201, response.text
+    assert response.json()["n_rows"] == 2
 
 
 @pytest.mark.parametrize(
