@@ -232,6 +232,23 @@ def test_a_semicolon_in_a_header_name_is_no_separator(
             },
             id="upper-case",
         ),
+        pytest.param(
+            # near misses for the first declared columns, none for the last: still no
+            # "does the file start with a header row?"
+            b"X,C,q\n1,A,1\n",
+            {
+                *(
+                    (
+                        name,
+                        f"missing from the file: column {i} of the file has its name but for "
+                        "case or surrounding spaces (the names must match exactly)",
+                    )
+                    for i, name in ((1, "x"), (2, "c"))
+                ),
+                ("b", "missing from the file"),
+            },
+            id="upper-case-and-one-missing",
+        ),
     ],
 )
 def test_header_names_that_differ_in_case_or_spaces_are_pointed_out(
@@ -245,6 +262,19 @@ def test_header_names_that_differ_in_case_or_spaces_are_pointed_out(
     problems = problems_of(response)
     assert {(p["column"], p["problem"]) for p in problems if p["column"]} == expected
     assert not any("header row" in p["problem"] for p in problems)
+    assert_nothing_stored(client)
+
+
+def test_a_declared_name_is_not_pointed_out_as_another_ones_near_miss(
+    client: TestClient, curator: Caller
+) -> None:
+    """Names are matched exactly, so "x" and "X" may both be declared: a file with only
+    "X" misses "x", and "X" (a declared column) is not pointed out as "x" in another case."""
+    columns = [*COLUMNS, {**COLUMNS[0], "name": "X"}]
+    response = upload(client, curator, b"X,c,b\n1,A,1\n", with_columns(*columns))
+    assert problems_of(response) == [
+        {"column": "x", "problem": "missing from the file", "rows": None}
+    ]
     assert_nothing_stored(client)
 
 
