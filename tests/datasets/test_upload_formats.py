@@ -304,6 +304,12 @@ UNDECLARED = (
             "to_parquet(..., index=False))",
             id="pandas-index",
         ),
+        pytest.param(
+            # a name that holds pandas' index name but is not it
+            b"x,c,b,my__index_level_0__\n1,A,1,n\n",
+            UNDECLARED,
+            id="not-pandas-index",
+        ),
     ],
 )
 def test_undeclared_columns_are_refused_with_what_to_do(
