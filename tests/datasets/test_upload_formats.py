@@ -351,6 +351,12 @@ RAGGED = (
             id="quote-left-open",
         ),
         pytest.param(
+            # every row ragged: those are the problem, not "the file has no data rows"
+            [f"1,{SENTINELS[0]}", f"2,B,0,{SENTINELS[1]}"],
+            {"column": None, "problem": RAGGED.format(rows="[2, 3]"), "rows": 2},
+            id="all-rows",
+        ),
+        pytest.param(
             # the read stops at the sixth (each costs a Python call), so no count
             ["1,A,1"] * 3 + [f"1,A,1,{SENTINELS[0]}"] * 5000,
             {
