@@ -434,11 +434,20 @@ def test_a_parquet_string_column_that_is_not_utf8_is_named(
     assert_nothing_stored(client)
 
 
-def test_a_column_without_a_name_is_pointed_out(client: TestClient, curator: Caller) -> None:
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"x,c,b,\n1,A,1,\n", id="empty"),
+        pytest.param(b"x,c,b, \n1,A,1, \n", id="a-space"),  # a comma and a space
+    ],
+)
+def test_a_column_without_a_name_is_pointed_out(
+    client: TestClient, curator: Caller, content: bytes
+) -> None:
     """Some exports end every line with a comma: the header then has a last column with
     no name, which was "not declared in the schema (positions [4])", a column the curator
     could neither see nor declare (found by the file-formats audit)."""
-    response = upload(client, curator, b"x,c,b,\n1,A,1,\n", with_columns(*COLUMNS))
+    response = upload(client, curator, content, with_columns(*COLUMNS))
     assert problems_of(response) == [
         {
             "column": None,
