@@ -468,7 +468,7 @@ def _open(
             ),
         )
         return list(stream.schema.names), iter(stream)
-    parquet = pq.ParquetFile(reader)
+    parquet = pq.ParquetFile(reader, pre_buffer=False)
     names = list(parquet.schema_arrow.names)
     present = [n for n in declared if n in names]
     return names, parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=present)
