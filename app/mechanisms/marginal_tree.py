@@ -1415,14 +1415,44 @@ def _draw(probabilities: NDArray[np.float64], rng: np.random.Generator) -> NDArr
     return out
 
 
+def _batch_coarse_codes(
+    batch: NDArray[np.float64], bins: int, atoms: bool, group: NDArray[np.int64]
+) -> Any:
+    """``(b, d)`` coarse group of every value of one batch, one byte each."""
+    g = np.asarray(group, dtype=np.uint8)
+    return g[np.arange(g.shape[0]), marginals.cell_codes(batch, bins, atoms)]
+
+
 def coarse_codes(source: RowSource, bins: int, atoms: bool, group: NDArray[np.int64]) -> Any:
     """``(n, d)`` coarse group of every value (``group``: ``(d, cells)``), one byte each
-    (never released without noise)."""
-    g = np.asarray(group, dtype=np.uint8)
-    columns = np.arange(g.shape[0])
+    (never released without noise). :func:`measure` streams :func:`all_pair_counts`
+    instead, which never holds these ``n d`` bytes."""
     return np.concatenate(
-        [g[columns, marginals.cell_codes(batch, bins, atoms)] for batch in iter_checked(source)]
+        [_batch_coarse_codes(batch, bins, atoms, group) for batch in iter_checked(source)]
     )
+
+
+def all_pairs(d: int) -> list[tuple[int, int]]:
+    """Every pair ``(i, j)``, ``i < j``, in the order of :func:`pair_scores`."""
+    return [(i, j) for i in range(d) for j in range(i + 1, d)]
+
+
+def all_pair_counts(
+    source: RowSource, bins: int, atoms: bool, group: NDArray[np.int64], pair_bins: int
+) -> tuple[int, NDArray[np.int64]]:
+    """``(n, counts)``: the exact coarse two-way count tables of every pair of
+    :func:`all_pairs` (``counts[k]``, ``(pair_bins, pair_bins)`` integers), streamed over
+    row batches: the :func:`pair_counts` of :func:`coarse_codes`, integer for integer,
+    with the codes of one batch in memory at a time (never released without noise)."""
+    pairs = all_pairs(source.n_cols)
+    counts = np.zeros((len(pairs), pair_bins, pair_bins), dtype=np.int64)
+    n = 0
+    for batch in iter_checked(source):
+        codes = _batch_coarse_codes(batch, bins, atoms, group)
+        n += codes.shape[0]
+        for k, (i, j) in enumerate(pairs):
+            counts[k] += pair_counts(codes, i, j, pair_bins)
+    return n, counts
 
 
 def pair_counts(codes: NDArray[np.int64], i: int, j: int, pair_bins: int) -> Any:
@@ -1445,11 +1475,18 @@ def pair_scores(
     rounding :func:`score_sensitivity` bounds)."""
     n, d = codes.shape
     b = P.shape[1]
-    pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
-    scores = np.array(
-        [np.abs(pair_counts(codes, i, j, b) - n * np.outer(P[i], P[j])).sum() for i, j in pairs]
+    pairs = all_pairs(d)
+    counts = np.stack([pair_counts(codes, i, j, b) for i, j in pairs])
+    return pairs, scores_of_counts(n, counts, P)
+
+
+def scores_of_counts(n: int, counts: NDArray[np.int64], P: NDArray[np.float64]) -> Any:
+    """The scores of :func:`pair_scores` from the count tables of :func:`all_pair_counts`
+    (the same floating-point operations on the same integers)."""
+    pairs = all_pairs(P.shape[0])
+    return np.array(
+        [np.abs(counts[k] - n * np.outer(P[i], P[j])).sum() for k, (i, j) in enumerate(pairs)]
     )
-    return pairs, scores
 
 
 def score_sensitivity(n: int, pair_bins: int) -> float:
@@ -1526,16 +1563,19 @@ def measure(
     )
     group = column_groups(one_way.marginals(), b, fixed.grouping)  # post-processing of step 1
     P = group_sums(one_way.marginals(), group, b)
-    # 2. selection, d - 1 noisy-max rounds over the pairs that join two components
-    codes = coarse_codes(source, B, atoms, group)
-    pairs, scores = pair_scores(codes, P)
+    # 2. selection, d - 1 noisy-max rounds over the pairs that join two components (every
+    # pair's exact table counted in one streamed pass: pair_scores and pair_table of the
+    # coarse codes, without the n d bytes of codes in memory)
+    rows, counts = all_pair_counts(source, B, atoms, group, b)
+    pairs = all_pairs(d)
+    scores = scores_of_counts(rows, counts, P)
     edges = spanning_tree(
         pairs, scores, d, lambda open_scores: noise.noisy_max(open_scores, fixed.selection_scale)
     )
     # 3. the selected pair tables
     sens_2 = pair_table_sensitivity(n, d - 1)
     law_2 = noise.gaussian_at_scale(sens_2, (d - 1) * b * b, fixed.pair_scale, epsilon, delta)
-    exact = np.stack([pair_table(codes, i, j, b) for i, j in edges]).ravel()
+    exact = np.stack([counts[pairs.index(edge)] / rows for edge in edges]).ravel()
     tables = noise.sample(law_2, exact).reshape(d - 1, b, b)
     return TreeMeasurements(
         one_way=one_way,

@@ -655,3 +655,57 @@ def test_edges_are_fitted_at_once_as_one_by_one() -> None:
     for e in range(2):
         alone = marginal_tree.rake_fine(tables[e] ** 2, p[i][e], p[j][e], 30)
         np.testing.assert_allclose(tempered[e], alone, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("grouping", marginal_tree.GROUPINGS)
+def test_measure_streams_the_pair_tables_it_used_to_read_from_all_the_codes(
+    grouping: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """measure counts every pair's coarse table batch by batch (``all_pair_counts``), never
+    building the ``(n, d)`` codes of every row (``n d`` bytes: 80 MB at 10^7 rows of 8
+    columns, more for their concatenation and each pair's temporaries); its scores and
+    tables are, float for float, what ``pair_scores`` and ``pair_table`` give on
+    ``coarse_codes``."""
+    rng = np.random.default_rng(11)
+    n, d, bins, b = 5000, 5, 8, 4
+    X = np.clip(rng.normal(0, 0.5, size=(n, d)) + 0.3 * rng.normal(size=(n, 1)), -1, 1)
+    source = as_source(X, batch_rows=777)  # several batches, a short last one
+    group = marginal_tree.column_groups(rng.dirichlet(np.ones(bins), size=(d,)), b, grouping)
+    P = rng.dirichlet(np.ones(b), size=d)
+    rows, counts = marginal_tree.all_pair_counts(source, bins, False, group, b)
+    codes = marginal_tree.coarse_codes(source, bins, False, group)
+    pairs, scores = marginal_tree.pair_scores(codes, P)
+    assert rows == n
+    assert pairs == marginal_tree.all_pairs(d)
+    for k, (i, j) in enumerate(pairs):
+        np.testing.assert_array_equal(counts[k], marginal_tree.pair_counts(codes, i, j, b))
+        np.testing.assert_array_equal(counts[k] / rows, marginal_tree.pair_table(codes, i, j, b))
+    np.testing.assert_array_equal(marginal_tree.scores_of_counts(rows, counts, P), scores)
+
+    # measure itself: what it hands the noisy max and the pair tables' noise is the codes'
+    seen: dict[str, list[np.ndarray]] = {"max": [], "noise": []}
+
+    def noisy_max(scores: object, scale: float) -> int:
+        seen["max"].append(np.asarray(scores, dtype=np.float64))
+        return int(np.argmax(np.asarray(scores)))
+
+    def sample(calibration: noise.NoiseCalibration, values: object) -> np.ndarray:
+        seen["noise"].append(np.asarray(values, dtype=np.float64).copy())
+        return np.asarray(values, dtype=np.float64)
+
+    def no_codes(*args: object) -> None:
+        raise AssertionError("measure built the (n, d) coarse codes")
+
+    monkeypatch.setattr(noise, "noisy_max", noisy_max)
+    monkeypatch.setattr(noise, "sample", sample)
+    monkeypatch.setattr(marginal_tree, "coarse_codes", no_codes)
+    tree = marginal_tree.measure(source, 1.0, 1e-6, grouping=grouping)
+    monkeypatch.undo()
+    one_way = tree.one_way
+    group = marginal_tree.column_groups(one_way.marginals(), tree.pair_bins, grouping)
+    P = marginal_tree.group_sums(one_way.marginals(), group, tree.pair_bins)
+    codes = marginal_tree.coarse_codes(source, one_way.bins, one_way.atoms, group)
+    pairs, scores = marginal_tree.pair_scores(codes, P)
+    np.testing.assert_array_equal(seen["max"][0], scores)  # the first round sees every pair
+    exact = [marginal_tree.pair_table(codes, i, j, tree.pair_bins) for i, j in tree.edges]
+    np.testing.assert_array_equal(seen["noise"][1], np.stack(exact).ravel())
