@@ -244,19 +244,22 @@ class RandomizedResponse(registry.Mechanism):
         bits = self._bits(info, params)
         perturbed = self._perturbed(info)
         public = self._public(info)
-        parts: list[list[np.ndarray]] = [[] for _ in perturbed]
+        # each batch's cells are encoded as they are read: only the n codes are held (the
+        # release is n rows), not every column's cells, their concatenation and their stack
+        code_parts: list[np.ndarray] = []
         public_parts: list[np.ndarray] = []
         for batch in source.codes():
-            for j, column in enumerate(perturbed):
+            cells = []
+            for column in perturbed:
                 values = batch.column(column.name).to_numpy(zero_copy_only=False)
                 if column.kind == "continuous":
-                    parts[j].append(rr.discretize(np.asarray(values, dtype=np.float64), bits))
+                    cells.append(rr.discretize(np.asarray(values, dtype=np.float64), bits))
                 else:
-                    parts[j].append(np.asarray(values, dtype=np.int64))
+                    cells.append(np.asarray(values, dtype=np.int64))
+            code_parts.append(domain.encode(np.column_stack(cells)))
             if public is not None:
                 public_parts.append(np.asarray(batch.column(public.name).to_pylist(), dtype=object))
-        cells = np.column_stack([np.concatenate(p) for p in parts])
-        codes = domain.encode(cells)
+        codes = np.concatenate(code_parts) if code_parts else np.empty(0, dtype=np.int64)
         public_values: list[str] | None = None
         public_codes = None
         if public is not None:
