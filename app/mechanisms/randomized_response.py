@@ -595,10 +595,11 @@ class RRRelease:
         return self._stderr(self._sums(query), kind)
 
     def answer(self, query: Query, *, proper: bool) -> tuple[float, float, float]:
-        """``(value, worst-case stderr, bound)`` from one pass over the rows: the value of
-        :meth:`estimate_proper` (``proper``) or :meth:`estimate`, :meth:`stderr` of kind
-        ``"worst_case"``, and of kind ``"bound_proper"`` or ``"bound"``. Each of those
-        methods reads every row; a batch of answers calls this once per query."""
+        """``(value, worst-case stderr, bound)`` from one pass over :attr:`cell_counts`:
+        the value of :meth:`estimate_proper` (``proper``) or :meth:`estimate`,
+        :meth:`stderr` of kind ``"worst_case"``, and of kind ``"bound_proper"`` or
+        ``"bound"``. Each of those methods makes that pass; a batch of answers calls this
+        once per query."""
         sums = self._sums(query)
         value = self._estimate_proper(sums) if proper else self._estimate(sums)
         bound = self._stderr(sums, "bound_proper" if proper else "bound")
@@ -635,28 +636,58 @@ class RRRelease:
             f"kind ({kind!r}) must be 'worst_case', 'plug_in', 'bound' or 'bound_proper'"
         )
 
-    def _groups(self, query: Query) -> Iterator[tuple[NDArray[np.int64] | slice, RowFunction]]:
+    @cached_property
+    def cell_counts(self) -> CellCounts:
+        """The released rows counted by (public value, code): every estimator is a sum
+        over rows of a function of the row's code (and public value), so it is the same
+        sum over these counts, read once instead of once per query (post-processing of
+        the released values only)."""
+        codes = self.codes
+        if self.public is None:
+            cells, counts = np.unique(codes, return_counts=True)
+            return CellCounts(
+                values=None,
+                starts=np.array([0, cells.size], dtype=np.int64),
+                cells=cells,
+                counts=counts.astype(np.int64),
+            )
+        values, group = np.unique(self.public, return_inverse=True)
+        order = np.lexsort((codes, group))
+        group, codes = group[order], codes[order]
+        first = np.ones(codes.size, dtype=bool)
+        first[1:] = (group[1:] != group[:-1]) | (codes[1:] != codes[:-1])
+        at = np.flatnonzero(first)
+        counts = np.diff(np.append(at, codes.size))
+        starts = np.searchsorted(group[at], np.arange(values.size + 1))
+        return CellCounts(
+            values=values, starts=starts.astype(np.int64), cells=codes[at], counts=counts
+        )
+
+    def _groups(self, query: Query) -> Iterator[tuple[slice, RowFunction]]:
+        """``(entries of cell_counts, row function)`` for each group of rows that shares
+        a row function: all of them, or those of each public value."""
+        table = self.cell_counts
         if isinstance(query, Heterogeneous):
-            if self.public is None:
+            if table.values is None:
                 raise MechanismError(
                     "a heterogeneous query needs the public column; this release has none"
                 )
-            values, inverse = np.unique(self.public, return_inverse=True)
             functions = query.functions
-            missing = [int(v) for v in values if int(v) not in functions]
+            missing = [int(v) for v in table.values if int(v) not in functions]
             if missing:
                 raise MechanismError(
                     f"the heterogeneous query has no row function for {len(missing)} of the "
-                    f"public column's {values.size} values"
+                    f"public column's {table.values.size} values"
                 )
-            for g, value in enumerate(values):
-                yield np.flatnonzero(inverse == g), functions[int(value)]
+            for g, value in enumerate(table.values):
+                yield slice(table.starts[g], table.starts[g + 1]), functions[int(value)]
             return
         yield slice(None), _as_row_function(query)
 
     def _sums(self, query: Query) -> _Sums:
         sums = _Sums()
-        for rows, function in self._groups(query):
+        table = self.cell_counts
+        for entries, function in self._groups(query):
             if function.domain_size != self.domain_size:
                 raise MechanismError(
                     f"the row function is defined on {function.domain_size} cells; "
@@ -666,13 +697,13 @@ class RRRelease:
                 self.cardinalities
             ):
                 raise MechanismError("the conjunction's domain is not the release's domain")
-            y = self.codes[rows]
-            count = int(y.shape[0])
-            phi_y = function.evaluate(y)
+            weights = table.counts[entries].astype(np.float64)
+            count = int(table.counts[entries].sum())
+            phi_y = function.evaluate(table.cells[entries])
             mu = function.mean
-            sums.phi_y += float(np.sum(phi_y))
+            sums.phi_y += float(np.dot(weights, phi_y))
             sums.mu += count * mu
-            sums.dev2_y += float(np.sum((phi_y - mu) ** 2))
+            sums.dev2_y += float(np.dot(weights, (phi_y - mu) ** 2))
             sums.spread += count * function.spread
             sums.worst_dev2 += count * max((function.low - mu) ** 2, (function.high - mu) ** 2)
             sums.low = min(sums.low, function.low)
@@ -708,6 +739,23 @@ class RRRelease:
             cardinalities=None if cards is None else tuple(cards),  # type: ignore[arg-type]
             public=None if public is None else np.asarray(public, dtype=np.int64),
         )
+
+
+@dataclass(frozen=True, eq=False)
+class CellCounts:
+    """The released rows counted by cell: entries ``starts[g]:starts[g + 1]`` are the
+    distinct codes ``cells`` of the rows whose public value is ``values[g]`` (one group,
+    ``values = None``, without a public column) and ``counts`` how many rows hold each."""
+
+    values: NDArray[np.int64] | None
+    starts: NDArray[np.int64]
+    cells: NDArray[np.int64]
+    counts: NDArray[np.int64]
+
+    @property
+    def size(self) -> int:
+        """Distinct (public value, code) pairs: the work of one answer."""
+        return int(self.cells.shape[0])
 
 
 @dataclass

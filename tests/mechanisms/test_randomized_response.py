@@ -252,6 +252,42 @@ def test_one_pass_answer_is_the_separate_estimators() -> None:
                 released.estimate_proper(query)
 
 
+def test_answers_from_the_cell_counts_are_the_row_by_row_sums() -> None:
+    """Answers read the released rows counted by (public value, code) once, not every row
+    per query: the estimate and the plug-in stderr (the two that read the rows' values)
+    equal the row-by-row formulas (eq. 17-18) to rounding, with a public column of many
+    values, one of them held by a single row, and without one."""
+    rng = np.random.default_rng(11)
+    domain = Domain((3, 4))
+    n = 2000
+    x = domain.encode(rng.integers(0, [3, 4], size=(n, 2)))
+    public = np.concatenate([rng.integers(0, 40, size=n - 1), [99]])
+    for released in (rr.release(x, domain, 0.7, public=public), rr.release(x, domain, 0.7)):
+        counts = released.cell_counts
+        assert int(counts.counts.sum()) == n
+        assert counts.size <= domain.size * (41 if released.public is not None else 1)
+        tables = {g: rng.uniform(-1, 1, size=domain.size) for g in range(100)}
+        queries: list[rr.Query] = [tables[0], Conjunction(domain, {0: [0, 2], 1: 3})]
+        if released.public is not None:
+            queries.append(Heterogeneous({g: tables[g] for g in np.unique(public)}))
+        rho, margin = released.replace_probability, released.keep_margin
+        for query in queries:
+            if isinstance(query, Heterogeneous):
+                functions = [query.functions[int(g)] for g in released.public]
+            else:
+                function = rr._as_row_function(query)
+                functions = [function] * n
+            rows = zip(functions, released.codes, strict=True)
+            phi = np.array([f.evaluate(np.array([c]))[0] for f, c in rows])
+            mu = np.array([f.mean for f in functions])
+            spread = np.array([f.spread for f in functions])
+            estimate = (phi.sum() - rho * mu.sum()) / (n * margin)
+            assert released.estimate(query) == pytest.approx(estimate, rel=1e-12, abs=1e-15)
+            dev2 = max((((phi - mu) ** 2).sum() - rho * spread.sum()) / margin, 0.0)
+            plug_in = math.sqrt(rho / (n * margin) ** 2 * (margin * dev2 + spread.sum()))
+            assert released.stderr(query, "plug_in") == pytest.approx(plug_in, rel=1e-12)
+
+
 def test_preview_gives_bound_20_and_warns() -> None:
     good = rr.preview(1_000_000, 4, 1.0)
     e = math.exp(-1.0)

@@ -236,13 +236,13 @@ def test_randomized_response_conditions_take_booleans_for_binary_columns_only(
         assert f"queries.0: {fragment}" in refused.json()["error"]["message"]
 
 
-def test_randomized_response_answers_bound_the_rows_one_request_reads(
+def test_randomized_response_answers_bound_the_work_of_one_request(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every randomized-response answer reads every released row (75 ns a row here):
-    100,000 queries on 10^6 rows would have held a thread for two hours. A batch whose
-    queries times released rows exceed MAX_ANSWER_ROWS is refused with a 422 saying how
-    many fit, and nothing is answered."""
+    """Every randomized-response answer reads the released rows' counts by cell (and a
+    by_public query does Python work per public value): 100,000 queries on 10^6 distinct
+    cells would hold a thread for hours. A batch whose queries times that work exceed
+    MAX_ANSWER_WORK is refused with a 422 saying how many fit, and nothing is answered."""
     from app.releases.adapters import randomized_response as adapter
 
     dataset_id, _ = _table(client, curator, n=400)
@@ -250,18 +250,22 @@ def test_randomized_response_answers_bound_the_rows_one_request_reads(
     release_id = request_release(client, curator, dataset_id, body).json()["id"]
     run_all(client, release_id)
     query = {"type": "conjunction", "where": {"smoker": 1}}
-    default = getattr(adapter, "MAX_ANSWER_ROWS", None)
-    monkeypatch.setattr(adapter, "MAX_ANSWER_ROWS", 10 * 400, raising=False)
+    default = adapter.MAX_ANSWER_WORK
+    sample = client.get(
+        f"/v1/releases/{release_id}/artifacts/sample.csv", headers=curator.headers
+    ).text.splitlines()
+    cells = len(set(sample[1:]))  # distinct released (blood, smoker) pairs
+    monkeypatch.setattr(adapter, "MAX_ANSWER_WORK", 10 * cells)
     refused = _answers(client, curator, release_id, [query] * 11)
     assert refused.status_code == 422, refused.text
     assert refused.json()["error"]["message"] == (
-        "11 queries are more than one request may ask of this release (each reads its 400 "
-        "released rows): at most 10 per request; split the batch"
+        "11 queries are more than one request may ask of this release (each reads the "
+        f"counts of its {cells} distinct released cells): at most 10 per request; split "
+        "the batch"
     )
     assert _answers(client, curator, release_id, [query] * 10).status_code == 200
-    # the default refuses 100,000 queries on 10^6 rows and answers them all on 400 rows
-    assert default is not None
-    assert 100_000 * 10**6 > default >= 100_000 * 400
+    # the default refuses 100,000 queries on 10^6 distinct cells, answers them on 1280
+    assert 100_000 * 10**6 > default >= 100_000 * 1280
 
 
 def test_randomized_response_discretises_continuous_columns(
