@@ -181,6 +181,21 @@ def test_privacy_parameters_are_json_numbers(client: TestClient, curator: Caller
     assert accepted.status_code == 202, accepted.text
 
 
+def _refused_synthetic_params(
+    client: TestClient, curator: Caller, dataset_id: str, params_list: list[dict[str, object]]
+) -> None:
+    """Each ``smooth_synthetic`` request with these params is a 422, and none reserves."""
+    for params in params_list:
+        refused = request_release(
+            client,
+            curator,
+            dataset_id,
+            {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": params},
+        )
+        assert refused.status_code == 422, (params, refused.text)
+    assert budget_of(client, curator, dataset_id)["entries"] == []
+
+
 def test_integral_json_floats_are_integers(client: TestClient, curator: Caller) -> None:
     """JSON does not tell ``6`` from ``6.0`` and many clients send the second: an integral
     float is that integer in every integer field (parameters, query powers); ``6.5``
@@ -197,15 +212,12 @@ def test_integral_json_floats_are_integers(client: TestClient, curator: Caller) 
         return shown
 
     assert preview(6.0) == preview(6) != preview(4)
-    for params in ({"bins": 6.5}, {"bins": 2.0**60}, {"method": "moments", "smoothness": 4.5}):
-        refused = request_release(
-            client,
-            curator,
-            dataset_id,
-            {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": params},
-        )
-        assert refused.status_code == 422, (params, refused.text)
-    assert budget_of(client, curator, dataset_id)["entries"] == []
+    _refused_synthetic_params(
+        client,
+        curator,
+        dataset_id,
+        [{"bins": 6.5}, {"bins": 2.0**60}, {"method": "moments", "smoothness": 4.5}],
+    )
 
     release_id = _smooth_release(client, curator, dataset_id)
     answers = []
@@ -332,15 +344,12 @@ def test_declarations_opt_ins_and_parameters_are_json_typed(
         assert refused.status_code == 422, (body, refused.text)
     assert budget_of(client, curator, dataset_id)["epsilon_total"] == 5.0
 
-    for params in ({"method": "marginals", "bins": "4"}, {"method": "marginals", "bins": True}):
-        refused = request_release(
-            client,
-            curator,
-            dataset_id,
-            {"mechanism": "smooth_synthetic", "epsilon": 0.5, "params": params},
-        )
-        assert refused.status_code == 422, (params, refused.text)
-    assert budget_of(client, curator, dataset_id)["entries"] == []
+    _refused_synthetic_params(
+        client,
+        curator,
+        dataset_id,
+        [{"method": "marginals", "bins": "4"}, {"method": "marginals", "bins": True}],
+    )
 
     smooth = _smooth_release(client, curator, dataset_id)
     for sigma in (True, "0.5"):
