@@ -110,15 +110,21 @@ def test_a_demo_server_that_does_not_start_is_reported_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server thread that ends without starting is a DemoError as soon as it ends, not
-    after the 30 s start deadline."""
+    after the 30 s start deadline, and the app's services (its database engine) are
+    closed: no lifespan ran to close them."""
     import uvicorn
 
+    from app.core.services import Services
     from app.demo.runner import DemoError
 
     settings = _settings(tmp_path)
     monkeypatch.setattr(uvicorn.Server, "run", lambda *_args, **_kwargs: None)
+    closed: list[Services] = []
+    close = Services.close
+    monkeypatch.setattr(Services, "close", lambda self: (closed.append(self), close(self)))
     began = time.monotonic()
     with pytest.raises(DemoError, match="the server did not start"), serving(settings):
         pass
     assert time.monotonic() - began < 10
     assert _server_threads() == []
+    assert len(closed) == 1

@@ -163,6 +163,8 @@ def serving(settings: Settings) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=60)
         sock.close()
+        if not server.started:  # no lifespan ran, and none will close the app's services
+            app.state.services.close()
 
 
 def _run(settings: Settings, out: TextIO) -> dict[str, Any]:
