@@ -427,18 +427,12 @@ def run_release(server: Server, dataset: dict[str, Any], body: dict[str, Any]) -
         queries = conjunction_queries(QUERIES)
     else:
         queries = kernel_queries(QUERIES)
-    per_request = QUERIES
     with Step(server) as answers:
-        answered = 0
-        for start in range(0, len(queries), per_request):
-            result, _ = server.request(
-                "POST",
-                f"/v1/releases/{release['id']}/answers",
-                {"queries": queries[start : start + per_request]},
-            )
-            answered += len(result["answers"])
-    assert answered == QUERIES
-    answers.extra["requests"] = math.ceil(QUERIES / per_request)
+        result, _ = server.request(
+            "POST", f"/v1/releases/{release['id']}/answers", {"queries": queries}
+        )
+    assert len(result["answers"]) == QUERIES
+    answers.extra["requests"] = 1
     out["answers"] = answers.record()
     target = "synopsis" if body["mechanism"] == "smooth_synopsis" else "synthetic?format=csv"
     with Step(server) as download:
@@ -564,9 +558,8 @@ def markdown(
         "release's timestamps (measure includes the wait in the queue); *resolved*: the",
         "parameters the service chose from n (R moments, histogram bins, RR cells), which set",
         f"the work. *answers*: one request of {QUERIES} queries (Gaussian kernels on the 8",
-        "continuous columns; randomized response: conjunctions, in as many requests as its",
-        "per-request work limit needs, in brackets). *download*: the synthetic CSV (the",
-        "synopsis: its JSON).",
+        "continuous columns; randomized response: conjunctions). *download*: the synthetic",
+        "CSV (the synopsis: its JSON).",
         "",
         "| n | release | resolved | total s | measure s | synthesise s | peak RSS MiB "
         "| answers s | answers peak MiB | download s (MiB) | download peak MiB |",
@@ -575,11 +568,10 @@ def markdown(
     for result in results:
         for label, rel in result["releases"].items():
             answers, download = rel["answers"], rel["download"]
-            requests = f" [{answers['requests']}]" if answers["requests"] > 1 else ""
             lines.append(
                 f"| {_n(result['n'])} | {label} | {_resolved(rel.get('resolved', {}))} | "
                 f"{_s(rel['seconds'])} | {_s(rel['measure_s'])} | {_s(rel['synthesize_s'])} | "
-                f"{_peak(rel)} | {_s(answers['seconds'])}{requests} | {_peak(answers)} | "
+                f"{_peak(rel)} | {_s(answers['seconds'])} | {_peak(answers)} | "
                 f"{_s(download['seconds'])} ({download['mib']}) | {_peak(download)} |"
             )
     idle = ", ".join(f"{_n(r['n'])}: {r['server_idle_rss_mib']:.0f}" for r in results)
