@@ -697,8 +697,9 @@ class RRRelease:
                 self.cardinalities
             ):
                 raise MechanismError("the conjunction's domain is not the release's domain")
-            weights = table.counts[entries].astype(np.float64)
-            count = int(table.counts[entries].sum())
+            counts = table.counts[entries]
+            count = int(counts.sum())
+            weights = counts.astype(np.float64)
             phi_y = function.evaluate(table.cells[entries])
             mu = function.mean
             sums.phi_y += float(np.dot(weights, phi_y))
