@@ -108,7 +108,7 @@ def preview(
     "/releases/{release_id}", response_model=ReleaseOut, responses=error_responses(NotFound)
 )
 def get_release(release_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> ReleaseOut:
-    return service.to_out(service.visible_release(session, user, release_id))
+    return service.to_out(session, service.visible_release(session, user, release_id))
 
 
 @router.delete(

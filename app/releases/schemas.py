@@ -78,6 +78,10 @@ class ReleaseOut(BaseModel):
     updated_at: datetime
     measured_at: datetime | None
     finished_at: datetime | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="advice on the release, e.g. a delta not below 1/n (the preview's)",
+    )
 
 
 class PreviewOut(BaseModel):

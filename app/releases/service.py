@@ -287,7 +287,7 @@ def create_release(
     if idempotency_key is not None:
         existing = _existing(session, user, idempotency_key, request_hash)
         if existing is not None:
-            return to_out(existing), False
+            return to_out(session, existing), False
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
     ledger.lock_dataset(session, dataset.id)
     if idempotency_key is not None:
@@ -295,7 +295,7 @@ def create_release(
         # this one waited (on PostgreSQL), and the checks below would refuse its replay
         existing = _existing(session, user, idempotency_key, request_hash)
         if existing is not None:
-            return to_out(existing), False
+            return to_out(session, existing), False
     _check_single_release(session, dataset.id, checked.mechanism)
     now = utcnow()
     release = Release(
@@ -325,7 +325,7 @@ def create_release(
         existing = _existing(session, user, idempotency_key, request_hash)
         if existing is None:
             raise
-        return to_out(existing), False
+        return to_out(session, existing), False
     if checked.mechanism.privacy_kind == "dp":
         ledger.reserve(
             session,
@@ -349,11 +349,13 @@ def create_release(
     )
     release_id = str(release.id)
     on_commit(session, lambda: services.queue.enqueue(MEASURE_TASK, release_id))
-    return to_out(release), True
+    return to_out(session, release), True
 
 
-def to_out(release: Release) -> ReleaseOut:
+def to_out(session: Session, release: Release) -> ReleaseOut:
     mechanism = registry.REGISTRY.get(release.mechanism)
+    dataset = session.get(Dataset, release.dataset_id)
+    assert dataset is not None
     artifacts = (
         [
             ArtifactOut(
@@ -396,6 +398,11 @@ def to_out(release: Release) -> ReleaseOut:
         updated_at=release.updated_at,
         measured_at=release.measured_at,
         finished_at=release.finished_at,
+        warnings=delta_warnings(
+            delta_value(release.delta),
+            dataset.n_rows if dataset.kind == "table" else None,
+            "the release's delta",
+        ),
     )
 
 
@@ -430,7 +437,7 @@ def list_releases(session: Session, user: User, dataset_id: uuid.UUID) -> list[R
     rows = session.scalars(
         select(Release).where(Release.dataset_id == dataset_id).order_by(Release.created_at)
     )
-    return [to_out(r) for r in rows]
+    return [to_out(session, r) for r in rows]
 
 
 def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> ReleaseOut:
@@ -449,7 +456,7 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
     if release.status in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the release already ended ({release.status})")
     if release.status == "measuring" and release.cancel_requested:
-        return to_out(release)  # asked before: the same answer, nothing new to record
+        return to_out(session, release)  # asked before: the same answer, nothing new to record
     release.cancel_requested = True
     now = utcnow()
     if release.status == "queued":
@@ -473,7 +480,7 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
         )
     session.flush()
     record(session, user.id, "release.cancel", "release", release.id, status=release.status)
-    return to_out(release)
+    return to_out(session, release)
 
 
 def resynthesize(
@@ -538,7 +545,7 @@ def resynthesize(
     record(session, user.id, "release.resynthesize", "release", release.id, params=raw_params)
     release_key = str(release.id)
     on_commit(session, lambda: services.queue.enqueue(SYNTHESIZE_TASK, release_key))
-    return to_out(release)
+    return to_out(session, release)
 
 
 def preview(

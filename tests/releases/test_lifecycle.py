@@ -1322,7 +1322,8 @@ def test_previews_in_progress_leave_sessions_to_other_requests(
 
 def test_a_delta_not_below_one_over_n_is_warned_about(client: TestClient, curator: Caller) -> None:
     """A delta of 1/n or more lets an (epsilon, delta)-DP release publish whole rows: the
-    dataset (its delta total) and a preview (the request's delta) say so, without refusing;
+    dataset (its delta total), a preview (the request's delta) and the release (its delta)
+    say so, without refusing;
     below 1/n they say nothing. n is public, so the warning reveals nothing."""
     from tests.datasets.helpers import ROWS
 
@@ -1350,6 +1351,24 @@ def test_a_delta_not_below_one_over_n_is_warned_about(client: TestClient, curato
             json={**REQUEST, "delta": 1e-9},
         )
         assert small.json()["warnings"] == []
+        # the release says it too: in the request's answer and whenever it is shown
+        created = client.post(
+            f"/v1/datasets/{dataset_id}/releases",
+            headers=curator.headers,
+            json={**REQUEST, "delta": delta},
+        )
+        assert created.status_code == 202, created.text
+        release_id = created.json()["id"]
+        for shown in (
+            created.json(),
+            client.get(f"/v1/releases/{release_id}", headers=curator.headers).json(),
+            client.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json()[-1],
+        ):
+            assert shown["id"] == release_id
+            assert len(shown["warnings"]) == warned, shown
+            if warned:
+                assert f"(n = {n} rows)" in shown["warnings"][0]
+                assert "release's delta" in shown["warnings"][0]
 
 
 def test_a_graphs_delta_is_not_warned_about_its_private_edge_count(
