@@ -52,6 +52,17 @@ an additive failure probability), and ``alpha`` is computed from two eigenvalues
 data's ``Sigma``, so ``alpha`` itself is a statistic of the data: the service keeps it in
 the stored record but does not report it (:mod:`app.releases.adapters.compressed`).
 
+Zero columns. Eq. (4) cannot normalise a column that is zero in every row (a column
+constant at the midpoint of its declared bounds: the service stores values mapped to
+``[-1, 1]``). Such a column is released as it is, zero, whatever ``Phi`` is: its scale is
+0 and its row and column of ``Sigma`` (diagonal included) are 0. The output then shows
+the column is zero, which any ``Phi X`` of it would. With the data as reference the
+release goes ahead (``Sigma`` is singular, so ``alpha`` is infinite; it is not reported
+in that case anyway); a declared reference is positive definite, its diagonal is not 0,
+so such data lie outside ``S_n`` when ``Delta_max < 1`` and the release is refused.
+(Until this was handled the release failed after reading the data, and the dataset's one
+compressed release was spent on an error.)
+
 ``Phi`` is drawn from OpenDP's CSPRNG (:func:`app.mechanisms.secure_random.standard_normal`):
 not for a DP proof, but so that it cannot be reproduced from a seed.
 
@@ -294,17 +305,20 @@ def _check_delta_max(delta_max: float) -> float:
 
 
 def _normalised_covariance(source: RowSource) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """``Sigma = X^T X / n`` after the normalisation of eq. (4), and the column scales."""
+    """``Sigma = X^T X / n`` after the normalisation of eq. (4), and the column scales.
+
+    A column that is zero in every row (constant at the midpoint of its declared bounds)
+    has no norm to normalise: its scale is 0, so its column of ``Phi X`` is 0, as
+    ``Phi`` times that column is whatever the scale, and its row and column of ``Sigma``
+    are 0, its diagonal included (see the module docstring, "Zero columns")."""
     gram = np.zeros((source.n_cols, source.n_cols))
     for batch in iter_checked(source):
         gram += batch.T @ batch
     norms2 = np.diag(gram).copy()
-    zero = np.flatnonzero(norms2 <= 0.0)
-    if zero.size:  # no count or names: the message reaches the release's status
-        raise MechanismError("a column is zero in every row, so eq. (4) cannot normalise it")
-    scale = np.sqrt(source.n_rows / norms2)
+    zero = norms2 <= 0.0
+    scale = np.where(zero, 0.0, np.sqrt(source.n_rows / np.where(zero, 1.0, norms2)))
     sigma = gram * np.outer(scale, scale) / source.n_rows
-    np.fill_diagonal(sigma, 1.0)
+    np.fill_diagonal(sigma, np.where(zero, 0.0, 1.0))
     return sigma, scale
 
 

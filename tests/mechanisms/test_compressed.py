@@ -7,9 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from numpy.testing import assert_allclose
 from scipy import stats
 
 from app.mechanisms import compressed as cp
+from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError, SolverError
 
 
@@ -194,13 +196,30 @@ def test_declared_reference_makes_alpha_public() -> None:
         cp.release(X, m=400, delta_max=0.001, reference=np.eye(3))
 
 
-def test_zero_columns_are_refused_without_a_count() -> None:
-    X = correlated(2000, 6)
+def test_zero_columns_are_released_as_zero() -> None:
+    """A column zero in every row cannot be normalised by eq. (4): it is released as zero
+    (scale 0), with a zero row and column in the data's Sigma, and the other columns are
+    normalised as without it. A declared (positive definite) reference refuses such data:
+    their Sigma's diagonal 0 is outside S_n."""
+    X = np.column_stack([correlated(2000, 6), np.zeros(2000), correlated(2000, 7)[:, :1]])
     X[:, 0] = 0.0
-    X[:, 2] = 0.0
-    with pytest.raises(MechanismError, match="zero in every row") as info:
-        cp.release(X, m=400, delta_max=0.05)
-    assert "2" not in str(info.value)  # the message reaches the release's status
+    sigma, scale = cp._normalised_covariance(as_source(X))
+    assert scale[0] == scale[3] == 0.0
+    assert np.all(sigma[[0, 3]] == 0.0)
+    assert np.all(sigma[:, [0, 3]] == 0.0)
+    kept = [1, 2, 4]
+    assert_allclose(np.diag(sigma)[kept], 1.0)
+    assert_allclose(sigma[np.ix_(kept, kept)], normalised_cov(X[:, kept]), atol=1e-12)
+    out = cp.release(X, m=400, delta_max=0.05)
+    assert np.all(out.matrix[:, [0, 3]] == 0.0)
+    assert np.all(np.isfinite(out.matrix))
+    # eq. (12) holds for the release against the data's own Sigma
+    assert cp.satisfies_eq12(out.covariance, sigma, cp.truncation_radius(2000, 5, 400, 0.05))
+    assert out.alpha == math.inf  # Sigma is singular; not reported for a data reference
+    result = out.pca(2)
+    assert np.all(np.abs(result.components[:, [0, 3]]) < 1e-12)
+    with pytest.raises(MechanismError, match="outside the protected class"):
+        cp.release(X, m=400, delta_max=0.5, reference=np.eye(5))
 
 
 @pytest.mark.parametrize(
@@ -224,10 +243,6 @@ def test_release_rejects(kwargs: dict[str, object], match: str) -> None:
 
 
 def test_release_rejects_bad_data() -> None:
-    X = correlated(2000, 9)
-    X[:, 1] = 0.0
-    with pytest.raises(MechanismError, match="a column is zero"):
-        cp.release(X, m=400, delta_max=0.05)
     with pytest.raises(MechanismError, match="outside \\[-1, 1\\]"):
         cp.release(correlated(2000, 9) * 3, m=400, delta_max=0.05)
     released = cp.release(correlated(2000, 9), m=400, delta_max=0.05)

@@ -466,6 +466,46 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     assert summary["epsilon_spent"] == 0.0
 
 
+def test_compressed_releases_a_column_constant_at_its_midpoint(
+    client: TestClient, curator: Caller
+) -> None:
+    """A column constant at the midpoint of its bounds is zero in every stored row, which
+    eq. (4) cannot normalise: it is released as zero. (It used to fail after reading the
+    data, which spent the dataset's one compressed release on an error.)"""
+    rng = np.random.default_rng(3)
+    weights = rng.uniform(40, 120, 600).round(2)
+    csv = "age,weight\n" + "".join(f"50,{w}\n" for w in weights)
+    schema = {
+        "name": "flat",
+        "columns": [
+            {"name": "age", "kind": "continuous", "lower": 0, "upper": 100},
+            {"name": "weight", "kind": "continuous", "lower": 20, "upper": 220},
+        ],
+        "budget": {"epsilon": 1, "delta": 0},
+        "allow_non_dp_releases": True,
+    }
+    uploaded = upload(client, curator, csv.encode(), schema)
+    assert uploaded.status_code == 201, uploaded.text
+    body = {"mechanism": "compressed", "params": {"delta_max": 0.05}}
+    response = request_release(client, curator, uploaded.json()["id"], body)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    matrix = pq.read_table(
+        io.BytesIO(
+            client.get(
+                f"/v1/releases/{release_id}/artifacts/compressed.parquet", headers=curator.headers
+            ).content
+        )
+    )
+    assert np.all(matrix.column("age").to_numpy() == 0.0)
+    assert np.any(matrix.column("weight").to_numpy() != 0.0)
+    value = _answers(client, curator, release_id, [{"type": "pca", "k": 1}]).json()["answers"][0]
+    assert value["value"]["components"][0][0] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_idempotent_copies_of_a_compressed_request_replay(
     client: TestClient, curator: Caller
 ) -> None:
