@@ -1,4 +1,5 @@
-"""The ``curator`` command: serve, worker, migrate, create-user, create-key, demo."""
+"""The ``curator`` command: serve, worker, migrate, create-user, create-key, demo,
+rotate-data-key."""
 
 from __future__ import annotations
 
@@ -285,6 +286,52 @@ def cmd_create_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rotate_data_key(args: argparse.Namespace) -> int:
+    """Re-encrypt the stored datasets under ``CURATOR_DATA_KEY``; the previous keys come
+    from ``CURATOR_PREVIOUS_DATA_KEYS``. Exit 1 if a file could not be re-encrypted."""
+    from app.datasets.service import rotate_data_key
+
+    settings = _settings()
+    if not settings.previous_keys():
+        return _fail(
+            "CURATOR_PREVIOUS_DATA_KEYS is not set: set CURATOR_DATA_KEY to the new key and "
+            "CURATOR_PREVIOUS_DATA_KEYS to the key(s) the files were written with"
+        )
+    refused = _check_schema(settings, migrate=False)
+    if refused is not None:
+        return refused
+    services = Services.build(settings)
+    try:
+        done = rotate_data_key(services)
+    finally:
+        services.close()
+    out = {
+        "rotated": len(done.rotated),
+        "current": len(done.current),
+        "missing": done.missing,
+        "unreadable": done.unreadable,
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(
+            f"re-encrypted {out['rotated']} dataset file(s) under CURATOR_DATA_KEY; "
+            f"{out['current']} already were"
+        )
+        for name in done.missing:
+            print(f"missing: {name} (its dataset row names it, the file is not there)")
+        for name in done.unreadable:
+            print(f"unreadable: {name} (no key of the ring opens it; left as it was)")
+    if done.missing or done.unreadable:
+        return 1
+    print(
+        "every dataset file now opens with CURATOR_DATA_KEY alone: restart the API and the "
+        "workers without CURATOR_PREVIOUS_DATA_KEYS to retire the old key(s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo.runner import DemoError, run
 
@@ -377,6 +424,14 @@ def build_parser() -> argparse.ArgumentParser:
     create_key.add_argument("--user-id", required=True, type=uuid.UUID, help="the user's id")
     create_key.add_argument("--json", action="store_true", help="print one JSON object")
     create_key.set_defaults(func=cmd_create_key)
+
+    rotate = sub.add_parser(
+        "rotate-data-key",
+        help="re-encrypt the stored datasets under CURATOR_DATA_KEY "
+        "(the old keys in CURATOR_PREVIOUS_DATA_KEYS)",
+    )
+    rotate.add_argument("--json", action="store_true", help="print one JSON object")
+    rotate.set_defaults(func=cmd_rotate_data_key)
     return parser
 
 

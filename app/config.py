@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     redis_url: str | None = None
     data_key: SecretStr | None = None
+    #: Keys that wrapped files before ``data_key`` (comma-separated): files still open with
+    #: them until ``curator rotate-data-key`` has re-encrypted them under ``data_key``.
+    previous_data_keys: SecretStr | None = None
     max_upload_bytes: int = Field(default=1 << 30, gt=0)
     #: Largest body of every request but the dataset upload (JSON: releases, answers).
     max_json_bytes: int = Field(default=64 << 20, gt=0)
@@ -136,6 +139,20 @@ class Settings(BaseSettings):
         if not os.access(self.data_dir, os.W_OK):
             raise ConfigError(f"CURATOR_DATA_DIR ({self.data_dir}) is not writable")
         return self._load_key()
+
+    def previous_keys(self) -> list[bytes]:
+        """``CURATOR_PREVIOUS_DATA_KEYS`` as Fernet keys (each checked), in order."""
+        if (
+            self.previous_data_keys is None
+            or not self.previous_data_keys.get_secret_value().strip()
+        ):
+            return []  # unset, or set empty (docker-compose passes an unset variable so)
+        keys = []
+        for position, part in enumerate(self.previous_data_keys.get_secret_value().split(",")):
+            key = part.strip().encode()
+            _check_fernet_key(key, f"CURATOR_PREVIOUS_DATA_KEYS (key {position + 1})")
+            keys.append(key)
+        return keys
 
     def _load_key(self) -> bytes:
         if self.data_key is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from app.config import Settings
 from app.core.db import Database
+from app.storage.tables import key_ring
 from app.worker.queue import Queue
 
 
@@ -14,14 +15,16 @@ from app.worker.queue import Queue
 class Services:
     settings: Settings
     db: Database
-    data_key: bytes = field(repr=False)  # never in a repr that a log line could format
+    #: The key ring of raw files (:func:`app.storage.tables.key_ring`): the current key, then
+    #: the previous ones. Never in a repr that a log line could format.
+    data_key: bytes = field(repr=False)
     queue: Queue
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
         """Prepare the data directory and key, connect the database, bind the queue.
         Raises :class:`~app.config.ConfigError` when the configuration cannot work."""
-        key = settings.prepare()
+        key = key_ring(settings.prepare(), settings.previous_keys())
         return cls(
             settings=settings,
             db=Database(settings.resolved_database_url),

@@ -45,6 +45,7 @@ from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
 from app.models import Dataset, Grant, Role, User
 from app.models.base import utcnow
+from app.storage import tables
 
 log = logging.getLogger("curator.datasets")
 
@@ -413,8 +414,9 @@ STRAY_FILE_AGE = timedelta(hours=24)
 
 def remove_stray_files(session: Session, services: Services, now: datetime | None = None) -> int:
     """Remove what a killed process left of its uploads: stored dataset files that no
-    dataset row names, and upload spools (encrypted with a key that died with the process),
-    each once older than :data:`STRAY_FILE_AGE` by its modification time. A failing upload
+    dataset row names, upload spools (encrypted with a key that died with the process) and
+    the files of a killed key rotation (:func:`app.storage.tables.rotate`), each once older
+    than :data:`STRAY_FILE_AGE` by its modification time. A failing upload
     cleans up after itself (:func:`store_dataset`, the endpoint); this catches the uploads
     that could not. The candidates are listed before the dataset rows are read, so a file
     recorded meanwhile is never among them. Returns how many files were removed."""
@@ -424,11 +426,65 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
         return [p for p in directory.glob(pattern) if p.is_file() and p.stat().st_mtime < cutoff]
 
     spools = old(services.settings.tmp_dir, "upload-*.spool")
-    tables = old(services.settings.datasets_dir, "*.parquet")
-    if tables:
+    # a key rotation killed before its rename (tables.rotate)
+    spools += old(services.settings.datasets_dir, "*" + tables.ROTATING_SUFFIX)
+    stored = old(services.settings.datasets_dir, "*.parquet")
+    if stored:
         recorded = set(session.scalars(select(Dataset.storage_name)))
-        tables = [p for p in tables if p.name not in recorded]
-    for path in spools + tables:
+        stored = [p for p in stored if p.name not in recorded]
+    for path in spools + stored:
         path.unlink(missing_ok=True)
         log.warning("removed a stray upload file %s (no dataset records it)", path.name)
-    return len(spools) + len(tables)
+    return len(spools) + len(stored)
+
+
+@dataclass(frozen=True)
+class KeyRotation:
+    """What :func:`rotate_data_key` did, by storage file name (never a dataset's content)."""
+
+    rotated: list[str]
+    current: list[str]
+    missing: list[str]
+    unreadable: list[str]
+
+
+def rotate_data_key(services: Services) -> KeyRotation:
+    """Re-encrypt every stored dataset under the current data key (``CURATOR_DATA_KEY``),
+    opening it with any key of the ring (:func:`app.storage.tables.rotate`). A file the
+    current key opens already is left as it is, so a run that stopped half-way can be run
+    again. The dataset rows are read in one short transaction and the files re-encrypted
+    after it (minutes for large tables; no session held). A file no key of the ring opens
+    is reported as ``unreadable`` and left untouched; one that is not on disk, as
+    ``missing``. Uploads recorded after the list was read are not visited: run it once the
+    API and the workers use the new key (README, "Rotating the data key"). The run is
+    recorded in the audit log (counts and file names, no key)."""
+    with services.db.transaction(read_only=True) as session:
+        names = list(session.scalars(select(Dataset.storage_name).order_by(Dataset.created_at)))
+    rotated: list[str] = []
+    current: list[str] = []
+    missing: list[str] = []
+    unreadable: list[str] = []
+    for name in names:
+        path = services.settings.datasets_dir / name
+        try:
+            changed = tables.rotate(path, services.data_key)
+        except FileNotFoundError:
+            missing.append(name)
+        except PermissionError:
+            unreadable.append(name)
+        else:
+            (rotated if changed else current).append(name)
+            log.info("data key rotation: %s %s", name, "re-encrypted" if changed else "current")
+    with services.db.transaction() as session:
+        record(
+            session,
+            None,
+            "data_key.rotate",
+            "data_key",
+            "datasets",
+            rotated=len(rotated),
+            current=len(current),
+            missing=missing,
+            unreadable=unreadable,
+        )
+    return KeyRotation(rotated=rotated, current=current, missing=missing, unreadable=unreadable)

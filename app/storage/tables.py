@@ -2,7 +2,14 @@
 
 Every page and the footer are encrypted with AES-GCM data keys that Parquet generates
 per file; the data keys are wrapped with the service's Fernet key (``CURATOR_DATA_KEY``,
-passed around as its bytes), so a stolen file is useless without it. Reads stream row
+passed around as its bytes), so a stolen file is useless without it.
+
+The key passed around is a *key ring*: the current Fernet key, then any previous ones
+(``CURATOR_PREVIOUS_DATA_KEYS``), joined by commas (Fernet keys are url-safe base64,
+which has none). New files are wrapped with the current key; a file opens with any key
+of the ring (:class:`cryptography.fernet.MultiFernet`). :func:`rotate` re-encrypts a file
+under the current key, so that the previous keys can be retired (``curator
+rotate-data-key``). Reads stream row
 groups (``iter_batches``), so a worker never needs the whole table in memory: the file is
 opened without pyarrow's ``pre_buffer`` (its default), which reads every row group's
 column chunks ahead into a cache that lives as long as the reader, so that a pass held
@@ -12,6 +19,7 @@ the whole compressed file (about 420 MB at 10^7 rows of 10 columns).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -19,14 +27,31 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pyarrow.parquet.encryption as pe
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 FOOTER_KEY_ID = "curator-footer"
 ROW_GROUP_ROWS = 65_536
 
 
+#: What separates the keys of a key ring (module doc).
+KEY_RING_SEPARATOR = b","
+#: Suffix of the file :func:`rotate` writes before it replaces a table.
+ROTATING_SUFFIX = ".rotating"
+
+
+def key_ring(current: bytes, previous: Sequence[bytes] = ()) -> bytes:
+    """The key ring of ``current`` (wraps new files) and ``previous`` (still open old ones;
+    a repeat of ``current`` is dropped)."""
+    return KEY_RING_SEPARATOR.join([current, *(k for k in previous if k != current)])
+
+
+def current_key(ring: bytes) -> bytes:
+    """The ring's first key: the one new files are wrapped with."""
+    return ring.split(KEY_RING_SEPARATOR, 1)[0]
+
+
 class _FernetKms(pe.KmsClient):  # type: ignore[misc]
-    def __init__(self, fernet: Fernet) -> None:
+    def __init__(self, fernet: MultiFernet) -> None:
         super().__init__()
         self._fernet = fernet
 
@@ -38,7 +63,8 @@ class _FernetKms(pe.KmsClient):  # type: ignore[misc]
             return self._fernet.decrypt(wrapped_key.encode("ascii"))
         except InvalidToken:
             raise PermissionError(
-                "CURATOR_DATA_KEY does not open this file (was the data key changed?)"
+                "no key of CURATOR_DATA_KEY and CURATOR_PREVIOUS_DATA_KEYS opens this file "
+                "(was the data key changed?)"
             ) from None
 
 
@@ -46,7 +72,7 @@ def _crypto(key: bytes) -> tuple[pe.CryptoFactory, pe.KmsConnectionConfig]:
     # pyarrow caches KMS clients per connection config: a key-specific (one-way) instance id
     # keeps two keys in one process (tests, key rotation) from sharing a cached client.
     fingerprint = hashlib.sha256(b"curator-kms-instance:" + key).hexdigest()[:32]
-    fernet = Fernet(key)
+    fernet = MultiFernet([Fernet(k) for k in key.split(KEY_RING_SEPARATOR)])
     factory = pe.CryptoFactory(lambda _config: _FernetKms(fernet))
     return factory, pe.KmsConnectionConfig(kms_instance_id=fingerprint)
 
@@ -108,3 +134,52 @@ def iter_batches(
         )
     finally:
         parquet.close()
+
+
+def opens_with(path: Path, key: bytes) -> bool:
+    """Whether ``key`` (a key or a ring) opens the table at ``path``."""
+    try:
+        open_table(path, key).close()
+    except PermissionError:
+        return False
+    return True
+
+
+def rotate(path: Path, ring: bytes) -> bool:
+    """Re-encrypt the table at ``path`` under the ring's current key, if that key alone
+    does not open it already; returns whether it did. The file is read with the whole
+    ring, row group by row group, written beside it (``ROTATING_SUFFIX``), checked, and
+    moved over it in one rename: a reader that opened the old file keeps reading it, one
+    that opens the path afterwards gets the new file, never half of either. Raises
+    :class:`PermissionError` if no key of the ring opens it, :class:`FileNotFoundError`
+    if it is removed meanwhile (its dataset deleted: nothing is put back)."""
+    current = current_key(ring)
+    if opens_with(path, current):
+        return False
+    staging = path.with_name(path.name + ROTATING_SUFFIX)
+    source = open_table(path, ring)
+    try:
+        writer = EncryptedTableWriter(staging, source.schema_arrow, current)
+        try:
+            for batch in source.iter_batches(batch_size=ROW_GROUP_ROWS):
+                writer.write(batch)
+        finally:
+            writer.close()
+        rows = source.metadata.num_rows
+    finally:
+        source.close()
+    try:
+        check = open_table(staging, current)
+        try:
+            if check.metadata.num_rows != rows:
+                raise OSError(f"{staging.name} holds {check.metadata.num_rows} rows, not {rows}")
+        finally:
+            check.close()
+        with staging.open("rb") as handle:
+            os.fsync(handle.fileno())
+        if not path.exists():
+            raise FileNotFoundError(f"{path.name} was removed while it was re-encrypted")
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    return True

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from cryptography.fernet import Fernet
+from numpy.testing import assert_array_equal
 
 from app.storage import tables
 from app.storage.source import EncryptedTableSource
@@ -58,3 +59,82 @@ def test_a_pass_holds_one_row_group_not_the_file(stored: tuple[Path, bytes, np.n
     np.testing.assert_array_equal(np.concatenate(parts), values)  # every row, in order
     assert len(held) == GROUPS
     assert max(held) < 8 * group_bytes, (max(held), path.stat().st_size)
+
+
+def _matrix(table: pa.Table) -> np.ndarray:
+    return np.column_stack([table.column(j).to_numpy() for j in range(table.num_columns)])
+
+
+def _read(path: Path, key: bytes) -> tuple[pa.Table, int]:
+    parquet = tables.open_table(path, key)
+    try:
+        return parquet.read(), parquet.metadata.num_row_groups
+    finally:
+        parquet.close()
+
+
+def test_a_key_ring_wraps_with_its_first_key_and_opens_with_any(
+    stored: tuple[Path, bytes, np.ndarray], tmp_path: Path
+) -> None:
+    """A file written under ``old`` opens with a ring that holds it; one written with a
+    ring is wrapped with its first key only."""
+    path, old, values = stored
+    new = Fernet.generate_key()
+    ring = tables.key_ring(new, [old])
+    assert tables.current_key(ring) == new
+    assert tables.key_ring(new, [new, old]) == ring  # a repeat of the current key is dropped
+    assert tables.opens_with(path, ring)
+    assert not tables.opens_with(path, new)
+    assert_array_equal(_matrix(_read(path, ring)[0]), values)
+    written = tmp_path / "new.parquet"
+    writer = tables.EncryptedTableWriter(written, pa.schema([("x", pa.float64())]), ring)
+    writer.write(pa.record_batch([pa.array([0.5])], names=["x"]))
+    writer.close()
+    assert tables.opens_with(written, new)
+    assert not tables.opens_with(written, old)
+
+
+def test_rotate_re_encrypts_under_the_current_key_once(
+    stored: tuple[Path, bytes, np.ndarray],
+) -> None:
+    """The rotated file opens with the new key alone, not the old; its rows, schema and
+    row groups are the old file's; a second run leaves it be; nothing is left beside it."""
+    path, old, values = stored
+    before, groups = _read(path, old)
+    new = Fernet.generate_key()
+    ring = tables.key_ring(new, [old])
+    assert tables.rotate(path, ring) is True
+    assert tables.opens_with(path, new)
+    assert not tables.opens_with(path, old)
+    after, after_groups = _read(path, new)
+    assert after.equals(before)
+    assert after.schema.equals(before.schema, check_metadata=True)
+    assert after_groups == groups
+    assert_array_equal(_matrix(after), values)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    stamp = path.stat().st_mtime_ns
+    assert tables.rotate(path, ring) is False
+    assert path.stat().st_mtime_ns == stamp
+
+
+def test_rotate_leaves_a_file_no_key_opens_and_a_removed_one_removed(
+    stored: tuple[Path, bytes, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, old, _ = stored
+    content = path.read_bytes()
+    strangers = tables.key_ring(Fernet.generate_key(), [Fernet.generate_key()])
+    with pytest.raises(PermissionError, match="no key of CURATOR_DATA_KEY"):
+        tables.rotate(path, strangers)
+    assert path.read_bytes() == content
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    # the dataset's file removed while it was re-encrypted: it is not put back
+    written = tables.EncryptedTableWriter.write
+
+    def write_then_remove(self: tables.EncryptedTableWriter, batch: pa.RecordBatch) -> None:
+        written(self, batch)
+        path.unlink(missing_ok=True)
+
+    monkeypatch.setattr(tables.EncryptedTableWriter, "write", write_then_remove)
+    with pytest.raises(FileNotFoundError):
+        tables.rotate(path, tables.key_ring(Fernet.generate_key(), [old]))
+    assert list(path.parent.iterdir()) == []

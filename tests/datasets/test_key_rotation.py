@@ -1,0 +1,179 @@
+"""Rotating the data key: `curator rotate-data-key` re-encrypts every stored dataset under
+CURATOR_DATA_KEY, the old key(s) given in CURATOR_PREVIOUS_DATA_KEYS; the service then
+runs with the new key alone."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+from sqlalchemy import select
+
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app.cli import main
+from app.config import KEY_FILE_NAME, Settings
+from app.main import create_app
+from app.models import AuditEvent
+from app.storage import tables
+from tests.conftest import Caller
+from tests.datasets.test_graphs import upload_graph
+from tests.releases.helpers import dataset, request_release, run_all, services_of
+
+
+def _rotate(
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    new: bytes,
+    previous: list[bytes],
+) -> tuple[int, str, str]:
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", str(settings.database_url))
+    monkeypatch.delenv("CURATOR_REDIS_URL", raising=False)
+    monkeypatch.setenv("CURATOR_DATA_KEY", new.decode())
+    if previous:
+        monkeypatch.setenv("CURATOR_PREVIOUS_DATA_KEYS", ",".join(k.decode() for k in previous))
+    else:
+        monkeypatch.delenv("CURATOR_PREVIOUS_DATA_KEYS", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(["rotate-data-key", "--json"])
+    out = capsys.readouterr()
+    return int(info.value.code or 0), out.out, out.err
+
+
+Rotate = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def rotate(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Rotate:
+    """``curator rotate-data-key --json`` on the test's service, with keys ``new`` and
+    ``previous``: (exit code, stdout, stderr)."""
+    return lambda *, new, previous: _rotate(
+        settings, monkeypatch, capsys, new=new, previous=previous
+    )
+
+
+@pytest.fixture
+def new_key() -> bytes:
+    return Fernet.generate_key()
+
+
+@pytest.fixture
+def rotated_client(settings: Settings, new_key: bytes) -> Iterator[TestClient]:
+    """The service after the rotation: the new key alone."""
+    after = settings.model_copy(update={"data_key": SecretStr(new_key.decode())})
+    with TestClient(create_app(after)) as test_client:
+        yield test_client
+
+
+def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+) -> None:
+    dataset(client, curator)
+    graph = upload_graph(
+        client,
+        curator,
+        b"0 1\n1 2\n",
+        {"name": "g", "kind": "graph", "vertices": 4, "budget": {"epsilon": 1.0}},
+    )
+    assert graph.status_code == 201, graph.text
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    files = sorted(settings.datasets_dir.iterdir())
+    assert len(files) == 2
+    before = {path.name: tables.open_table(path, old).read() for path in files}
+
+    # without the previous key nothing can be opened: refused before anything is touched
+    code, _, err = rotate(new=new_key, previous=[])
+    assert code == 2
+    assert "CURATOR_PREVIOUS_DATA_KEYS is not set" in err
+    assert all(tables.opens_with(path, old) for path in files)
+
+    code, out, err = rotate(new=new_key, previous=[old])
+    assert code == 0, err
+    assert json.loads(out) == {"rotated": 2, "current": 0, "missing": [], "unreadable": []}
+    assert "retire the old key" in err
+    for path in files:
+        assert tables.opens_with(path, new_key)
+        assert not tables.opens_with(path, old)
+        assert tables.open_table(path, new_key).read().equals(before[path.name])
+    with services_of(client).db.transaction(read_only=True) as session:
+        events = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "data_key.rotate")
+        ).all()
+    assert [e.details["rotated"] for e in events] == [2]
+    # a second run finds nothing to do
+    code, out, _ = rotate(new=new_key, previous=[old])
+    assert code == 0
+    assert json.loads(out) == {"rotated": 0, "current": 2, "missing": [], "unreadable": []}
+
+    # a key that opens nothing: every file reported, none touched, exit 1
+    stranger = Fernet.generate_key()
+    contents = {path.name: path.read_bytes() for path in files}
+    code, out, _ = rotate(new=stranger, previous=[old])
+    assert code == 1
+    assert sorted(json.loads(out)["unreadable"]) == sorted(contents)
+    assert {path.name: path.read_bytes() for path in files} == contents
+
+
+def test_a_release_measures_a_rotated_dataset_with_the_new_key_alone(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+    rotated_client: TestClient,
+) -> None:
+    table_id = dataset(client, curator)
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    code, _, err = rotate(new=new_key, previous=[old])
+    assert code == 0, err
+    response = request_release(rotated_client, curator, table_id)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(rotated_client, release_id)
+    shown = rotated_client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert shown["status"] == "succeeded", shown
+
+
+def test_a_missing_file_is_reported(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+) -> None:
+    dataset(client, curator)
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    (path,) = list(settings.datasets_dir.iterdir())
+    path.unlink()
+    code, out, _ = rotate(new=new_key, previous=[old])
+    assert code == 1
+    assert json.loads(out)["missing"] == [path.name]
+    assert not path.exists()
+
+
+def test_previous_keys_are_checked(tmp_path: Path) -> None:
+    from app.config import ConfigError
+
+    bad = Settings(data_dir=tmp_path, previous_data_keys=SecretStr("nope"))
+    with pytest.raises(ConfigError, match=r"CURATOR_PREVIOUS_DATA_KEYS \(key 1\)"):
+        bad.previous_keys()
+    two = [Fernet.generate_key(), Fernet.generate_key()]
+    good = Settings(
+        data_dir=tmp_path,
+        previous_data_keys=SecretStr(f" {two[0].decode()} , {two[1].decode()}"),
+    )
+    assert good.previous_keys() == two
+    assert Settings(data_dir=tmp_path, previous_data_keys=SecretStr(" ")).previous_keys() == []
