@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -148,7 +149,8 @@ def opens_with(path: Path, key: bytes) -> bool:
 def rotate(path: Path, ring: bytes) -> bool:
     """Re-encrypt the table at ``path`` under the ring's current key, if that key alone
     does not open it already; returns whether it did. The file is read with the whole
-    ring, row group by row group, written beside it (``ROTATING_SUFFIX``), checked, and
+    ring, row group by row group, written beside it (a random name ending in
+    ``ROTATING_SUFFIX``), checked, and
     moved over it in one rename: a reader that opened the old file keeps reading it, one
     that opens the path afterwards gets the new file, never half of either. Raises
     :class:`PermissionError` if no key of the ring opens it, :class:`FileNotFoundError`
@@ -156,7 +158,9 @@ def rotate(path: Path, ring: bytes) -> bool:
     current = current_key(ring)
     if opens_with(path, current):
         return False
-    staging = path.with_name(path.name + ROTATING_SUFFIX)
+    # a name of its own: two rotations run at once each write a whole file, the last
+    # rename wins, and neither writes into the other's
+    staging = path.with_name(f"{path.name}.{secrets.token_hex(6)}{ROTATING_SUFFIX}")
     source = open_table(path, ring)
     try:
         writer = EncryptedTableWriter(staging, source.schema_arrow, current)

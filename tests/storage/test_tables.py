@@ -138,3 +138,40 @@ def test_rotate_leaves_a_file_no_key_opens_and_a_removed_one_removed(
     with pytest.raises(FileNotFoundError):
         tables.rotate(path, tables.key_ring(Fernet.generate_key(), [old]))
     assert list(path.parent.iterdir()) == []
+
+
+def test_two_rotations_at_once_leave_one_whole_file(
+    stored: tuple[Path, bytes, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of the rotation on one file, interleaved row group by row group: each
+    writes its own staging file, so the file left is whole (a shared staging name let
+    them write into one file)."""
+    import threading
+
+    path, old, values = stored
+    new = Fernet.generate_key()
+    ring = tables.key_ring(new, [old])
+    barrier = threading.Barrier(2, timeout=30)
+    written = tables.EncryptedTableWriter.write
+
+    def in_step(self: tables.EncryptedTableWriter, batch: pa.RecordBatch) -> None:
+        barrier.wait()
+        written(self, batch)
+
+    monkeypatch.setattr(tables.EncryptedTableWriter, "write", in_step)
+    results: list[bool | BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(tables.rotate(path, ring))
+        except BaseException as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [True, True]
+    assert_array_equal(_matrix(_read(path, new)[0]), values)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
