@@ -292,6 +292,21 @@ def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
     assert preview["409"]["description"] == "conflict"
 
 
+def test_openapi_declares_the_body_of_a_repeated_request(client: TestClient) -> None:
+    """A grant that already existed and a release request replayed with its
+    Idempotency-Key answer 200 with the same body as their 201 / 202: a client generated
+    from the schema read a body-less 200 as no result (openapi-python-client: None)."""
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, model, first in (
+        ("/v1/datasets/{dataset_id}/grants", "GrantOut", "201"),
+        ("/v1/datasets/{dataset_id}/releases", "ReleaseOut", "202"),
+    ):
+        responses = paths[path]["post"]["responses"]
+        for status in (first, "200"):
+            schema = responses[status]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": f"#/components/schemas/{model}"}, (path, status)
+
+
 def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -> None:
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
     mechanisms = schemas["ReleaseCreate"]["properties"]["mechanism"]["description"]

@@ -161,7 +161,7 @@ def list_grants(dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep) -
     response_model=GrantOut,
     status_code=status.HTTP_201_CREATED,
     responses={
-        200: {"description": "the grant already existed"},
+        200: {"model": GrantOut, "description": "the grant already existed"},
         **error_responses(NotFound, Forbidden, InvalidRequest),
     },
 )

@@ -35,7 +35,10 @@ router = APIRouter(prefix="/v1", tags=["releases"], responses=error_responses(Un
     response_model=ReleaseOut,
     status_code=status.HTTP_202_ACCEPTED,
     responses={
-        200: {"description": "replay of an earlier request with the same Idempotency-Key"},
+        200: {
+            "model": ReleaseOut,
+            "description": "replay of an earlier request with the same Idempotency-Key",
+        },
         **error_responses(
             NotFound,
             Forbidden,
