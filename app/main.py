@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
@@ -129,6 +130,14 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class Readiness(BaseModel):
+    """The body of ``GET /readyz``, with 200 (ready) or 503 (not ready)."""
+
+    status: Literal["ready", "not ready"]
+    database: Literal["ok", "unreachable"]
+    queue: Literal["ok", "unreachable"]
+
+
 def create_app(settings: Settings | None = None, *, embedded_worker: bool = False) -> FastAPI:
     """Build the API. With ``embedded_worker`` the process also runs a queue consumer
     (threads), started and stopped with the server."""
@@ -174,7 +183,12 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready"}})
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_model=Readiness,
+        responses={503: {"model": Readiness, "description": "not ready"}},
+    )
     def readyz() -> JSONResponse:
         """Readiness: the database and the queue are reachable."""
         checks: dict[str, str] = {}

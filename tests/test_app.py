@@ -40,6 +40,19 @@ def test_readyz_reports_an_unreachable_database(client: TestClient) -> None:
     assert response.json() == {"status": "not ready", "database": "unreachable", "queue": "ok"}
 
 
+def test_openapi_declares_the_readiness_body(client: TestClient) -> None:
+    """Both answers of /readyz carry the same body; a generated client read neither (the
+    200 declared an empty schema, the 503 no body)."""
+    spec = client.get("/openapi.json").json()
+    responses = spec["paths"]["/readyz"]["get"]["responses"]
+    for status in ("200", "503"):
+        schema = responses[status]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/Readiness"}, status
+    readiness = spec["components"]["schemas"]["Readiness"]
+    assert readiness["required"] == ["status", "database", "queue"]
+    assert readiness["properties"]["status"]["enum"] == ["ready", "not ready"]
+
+
 def test_error_envelope_for_framework_errors(client: TestClient, curator: Caller) -> None:
     assert client.get("/v1/nope").json() == {"error": {"code": "not_found", "message": "Not Found"}}
     assert client.put("/healthz").json()["error"]["code"] == "method_not_allowed"
