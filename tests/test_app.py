@@ -320,6 +320,33 @@ def test_openapi_declares_the_body_of_a_repeated_request(client: TestClient) -> 
             assert schema == {"$ref": f"#/components/schemas/{model}"}, (path, status)
 
 
+def test_openapi_declares_the_body_of_every_success_response(client: TestClient) -> None:
+    """Every 2xx but a 204 declares what its body is. The downloads declared none (a
+    FileResponse has no media type of its own): a generated client returned None instead
+    of the file."""
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status.startswith("2") and status != "204":
+                    content = response.get("content")
+                    assert content, (method, path, status)
+                    assert all(media["schema"] for media in content.values()), (method, path)
+    releases = "/v1/releases/{release_id}"
+    served = {
+        f"{releases}/synthetic": {"text/csv", "application/vnd.apache.parquet"},
+        f"{releases}/synopsis": {"application/json"},
+        f"{releases}/artifacts/{{name}}": {
+            "text/csv",
+            "application/vnd.apache.parquet",
+            "application/json",
+            "application/octet-stream",
+        },
+    }
+    for path, media_types in served.items():
+        assert set(paths[path]["get"]["responses"]["200"]["content"]) == media_types, path
+
+
 def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -> None:
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
     mechanisms = schemas["ReleaseCreate"]["properties"]["mechanism"]["description"]

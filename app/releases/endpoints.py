@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
@@ -28,6 +28,18 @@ from app.releases import downloads, service
 from app.releases.schemas import PreviewOut, ReleaseCreate, ReleaseOut, ResynthesizeRequest
 
 router = APIRouter(prefix="/v1", tags=["releases"], responses=error_responses(Unauthorized))
+
+#: The media types the downloads are served as (each artifact's own, see the adapters),
+#: so that a generated client reads the body as a file (or JSON) instead of nothing.
+_FILE: dict[str, Any] = {"schema": {"type": "string", "format": "binary"}}
+_CSV = {"text/csv": {"schema": {"type": "string"}}}  # text (UTF-8): clients read it as such
+_PARQUET = {"application/vnd.apache.parquet": _FILE}
+_JSON = {"application/json": {"schema": {"type": "object", "additionalProperties": True}}}
+_NPZ = {"application/octet-stream": _FILE}
+
+
+def _download(description: str, content: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
+    return {200: {"description": description, "content": content}}
 
 
 @router.post(
@@ -144,7 +156,13 @@ def resynthesize(
 @router.get(
     "/releases/{release_id}/artifacts/{name}",
     response_class=FileResponse,
-    responses=error_responses(NotFound, Conflict),
+    responses={
+        **_download(
+            "the artifact, as the media type its entry in the release's artifacts names",
+            {**_CSV, **_PARQUET, **_JSON, **_NPZ},
+        ),
+        **error_responses(NotFound, Conflict),
+    },
 )
 def artifact(
     release_id: uuid.UUID, name: str, user: CurrentUser, session: SessionDep, services: ServicesDep
@@ -155,7 +173,10 @@ def artifact(
 @router.get(
     "/releases/{release_id}/synthetic",
     response_class=FileResponse,
-    responses=error_responses(NotFound, Conflict),
+    responses={
+        **_download("the rows as CSV or Parquet (format)", {**_CSV, **_PARQUET}),
+        **error_responses(NotFound, Conflict),
+    },
 )
 def synthetic(
     release_id: uuid.UUID,
@@ -175,7 +196,7 @@ def synthetic(
 @router.get(
     "/releases/{release_id}/synopsis",
     response_class=FileResponse,
-    responses=error_responses(NotFound, Conflict),
+    responses={**_download("the synopsis", _JSON), **error_responses(NotFound, Conflict)},
 )
 def synopsis(
     release_id: uuid.UUID, user: CurrentUser, session: SessionDep, services: ServicesDep
