@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -345,6 +346,20 @@ def test_openapi_declares_the_body_of_every_success_response(client: TestClient)
     }
     for path, media_types in served.items():
         assert set(paths[path]["get"]["responses"]["200"]["content"]) == media_types, path
+
+
+def test_openapi_operation_ids_are_unique_function_names(client: TestClient) -> None:
+    """Generated clients name their methods after the operationId: FastAPI's default made
+    them ``create_release_v1_datasets__dataset_id__releases_post``."""
+    paths = client.get("/openapi.json").json()["paths"]
+    ids = [op["operationId"] for operations in paths.values() for op in operations.values()]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    for operation_id in ids:
+        assert re.fullmatch(r"[a-z]+(_[a-z]+)*", operation_id), operation_id
+        assert "_v1_" not in operation_id, operation_id
+        assert not operation_id.endswith(("_get", "_post")), operation_id
+    assert paths["/v1/datasets/{dataset_id}/releases"]["post"]["operationId"] == "create_release"
+    assert paths["/v1/releases/{release_id}/answers"]["post"]["operationId"] == "answers"
 
 
 def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -> None:
