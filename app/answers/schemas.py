@@ -14,7 +14,32 @@ class AnswerRequest(BaseModel):
     """A batch of queries in the release type's JSON forms (a closed set; nothing is
     evaluated as code)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "queries": [
+                        {
+                            "type": "product",
+                            "space": "original",
+                            "factors": {
+                                "mean_radius": {"type": "gaussian", "center": 14, "sigma": 3}
+                            },
+                        }
+                    ]
+                },
+                {
+                    "queries": [
+                        {"type": "conjunction", "where": {"diagnosis": "M"}},
+                        {"type": "table", "values": [0.0, 1.0]},
+                    ]
+                },
+                {"queries": [{"type": "cut", "S": [0, 1], "T": [2, 3]}]},
+                {"queries": [{"type": "pca", "k": 2}]},
+            ]
+        },
+    )
 
     queries: list[dict[str, Any]] = Field(
         min_length=1,

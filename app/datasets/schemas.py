@@ -249,7 +249,14 @@ class DatasetOut(BaseModel):
 
 
 class DatasetUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """The curator's opt-in for releases that are not differentially private
+    (``compressed``); ``false`` withdraws it."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"allow_non_dp_releases": True}]},
+    )
 
     allow_non_dp_releases: bool
 
@@ -271,7 +278,11 @@ class BudgetOut(BudgetSummary):
 class BudgetUpdate(BaseModel):
     """New totals. A total may go up, or down to no less than spent + reserved."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"epsilon": 10.0}, {"epsilon": 10.0, "delta": 1e-6}]},
+    )
 
     epsilon: float | None = None
     delta: float | None = None
@@ -289,7 +300,12 @@ class BudgetUpdate(BaseModel):
 
 
 class GrantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The analyst to grant read access to the dataset (a user id)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"user_id": "0b7c2f4e-8f1a-4c55-9d3e-2a6b1c9e7f10"}]},
+    )
 
     user_id: uuid.UUID
 

@@ -16,7 +16,19 @@ class ReleaseCreate(BaseModel):
     ``epsilon`` is required for differentially private mechanisms and must be omitted for
     the non-DP ones (``compressed``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"smoothness": 16}},
+                {"mechanism": "smooth_synthetic", "epsilon": 1.0},
+                {"mechanism": "smooth_synthetic", "epsilon": 1.0, "delta": 1e-7},
+                {"mechanism": "randomized_response", "epsilon": 1.0, "columns": ["diagnosis"]},
+                {"mechanism": "graph_cuts", "epsilon": 1.0},
+                {"mechanism": "compressed", "params": {"delta_max": 0.5}},
+            ]
+        },
+    )
 
     mechanism: str = Field(
         description="smooth_synthetic, smooth_synopsis or randomized_response (a table), "
@@ -35,7 +47,9 @@ class ReleaseCreate(BaseModel):
 class ResynthesizeRequest(BaseModel):
     """New post-processing parameters; the stored measurements are reused, no budget spent."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"params": {"grid_size": 2000}}]}
+    )
 
     params: dict[str, Any] = Field(default_factory=dict)
 

@@ -20,7 +20,11 @@ Name = Annotated[
 
 
 class UserCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A new user: a name (a label; two users may share one) and a role."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "carol", "role": "curator"}]}
+    )
 
     name: Name
     role: Role
