@@ -409,8 +409,12 @@ def test_openapi_request_bodies_are_described_with_valid_examples(client: TestCl
 
 
 def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -> None:
+    """The mechanisms are an enum a generated client can offer (a bare string before),
+    and described; so are the query forms of each."""
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
-    mechanisms = schemas["ReleaseCreate"]["properties"]["mechanism"]["description"]
+    mechanism = schemas["ReleaseCreate"]["properties"]["mechanism"]
+    assert sorted(mechanism["enum"]) == sorted(adapters.__all__)
+    mechanisms = mechanism["description"]
     forms = schemas["AnswerRequest"]["properties"]["queries"]["description"]
     for name in adapters.__all__:  # the service's release types (tests register others)
         assert name in mechanisms, name
