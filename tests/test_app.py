@@ -408,6 +408,32 @@ def test_openapi_request_bodies_are_described_with_valid_examples(client: TestCl
     assert mechanisms == set(adapters.__all__)
 
 
+def test_openapi_marks_every_field_a_response_sends_as_required(client: TestClient) -> None:
+    """Responses send every field of their model, also those with a default (a dataset's
+    warnings and validation, a preview's warnings, the report's clipped): a schema that
+    made them optional had generated clients type them as possibly unset."""
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    pending = [
+        response["content"]["application/json"]["schema"]
+        for operations in spec["paths"].values()
+        for operation in operations.values()
+        for status, response in operation["responses"].items()
+        if status.startswith("2") and "application/json" in response.get("content", {})
+    ]
+    seen: set[str] = set()
+    while pending:
+        text = json.dumps(pending.pop())
+        for name in re.findall(r'"#/components/schemas/([^"]+)"', text):
+            if name not in seen:
+                seen.add(name)
+                pending.append(schemas[name])
+    assert {"DatasetOut", "PreviewOut", "ValidationReport", "ReleaseOut"} <= seen
+    for name in seen:
+        properties = set(schemas[name].get("properties", {}))
+        assert properties <= set(schemas[name].get("required", [])), name
+
+
 def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -> None:
     """The mechanisms are an enum a generated client can offer (a bare string before),
     and described; so are the query forms of each."""

@@ -220,6 +220,9 @@ class ValidationReport(BaseModel):
     response, a report on the file the curator just sent, and is never stored or shown
     again (``None`` afterwards; privacy rule 5)."""
 
+    # every field is sent, also those with a default: the schema marks them required
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     format: Literal["csv", "parquet", "edge_list"]
     n_rows: int | None
     clipped: dict[str, int] | None = Field(
@@ -228,6 +231,8 @@ class ValidationReport(BaseModel):
 
 
 class DatasetOut(BaseModel):
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     id: uuid.UUID
     name: str
     kind: Literal["table", "graph"]

@@ -111,6 +111,8 @@ class ReleaseOut(BaseModel):
 
 
 class PreviewOut(BaseModel):
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     mechanism: str
     guarantee: str
     epsilon: float | None
