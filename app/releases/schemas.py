@@ -74,6 +74,8 @@ class ArtifactOut(BaseModel):
 
 
 class ReleaseOut(BaseModel):
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     id: uuid.UUID
     dataset_id: uuid.UUID
     mechanism: str
