@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import unicodedata
 import uuid
 from collections import Counter
 from datetime import datetime
@@ -178,6 +179,18 @@ class DatasetDeclaration(BaseModel):
             # Cells are matched with their surrounding whitespace trimmed: such a category
             # could never match one.
             if isinstance(column, CategoricalColumn):
+                # and in Unicode normal form C, as cells are (validation): "é" typed as one
+                # code point or as "e" and a combining accent is one category
+                column.categories = [
+                    unicodedata.normalize("NFC", c) if isinstance(c, str) else c
+                    for c in column.categories
+                ]
+                labels = column.labels
+                if len(set(labels)) != len(labels):
+                    raise ValueError(
+                        f"column {column.name!r}: categories must be distinct; two of them are "
+                        "the same text in different Unicode forms (NFC and NFD)"
+                    )
                 for label in column.labels:
                     if label != label.strip():
                         raise ValueError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -247,6 +248,8 @@ class CategoricalCheck:
                 self.name, f"has type {array.type}; expected category labels", len(array)
             )
             return pa.nulls(len(array), pa.int32())
+        # the declared categories are in Unicode normal form C (schemas); so are cells
+        text = pc.utf8_normalize(text, form="NFC")
         empty = _mask(pc.equal(text, ""))
         codes = pc.index_in(text, value_set=self._value_set)
         unknown = _mask(pc.is_null(codes)) & ~empty
@@ -505,7 +508,7 @@ def _undeclared_hint(position: int, name: str) -> str | None:
 
 
 def _loose(name: str) -> str:
-    return name.strip().casefold()
+    return unicodedata.normalize("NFC", name.strip()).casefold()
 
 
 def _check_header(file_names: list[str], declared: list[str], problems: Problems) -> None:
@@ -526,8 +529,9 @@ def _check_header(file_names: list[str], declared: list[str], problems: Problems
                 name,
                 "missing from the file"
                 + (
-                    f": column {near[0]} of the file has its name but for case or "
-                    "surrounding spaces (the names must match exactly)"
+                    f": column {near[0]} of the file has its name but for case, "
+                    "surrounding spaces or Unicode form (NFC/NFD) (the names must match "
+                    "exactly)"
                     if near
                     else ""
                 ),

@@ -201,6 +201,13 @@ def test_a_semicolon_in_a_header_name_is_no_separator(
     assert response.json()["n_rows"] == 2
 
 
+def _near_miss(position: int) -> str:
+    return (
+        f"missing from the file: column {position} of the file has its name but for case, "
+        "surrounding spaces or Unicode form (NFC/NFD) (the names must match exactly)"
+    )
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
@@ -209,13 +216,11 @@ def test_a_semicolon_in_a_header_name_is_no_separator(
             {
                 (
                     "c",
-                    "missing from the file: column 2 of the file has its name but for "
-                    "case or surrounding spaces (the names must match exactly)",
+                    _near_miss(2),
                 ),
                 (
                     "b",
-                    "missing from the file: column 3 of the file has its name but for "
-                    "case or surrounding spaces (the names must match exactly)",
+                    _near_miss(3),
                 ),
             },
             id="spaces-after-commas",
@@ -225,8 +230,7 @@ def test_a_semicolon_in_a_header_name_is_no_separator(
             {
                 (
                     name,
-                    f"missing from the file: column {i} of the file has its name but for "
-                    "case or surrounding spaces (the names must match exactly)",
+                    _near_miss(i),
                 )
                 for i, name in ((1, "x"), (2, "c"), (3, "b"))
             },
@@ -237,14 +241,7 @@ def test_a_semicolon_in_a_header_name_is_no_separator(
             # "does the file start with a header row?"
             b"X,C,q\n1,A,1\n",
             {
-                *(
-                    (
-                        name,
-                        f"missing from the file: column {i} of the file has its name but for "
-                        "case or surrounding spaces (the names must match exactly)",
-                    )
-                    for i, name in ((1, "x"), (2, "c"))
-                ),
+                *((name, _near_miss(i)) for i, name in ((1, "x"), (2, "c"))),
                 ("b", "missing from the file"),
             },
             id="upper-case-and-one-missing",
@@ -548,6 +545,35 @@ def test_categories_are_matched_by_their_text(client: TestClient, curator: Calle
     assert problems_of(refused) == [
         {"column": "c", "problem": "values that are not declared categories", "rows": 2}
     ]
+
+
+def test_categories_match_in_unicode_normal_form_c(client: TestClient, curator: Caller) -> None:
+    """ "é" is one code point (NFC, what most editors type) or "e" and a combining accent
+    (NFD, what macOS file names and some exports hold). A declared category and a cell
+    match in either form: both are compared in NFC. Two categories that are one text in
+    two forms are refused at the declaration."""
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    columns = [COLUMNS[0], {"name": "c", "kind": "categorical", "categories": [nfd, "tea"]}]
+    ok = upload(client, curator, f"x,c\n1,{nfc}\n2,{nfd}\n3,tea\n".encode(), with_columns(*columns))
+    assert ok.status_code == 201, ok.text
+    shown = ok.json()["columns"][1]["categories"]
+    assert shown == [nfc, "tea"]
+    assert stored_rows(client, ok.json()["id"], [COLUMNS[0], {**columns[1], "categories": shown}])[
+        "c"
+    ] == [nfc, nfc, "tea"]
+    both = [COLUMNS[0], {"name": "c", "kind": "categorical", "categories": [nfc, nfd]}]
+    refused = upload(client, curator, b"x,c\n1,tea\n", with_columns(*both))
+    assert refused.status_code == 422
+    assert "different Unicode forms" in refused.text
+
+
+def test_a_header_name_in_another_unicode_form_is_pointed_out(
+    client: TestClient, curator: Caller
+) -> None:
+    columns = [{**COLUMNS[0], "name": "caf\u00e9"}]
+    response = upload(client, curator, "cafe\u0301\n1\n".encode(), with_columns(*columns))
+    assert [p["problem"] for p in problems_of(response) if p["column"]] == [_near_miss(1)]
+    assert_nothing_stored(client)
 
 
 def _typed(x: pa.Array, c: pa.Array, b: pa.Array) -> pa.Table:

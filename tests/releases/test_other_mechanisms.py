@@ -195,6 +195,37 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
         assert fragment in refused.json()["error"]["message"]
 
 
+def test_randomized_response_conditions_match_categories_in_unicode_normal_form_c(
+    client: TestClient, curator: Caller
+) -> None:
+    """A condition names a category in either Unicode form ("é" as one code point or as
+    "e" and a combining accent): categories and cells are compared in NFC."""
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    csv = "c\n" + "".join(f"{nfd if i % 3 else 'tea'}\n" for i in range(300))
+    schema = {
+        "name": "drinks",
+        "columns": [{"name": "c", "kind": "categorical", "categories": [nfc, "tea"]}],
+        "budget": {"epsilon": 5, "delta": 0},
+    }
+    uploaded = upload(client, curator, csv.encode(), schema)
+    assert uploaded.status_code == 201, uploaded.text
+    body = {"mechanism": "randomized_response", "epsilon": 2.0}
+    response = request_release(client, curator, uploaded.json()["id"], body)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    answers = _answers(
+        client,
+        curator,
+        release_id,
+        [{"type": "conjunction", "where": {"c": text}} for text in (nfc, nfd)],
+    )
+    assert answers.status_code == 200, answers.text
+    first, second = answers.json()["answers"]
+    assert first == second
+    assert first["value"] > 0.3
+
+
 def test_randomized_response_conditions_take_booleans_for_binary_columns_only(
     client: TestClient, curator: Caller
 ) -> None:

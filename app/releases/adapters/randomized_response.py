@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -400,11 +401,16 @@ class RandomizedResponse(registry.Mechanism):
                     raise InvalidRequest(
                         f"column {name!r} is categorical: name a category, not true or false"
                     )
-                labels = {label: k for k, label in enumerate(column.categories)}
-                missing = [v for v in values if str(v) not in labels]
+                # categories match in Unicode normal form C, as cells did at upload
+                labels = {
+                    unicodedata.normalize("NFC", label): k
+                    for k, label in enumerate(column.categories)
+                }
+                asked = [unicodedata.normalize("NFC", str(v)) for v in values]
+                missing = [v for v, text in zip(values, asked, strict=True) if text not in labels]
                 if missing or isinstance(condition, dict):
                     raise InvalidRequest(f"column {name!r} has no category {missing}")
-                cells = [labels[str(v)] for v in values]
+                cells = [labels[text] for text in asked]
             elif column.kind == "binary":
                 if isinstance(condition, dict) or any(v not in (0, 1, True, False) for v in values):
                     raise InvalidRequest(f"column {name!r} is binary: use 0, 1, false or true")
