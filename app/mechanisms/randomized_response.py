@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from functools import cached_property
@@ -663,55 +663,49 @@ class RRRelease:
             values=values, starts=starts.astype(np.int64), cells=codes[at], counts=counts
         )
 
-    def _groups(self, query: Query) -> Iterator[tuple[slice, RowFunction]]:
-        """``(entries of cell_counts, row function)`` for each group of rows that shares
-        a row function: all of them, or those of each public value."""
+    def _group_functions(self, query: Query) -> tuple[NDArray[np.int64], list[RowFunction]]:
+        """``(starts, functions)``: the groups of :attr:`cell_counts` entries that share a
+        row function, entries ``starts[g]:starts[g + 1]`` with ``functions[g]``: one group
+        of every entry, or one per public value (``by_public[values[g]]``)."""
         table = self.cell_counts
-        if isinstance(query, Heterogeneous):
-            if table.values is None:
-                raise MechanismError(
-                    "a heterogeneous query needs the public column; this release has none"
-                )
-            functions = query.functions
-            missing = [int(v) for v in table.values if int(v) not in functions]
-            if missing:
-                raise MechanismError(
-                    f"the heterogeneous query has no row function for {len(missing)} of the "
-                    f"public column's {table.values.size} values"
-                )
-            for g, value in enumerate(table.values):
-                yield slice(table.starts[g], table.starts[g + 1]), functions[int(value)]
-            return
-        yield slice(None), _as_row_function(query)
+        if not isinstance(query, Heterogeneous):
+            return np.array([0, table.size], dtype=np.int64), [_as_row_function(query)]
+        if table.values is None:
+            raise MechanismError(
+                "a heterogeneous query needs the public column; this release has none"
+            )
+        by_public = query.functions
+        functions = [by_public.get(value) for value in table.values.tolist()]
+        missing = functions.count(None)
+        if missing:
+            raise MechanismError(
+                f"the heterogeneous query has no row function for {missing} of the "
+                f"public column's {table.values.size} values"
+            )
+        return table.starts, cast(list[RowFunction], functions)
+
+    def _check_function(self, function: RowFunction) -> None:
+        if function.domain_size != self.domain_size:
+            raise MechanismError(
+                f"the row function is defined on {function.domain_size} cells; "
+                f"the release's domain has {self.domain_size}"
+            )
+        if isinstance(function, Conjunction) and function.domain.cardinalities != (
+            self.cardinalities
+        ):
+            raise MechanismError("the conjunction's domain is not the release's domain")
 
     def _sums(self, query: Query) -> _Sums:
-        sums = _Sums()
+        """The sums of :class:`_Sums` from :attr:`cell_counts`, one numpy pass over its
+        entries for every group at once (:func:`_group_sums`)."""
+        starts, functions = self._group_functions(query)
+        seen: set[int] = set()
+        for function in functions:
+            if id(function) not in seen:
+                seen.add(id(function))
+                self._check_function(function)
         table = self.cell_counts
-        for entries, function in self._groups(query):
-            if function.domain_size != self.domain_size:
-                raise MechanismError(
-                    f"the row function is defined on {function.domain_size} cells; "
-                    f"the release's domain has {self.domain_size}"
-                )
-            if isinstance(function, Conjunction) and function.domain.cardinalities != (
-                self.cardinalities
-            ):
-                raise MechanismError("the conjunction's domain is not the release's domain")
-            counts = table.counts[entries]
-            count = int(counts.sum())
-            weights = counts.astype(np.float64)
-            phi_y = function.evaluate(table.cells[entries])
-            mu = function.mean
-            sums.phi_y += float(np.dot(weights, phi_y))
-            sums.mu += count * mu
-            sums.dev2_y += float(np.dot(weights, (phi_y - mu) ** 2))
-            sums.spread += count * function.spread
-            sums.worst_dev2 += count * max((function.low - mu) ** 2, (function.high - mu) ** 2)
-            sums.low = min(sums.low, function.low)
-            sums.high = max(sums.high, function.high)
-            sums.pairs.add((function.low, function.high))
-            sums.two_valued = sums.two_valued and function.two_valued
-        return sums
+        return _group_sums(table.cells, table.counts, starts, functions, self.domain)
 
     # -- storage
 
@@ -772,6 +766,155 @@ class _Sums:
     high: float = -math.inf  # b = max_i b_i
     pairs: set[tuple[float, float]] = field(default_factory=set)  # the (a_i, b_i) met
     two_valued: bool = True  # every phi_i takes only its a_i and b_i
+
+
+def _group_sums(
+    cells: NDArray[np.int64],
+    counts: NDArray[np.int64],
+    starts: NDArray[np.int64],
+    functions: list[RowFunction],
+    domain: Domain | None,
+) -> _Sums:
+    """The sums of :class:`_Sums` over the rows counted by ``counts`` (distinct ``cells``)
+    whose row function is ``functions[g]`` for the entries ``starts[g]:starts[g + 1]``.
+
+    With ``g(e)`` the group of entry ``e``, ``w_e`` its count and ``n_g = sum_{g(e) = g}
+    w_e`` the rows of group ``g``:
+
+    - ``sum_i phi_i(y_i) = sum_e w_e phi_{g(e)}(cell_e)``;
+    - ``sum_i (phi_i(y_i) - mu_i)^2 = sum_e w_e (phi_{g(e)}(cell_e) - mu_{g(e)})^2``;
+    - ``sum_i mu_i = sum_g n_g mu_g``, ``sum_i s_i^2 = sum_g n_g s_g^2`` and
+      ``sum_i max_{t in {a_i, b_i}} (t - mu_i)^2 = sum_g n_g max((a_g - mu_g)^2,
+      (b_g - mu_g)^2)``.
+
+    Each is one numpy reduction over the entries or the groups. ``phi_{g(e)}(cell_e)`` is
+    evaluated for every entry at once: for the conjunctions by :func:`_conjunctions_at`,
+    for other row functions once per distinct function on the entries of its groups. The
+    only Python loops are over the query itself (a conjunction's terms, each distinct
+    other function), never over entries.
+    """
+    n_groups = len(functions)
+    group = np.repeat(np.arange(n_groups, dtype=np.int64), np.diff(starts))
+    cumulative = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(counts)])
+    rows = (cumulative[starts[1:]] - cumulative[starts[:-1]]).astype(np.float64)  # n_g
+    mu = np.empty(n_groups)  # mu_g
+    spread = np.empty(n_groups)  # s_g^2
+    low = np.empty(n_groups)  # a_g
+    high = np.empty(n_groups)  # b_g
+    phi = np.empty(cells.shape[0])  # phi_{g(e)}(cell_e)
+    two_valued = True
+
+    is_conjunction = np.fromiter(
+        (isinstance(f, Conjunction) for f in functions), dtype=np.bool_, count=n_groups
+    )
+    conjunctions = np.flatnonzero(is_conjunction)
+    if conjunctions.size:
+        assert domain is not None  # each conjunction's domain is the release's (checked)
+        local = np.cumsum(is_conjunction) - 1  # a group's index among the conjunctions
+        entries = np.flatnonzero(is_conjunction[group])
+        mu_c, phi[entries] = _conjunctions_at(
+            [cast(Conjunction, functions[g]) for g in conjunctions.tolist()],
+            domain,
+            local[group[entries]],
+            cells[entries],
+        )
+        mu[conjunctions] = mu_c
+        spread[conjunctions] = np.maximum(mu_c - mu_c**2, 0.0)  # mean_square = mean
+        low[conjunctions] = 0.0
+        high[conjunctions] = 1.0
+
+    others = np.flatnonzero(~is_conjunction)
+    if others.size:
+        index: dict[int, int] = {}
+        distinct: list[RowFunction] = []
+        which = np.full(n_groups, -1, dtype=np.int64)  # a group's distinct function
+        for g in others.tolist():
+            function = functions[g]
+            k = index.setdefault(id(function), len(distinct))
+            if k == len(distinct):
+                distinct.append(function)
+            which[g] = k
+        scalars = np.array([(f.mean, f.spread, f.low, f.high) for f in distinct])
+        mu[others], spread[others], low[others], high[others] = scalars[which[others]].T
+        two_valued = all(f.two_valued for f in distinct)
+        if len(distinct) == 1 and others.size == n_groups:
+            phi[:] = distinct[0].evaluate(cells)
+        else:  # the entries of each distinct function, found by one stable sort
+            entry_function = which[group]
+            selected = np.flatnonzero(entry_function >= 0)
+            order = selected[np.argsort(entry_function[selected], kind="stable")]
+            bounds = np.searchsorted(entry_function[order], np.arange(len(distinct) + 1))
+            for k, function in enumerate(distinct):
+                at = order[bounds[k] : bounds[k + 1]]
+                phi[at] = function.evaluate(cells[at])
+
+    weights = counts.astype(np.float64)  # w_e
+    return _Sums(
+        phi_y=float(np.dot(weights, phi)),
+        mu=float(np.dot(rows, mu)),
+        dev2_y=float(np.dot(weights, (phi - mu[group]) ** 2)),
+        spread=float(np.dot(rows, spread)),
+        worst_dev2=float(np.dot(rows, np.maximum((low - mu) ** 2, (high - mu) ** 2))),
+        low=float(low.min()),
+        high=float(high.max()),
+        pairs={(float(a), float(b)) for a, b in np.unique(np.column_stack([low, high]), axis=0)},
+        two_valued=two_valued,
+    )
+
+
+def _conjunctions_at(
+    conjunctions: list[Conjunction],
+    domain: Domain,
+    owner: NDArray[np.int64],
+    cells: NDArray[np.int64],
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``(mu, phi)``: ``mu[k]`` the mean over the domain of ``conjunctions[k]`` and
+    ``phi[e]`` the value of ``conjunctions[owner[e]]`` at ``cells[e]``, all at once.
+
+    Conjunction ``k`` with allowed sets ``A_kj`` on its attributes ``j`` is
+    ``phi_k(v) = prod_j [v_j in A_kj]`` with ``mu_k = prod_j |A_kj| / |D_j|``
+    (:class:`Conjunction`). The terms are flattened into arrays; then for each attribute
+    ``j`` some conjunction constrains, an entry whose conjunction has a term on ``j``
+    keeps ``phi = 1`` only if the pair ``(k, v_j)`` is allowed: a binary search among the
+    sorted keys ``k m_j + rank_j(v)`` of the allowed pairs, ``rank_j`` the position among
+    the ``m_j`` distinct values allowed on ``j`` by any conjunction (so keys stay below
+    ``len(conjunctions) m_j``, whatever ``|D_j|``). Attributes are taken in increasing
+    order, as :attr:`Conjunction.mean` multiplies them: the same ``mu`` to the bit.
+    """
+    term_owner: list[int] = []
+    term_attribute: list[int] = []
+    term_size: list[int] = []
+    allowed: list[int] = []
+    for k, conjunction in enumerate(conjunctions):
+        for attribute, chosen in conjunction.term_sets.items():
+            term_owner.append(k)
+            term_attribute.append(attribute)
+            term_size.append(len(chosen))
+            allowed.extend(chosen)
+    owners = np.array(term_owner, dtype=np.int64)
+    attributes = np.array(term_attribute, dtype=np.int64)
+    sizes = np.array(term_size, dtype=np.int64)
+    values = np.array(allowed, dtype=np.int64)
+    value_term = np.repeat(np.arange(owners.size), sizes)
+    mu = np.ones(len(conjunctions))
+    phi = np.ones(cells.shape[0], dtype=np.bool_)
+    for attribute in np.unique(attributes).tolist():
+        on = attributes == attribute
+        mu[owners[on]] *= sizes[on] / domain.cardinalities[attribute]
+        constrained = np.zeros(len(conjunctions), dtype=np.bool_)
+        constrained[owners[on]] = True
+        entries = np.flatnonzero(constrained[owner])
+        pair = on[value_term]
+        distinct = np.unique(values[pair])
+        keys = np.sort(
+            owners[value_term[pair]] * distinct.size + np.searchsorted(distinct, values[pair])
+        )
+        digit = domain.attribute(cells[entries], attribute)
+        rank = np.minimum(np.searchsorted(distinct, digit), distinct.size - 1)
+        key = owner[entries] * distinct.size + rank
+        found = np.minimum(np.searchsorted(keys, key), keys.size - 1)
+        phi[entries] &= (distinct[rank] == digit) & (keys[found] == key)
+    return mu, phi.astype(np.float64)
 
 
 def _check_public(public: ArrayLike, n: int) -> NDArray[np.int64]:
