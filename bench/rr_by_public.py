@@ -1,18 +1,19 @@
 """Time of randomized-response answers with ``by_public`` (a row function per public value).
 
-Run: ``python -m bench.rr_by_public [--rows 1000000] [--public 100000] [--name rr_by_public]``
-(about a minute on 2 cores at the defaults).
+Run: ``python -m bench.rr_by_public [--sizes ROWS:PUBLIC ...] [--name rr_by_public]``
+(about a minute on 2 cores at the defaults: 10^6 rows over 10^5 and 10^4 public values,
+2 10^5 rows over 10^5).
 
-Setup: a synthetic release made in process, no server and no stored dataset: ``--rows``
+Setup: a synthetic release made in process, no server and no stored dataset: ``ROWS``
 rows of a categorical column (10 categories, the skewed frequencies of
 ``bench.large_table``), a binary column and a continuous column (a standard normal with
-declared bounds [-5, 5], ``default_bits(n)`` bits), and a public column of ``--public``
+declared bounds [-5, 5], ``default_bits(n)`` bits), and a public column of ``PUBLIC``
 values drawn uniformly (every value held by some row). The release is randomized
 response (mechanism E of paper 004) at epsilon = 1 over the three perturbed columns. The
 answers are post-processing of that release: they read ``RRRelease.cell_counts`` (the
 released rows counted by (public value, code)), never the rows it was made from.
 
-Timed (median of ``REPEATS`` runs, after one warm-up for the counts):
+Timed (median of ``REPEATS`` runs; the counts once, as a loaded release does):
 
 - *counts*: ``RRRelease.cell_counts``, built once per loaded release;
 - *conjunction*: one adapter answer of a conjunction (reads every entry of the counts);
@@ -22,8 +23,9 @@ Timed (median of ``REPEATS`` runs, after one warm-up for the counts):
   the service receives it (parsed JSON: validation, conditions to cells, the answer).
 
 The adapter's request bound charges a query ``entries + PUBLIC_VALUE_WORK x public
-values`` units of about 100 ns (``MAX_ANSWER_WORK``); the table derives the per-entry
-time from the conjunction and the per-public-value time from the by_public answer.
+values`` units of about 100 ns (``MAX_ANSWER_WORK``); the table gives, per release, the
+public-value term that would charge the measured by_public answer exactly ("implied W"),
+and what the bound admits per request.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from bench._common import Run
 SEED = 20260506
 EPSILON = 1.0
 REPEATS = 3
+#: The request bound's unit of work (MAX_ANSWER_WORK): about 100 ns, an entry of the counts.
+UNIT_S = 100e-9
 CATEGORIES = [f"c{k}" for k in range(10)]
 CATEGORY_P = np.array([0.3, 0.2, 0.12, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02])
 INFO_COLUMNS = (
@@ -116,9 +120,10 @@ def measure(rows: int, public: int) -> dict[str, Any]:
     domain = release.domain
     assert domain is not None
     codes = {value: k for k, value in enumerate(loaded["public_values"])}
+    columns = adapter._Columns.of(mechanism._perturbed(info), loaded["bits"])
     heterogeneous = rr.Heterogeneous(
         {
-            codes[key]: rr.Conjunction(domain, mechanism._terms(where, info, loaded["bits"]))
+            codes[key]: rr.Conjunction(domain, mechanism._terms(where, columns))
             for key, where in query["by_public"].items()
         }
     )
@@ -130,6 +135,7 @@ def measure(rows: int, public: int) -> dict[str, Any]:
     per_entry_ns = conjunction_s / entries * 1e9
     per_value_ns = max(adapter_s - conjunction_s, 0.0) / public * 1e9
     work = entries + adapter.PUBLIC_VALUE_WORK * public
+    fitting = max(adapter.MAX_ANSWER_WORK // work, 1)
     return {
         "rows": rows,
         "public_values": public,
@@ -141,50 +147,63 @@ def measure(rows: int, public: int) -> dict[str, Any]:
         "by_public_adapter_s": round(adapter_s, 4),
         "per_entry_ns": round(per_entry_ns, 1),
         "per_public_value_ns": round(per_value_ns, 1),
-        "per_public_value_entries": round(per_value_ns / per_entry_ns, 1),
+        # the public-value term that would charge this answer's time at 100 ns a unit
+        "implied_public_value_work": round((adapter_s / UNIT_S - entries) / public, 1),
         "public_value_work": adapter.PUBLIC_VALUE_WORK,
         "charged_work": work,
-        "queries_per_request": adapter.MAX_ANSWER_WORK // work,
-        "request_s_at_bound": round(adapter.MAX_ANSWER_WORK // work * adapter_s, 1),
+        "charged_s": round(work * UNIT_S, 3),
+        "queries_per_request": fitting,
+        "request_s_at_bound": round(fitting * adapter_s, 1),
         "answer": {k: answer[k] for k in ("value", "stderr", "error_bound")},
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.rr_by_public")
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--public", type=int, default=100_000)
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        default=["1000000:100000", "1000000:10000", "200000:100000"],
+        help="rows:public values of each synthetic release",
+    )
     parser.add_argument("--name", default="rr_by_public")
     args = parser.parse_args(argv)
-    command = (
-        f"python -m bench.rr_by_public --rows {args.rows} --public {args.public} --name {args.name}"
-    )
+    command = f"python -m bench.rr_by_public --sizes {' '.join(args.sizes)} --name {args.name}"
     run = Run(args.name, command)
-    result = measure(args.rows, args.public)
-    r = result
+    results = []
+    for size in args.sizes:
+        rows, public = (int(part) for part in size.split(":"))
+        results.append(measure(rows, public))
     lines = [
         "# Randomized response: answers with by_public (a row function per public value)",
         "",
-        f"Synthetic release of {r['rows']} rows (categorical x binary x continuous, "
-        f"|D| = {r['domain_size']}) with a public column of {r['public_values']} values; "
-        f"epsilon = {EPSILON}. Counts by (public value, code): {r['entries']} entries. "
-        f"Median of {REPEATS} runs.",
+        "Synthetic releases (categorical x binary x continuous, a public column), epsilon = "
+        f"{EPSILON}; median of {REPEATS} runs. *entries*: the release's counts by (public "
+        "value, code). *conjunction*: one adapter answer of a plain conjunction. *by_public "
+        "mechanism*: RRRelease.answer of a Heterogeneous query of a Conjunction per public "
+        "value (built beforehand). *by_public adapter*: the adapter's answer of one parsed "
+        "heterogeneous query (validation, conditions to cells, conjunctions, the answer). "
+        "*implied W*: the public-value term that charges that adapter time at 100 ns a unit, "
+        "(seconds / 100 ns - entries) / public values; *charged*: the request bound's "
+        f"work of the query (entries + {adapter.PUBLIC_VALUE_WORK} x public values) at "
+        "100 ns a unit; *at the bound*: MAX_ANSWER_WORK's queries per request times the "
+        "measured answer.",
         "",
-        "| step | seconds |",
-        "|---|---:|",
-        f"| cell counts (once per loaded release) | {r['counts_s']} |",
-        f"| conjunction, one adapter answer | {r['conjunction_s']} |",
-        f"| by_public, mechanism (RRRelease.answer) | {r['by_public_mechanism_s']} |",
-        f"| by_public, adapter (one parsed query) | {r['by_public_adapter_s']} |",
-        "",
-        f"Per entry of the counts: {r['per_entry_ns']} ns (the conjunction). Per public "
-        f"value: {r['per_public_value_ns']} ns (the by_public adapter answer less the "
-        f"conjunction), i.e. {r['per_public_value_entries']} entries; the request bound "
-        f"charges PUBLIC_VALUE_WORK = {r['public_value_work']}. Charged work of one such "
-        f"query: {r['charged_work']}; MAX_ANSWER_WORK admits {r['queries_per_request']} of "
-        f"them per request, about {r['request_s_at_bound']} s.",
+        "| rows | public values | entries | counts s | conjunction s | by_public mechanism s "
+        "| by_public adapter s | implied W | charged s | queries at the bound | at the bound s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    run.write("\n".join(lines), {"epsilon": EPSILON, "repeats": REPEATS, "result": result})
+    for r in results:
+        lines.append(
+            f"| {r['rows']} | {r['public_values']} | {r['entries']} | {r['counts_s']} | "
+            f"{r['conjunction_s']} | {r['by_public_mechanism_s']} | "
+            f"{r['by_public_adapter_s']} | {r['implied_public_value_work']} | "
+            f"{r['charged_s']} | {r['queries_per_request']} | {r['request_s_at_bound']} |"
+        )
+    run.write(
+        "\n".join(lines),
+        {"epsilon": EPSILON, "repeats": REPEATS, "unit_s": UNIT_S, "results": results},
+    )
 
 
 if __name__ == "__main__":

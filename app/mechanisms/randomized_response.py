@@ -344,10 +344,14 @@ class Conjunction(RowFunction):
             if isinstance(raw_values, int | np.integer):
                 chosen = frozenset({_as_int(raw_values, "a conjunction value")})
             else:
-                chosen = frozenset(_as_int(v, "a conjunction value") for v in raw_values)
+                values = list(raw_values)
+                if all(type(v) is int for v in values):  # what _as_int accepts as it is
+                    chosen = frozenset(values)
+                else:
+                    chosen = frozenset(_as_int(v, "a conjunction value") for v in values)
             if not chosen:
                 raise MechanismError(f"conjunction attribute {attribute} has no allowed value")
-            if any(not 0 <= v < cards[attribute] for v in chosen):
+            if min(chosen) < 0 or max(chosen) >= cards[attribute]:
                 raise MechanismError(
                     f"a value of conjunction attribute {attribute} is outside its "
                     f"{cards[attribute]} categories"

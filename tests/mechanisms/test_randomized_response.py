@@ -412,12 +412,25 @@ def test_queries_reject() -> None:
         ({3: 0}, "outside the domain"),
         ({0: 2}, "outside its 2 categories"),
         ({0: []}, "no allowed value"),
+        ({0: [-1]}, "outside its 2 categories"),
+        ({1: [0, 3]}, "outside its 3 categories"),
+        ({0: [True]}, "value must be an integer"),
+        ({0: [0.0]}, "value must be an integer"),
+        ({0: "0"}, "value must be an integer"),
         ({0: [0, 1], 1: [0, 1, 2]}, "every value"),
     ],
 )
 def test_conjunction_rejects(terms: dict[int, object], match: str) -> None:
     with pytest.raises(MechanismError, match=match):
         Conjunction(Domain((2, 3)), terms)  # type: ignore[arg-type]
+
+
+def test_conjunction_takes_numpy_integers() -> None:
+    domain = Domain((2, 3))
+    plain = Conjunction(domain, {1: [0, 2]})
+    assert Conjunction(domain, {1: np.array([0, 2])}).terms == plain.terms
+    assert Conjunction(domain, {np.int64(1): (np.int32(2), 0)}).terms == plain.terms
+    assert plain.terms == {1: frozenset({0, 2})}
 
 
 def test_helpers_reject() -> None:

@@ -14,10 +14,12 @@ the perturbed cell in original units (labels, 0/1, cell midpoints) and the publi
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import unicodedata
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -143,6 +145,40 @@ def _every_row(estimator: str, answered: dict[str, list[float]]) -> dict[str, An
     if any(answered.values()):
         item["answered_ranges"] = {k: v for k, v in answered.items() if v}
     return item
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """What the conditions of one answers request look up, built once per request (a
+    ``by_public`` query has a ``where`` per public value): the perturbed columns by name,
+    each categorical column's categories by label, and each continuous column's
+    ``2^bits`` cell midpoints and ``2^bits + 1`` cell edges in original units (ascending:
+    ``lower < upper``)."""
+
+    perturbed: list[registry.ColumnInfo]
+    index: dict[str, int]
+    labels: dict[int, dict[str, int]]
+    midpoints: dict[int, list[float]]
+    edges: dict[int, list[float]]
+
+    @classmethod
+    def of(cls, perturbed: list[registry.ColumnInfo], bits: int) -> _Columns:
+        cells = 1 << bits
+        labels, midpoints, edges = {}, {}, {}
+        for j, column in enumerate(perturbed):
+            if column.kind == "categorical":
+                assert column.categories is not None
+                labels[j] = {
+                    unicodedata.normalize("NFC", label): k
+                    for k, label in enumerate(column.categories)
+                }
+            elif column.kind == "continuous":
+                mid = rr.cell_midpoints(np.arange(cells), bits)
+                midpoints[j] = column.to_original(mid).tolist()
+                edge = -1.0 + 2.0 * np.arange(cells + 1, dtype=np.float64) / cells
+                edges[j] = column.to_original(edge).tolist()
+        index = {c.name: j for j, c in enumerate(perturbed)}
+        return cls(perturbed, index, labels, midpoints, edges)
 
 
 class RandomizedResponse(registry.Mechanism):
@@ -378,34 +414,29 @@ class RandomizedResponse(registry.Mechanism):
     def _terms(
         self,
         where: Mapping[str, Condition],
-        info: DatasetInfo,
-        bits: int,
+        columns: _Columns,
         answered: dict[str, list[float]] | None = None,
     ) -> dict[int, list[int]]:
         """The cells of each condition. A continuous column's ``between`` takes the cells
         whose midpoint lies in the range; the range those cells cover (original units) is
         written into ``answered``: that is what the answer estimates, not the range asked."""
-        perturbed = self._perturbed(info)
-        index = {c.name: j for j, c in enumerate(perturbed)}
         terms: dict[int, list[int]] = {}
         for name, condition in where.items():
-            if name not in index:
+            j = columns.index.get(name)
+            if j is None:
                 raise InvalidRequest(
-                    f"column {name!r} is not a perturbed column of this release ({sorted(index)})"
+                    f"column {name!r} is not a perturbed column of this release "
+                    f"({sorted(columns.index)})"
                 )
-            column = perturbed[index[name]]
+            column = columns.perturbed[j]
             values = condition if isinstance(condition, list) else [condition]
             if column.kind == "categorical":
-                assert column.categories is not None
                 if any(isinstance(v, bool) for v in values):  # str(True) could match "True"
                     raise InvalidRequest(
                         f"column {name!r} is categorical: name a category, not true or false"
                     )
                 # categories match in Unicode normal form C, as cells did at upload
-                labels = {
-                    unicodedata.normalize("NFC", label): k
-                    for k, label in enumerate(column.categories)
-                }
+                labels = columns.labels[j]
                 asked = [unicodedata.normalize("NFC", str(v)) for v in values]
                 missing = [v for v, text in zip(values, asked, strict=True) if text not in labels]
                 if missing or isinstance(condition, dict):
@@ -426,14 +457,17 @@ class RandomizedResponse(registry.Mechanism):
                         f'column {name!r}: "between" takes two finite numbers [low, high]'
                     )
                 low, high = bounds
-                original = column.to_original(rr.cell_midpoints(np.arange(1 << bits), bits))
-                cells = [int(k) for k in np.flatnonzero((original >= low) & (original <= high))]
-                if not cells:
+                # the midpoints (original units) ascend: those in [low, high] are a run
+                midpoints = columns.midpoints[j]
+                first = bisect.bisect_left(midpoints, low)
+                end = bisect.bisect_right(midpoints, high)
+                if first >= end:
                     raise InvalidRequest(f"no cell of column {name!r} lies in [{low}, {high}]")
-                if answered is not None:  # the cells are consecutive: their outer edges
-                    edges = np.array([cells[0], cells[-1] + 1], dtype=np.float64)
-                    answered[name] = column.to_original(-1.0 + 2.0 * edges / (1 << bits)).tolist()
-            terms[index[name]] = cells
+                cells = list(range(first, end))
+                if answered is not None:  # the run's outer edges
+                    edges = columns.edges[j]
+                    answered[name] = [edges[first], edges[end]]
+            terms[j] = cells
         return terms
 
     def answer(
@@ -452,13 +486,14 @@ class RandomizedResponse(registry.Mechanism):
             reads=f"the counts of its {counts.size} distinct released cells"
             + (f" over {values} public values" if values else ""),
         )
+        columns = _Columns.of(self._perturbed(info), loaded["bits"])
         out = []
         for position, query in enumerate(parsed):
             answered: dict[str, Any] = {}
             try:
                 row_query: Any
                 if isinstance(query, ConjunctionQuery):
-                    terms = self._terms(query.where, info, loaded["bits"], answered)
+                    terms = self._terms(query.where, columns, answered)
                     if all(len(set(terms[a])) == domain.cardinalities[a] for a in terms):
                         # every value allowed: every row satisfies it (Definition 3 needs a
                         # row function that is not constant), exactly, with no noise
@@ -490,9 +525,7 @@ class RandomizedResponse(registry.Mechanism):
                         {
                             codes[key]: rr.Conjunction(
                                 domain,
-                                self._terms(
-                                    where, info, loaded["bits"], answered.setdefault(key, {})
-                                ),
+                                self._terms(where, columns, answered.setdefault(key, {})),
                             )
                             for key, where in query.by_public.items()
                         }

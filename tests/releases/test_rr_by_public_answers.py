@@ -1,0 +1,153 @@
+"""randomized_response's adapter answers ``heterogeneous`` (``by_public``) queries as the
+row-by-row formulas of paper 004 do (eq. 17, the exact worst-case variance, bounds (20)
+and (22), eq. 21), here recomputed slowly from each released row's decoded cells and its
+public value's conditions, without the mechanism's row functions or its cell counts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.core.errors import InvalidRequest
+from app.mechanisms import randomized_response as rr
+from app.releases.adapters import randomized_response as adapter
+from app.releases.registry import ColumnInfo, DatasetInfo
+
+CATEGORIES = ("A", "B", "AB", "O")
+BITS = 3
+COLUMNS = (
+    ColumnInfo("blood", "categorical", categories=CATEGORIES),
+    ColumnInfo("age", "continuous", lower=0.0, upper=80.0),
+    ColumnInfo("viewer", "public"),
+    ColumnInfo("smoker", "binary"),
+)
+
+
+def loaded_release(seed: int, n: int, public: int) -> tuple[dict[str, Any], DatasetInfo]:
+    """A release as ``RandomizedResponse.load`` returns it (perturbed blood x age x smoker,
+    public viewer); ``public`` viewers, each holding some row."""
+    rng = np.random.default_rng(seed)
+    domain = rr.Domain((len(CATEGORIES), 1 << BITS, 2))
+    cells = np.column_stack(
+        [rng.integers(0, 4, size=n), rng.integers(0, 1 << BITS, size=n), rng.integers(0, 2, n)]
+    )
+    viewer = rng.permutation(
+        np.concatenate([np.arange(public), rng.integers(0, public, n - public)])
+    )
+    release = rr.release(domain.encode(cells), domain, 1.5, public=viewer)
+    names = [f"user{k:03d}" for k in range(public)]
+    return {"release": release, "bits": BITS, "public_values": names}, DatasetInfo(n, COLUMNS)
+
+
+def random_where(rng: np.random.Generator) -> dict[str, Any]:
+    """One to three conditions, never all values of a column, always some cell."""
+    while True:
+        where: dict[str, Any] = {}
+        if rng.random() < 0.6:
+            chosen = sorted(rng.choice(4, size=int(rng.integers(1, 4)), replace=False))
+            labels = [CATEGORIES[k] for k in chosen]
+            where["blood"] = labels[0] if len(labels) == 1 and rng.random() < 0.5 else labels
+        if rng.random() < 0.5:
+            where["smoker"] = [0, 1, True, False][int(rng.integers(4))]
+        if rng.random() < 0.6:
+            low = float(rng.uniform(0, 65))  # 10 years or more: some midpoint is inside
+            where["age"] = {"between": [low, low + float(rng.uniform(10, 40))]}
+        if where:
+            return where
+
+
+def midpoint_age(cell: int) -> float:
+    return (cell + 0.5) * 80.0 / (1 << BITS)
+
+
+def row_function(where: dict[str, Any]) -> tuple[Any, float, dict[str, list[float]]]:
+    """``(phi on a decoded row, mu, answered range)`` of one ``where``, from first
+    principles: blood by label, smoker by 0/1, age by the cell midpoint in years."""
+    tests = []
+    mu = 1.0
+    answered: dict[str, list[float]] = {}
+    if "blood" in where:
+        labels = where["blood"] if isinstance(where["blood"], list) else [where["blood"]]
+        allowed = {CATEGORIES.index(label) for label in labels}
+        tests.append(lambda row, allowed=allowed: row[0] in allowed)
+        mu *= len(allowed) / 4
+    if "smoker" in where:
+        value = int(where["smoker"])
+        tests.append(lambda row, value=value: row[2] == value)
+        mu *= 1 / 2
+    if "age" in where:
+        low, high = where["age"]["between"]
+        cells = [c for c in range(1 << BITS) if low <= midpoint_age(c) <= high]
+        tests.append(lambda row, cells=set(cells): row[1] in cells)
+        mu *= len(cells) / (1 << BITS)
+        width = 80.0 / (1 << BITS)
+        answered["age"] = [min(cells) * width, (max(cells) + 1) * width]
+    return (lambda row: float(all(t(row) for t in tests))), mu, answered
+
+
+def expected_answer(loaded: dict[str, Any], by_public: dict[str, Any], proper: bool):
+    release: rr.RRRelease = loaded["release"]
+    assert release.domain is not None
+    assert release.public is not None
+    rho, margin, n = release.replace_probability, release.keep_margin, release.n
+    functions = {name: row_function(where) for name, where in by_public.items()}
+    phi, mu = [], []
+    for row, p in zip(release.domain.decode(release.codes), release.public, strict=True):
+        f, m, _ = functions[loaded["public_values"][p]]
+        phi.append(f(row))
+        mu.append(m)
+    phi_sum, mu_arr = math.fsum(phi), np.array(mu)
+    value = (phi_sum - rho * math.fsum(mu)) / (n * margin)
+    if proper:
+        value = min(max(round(value * n), 0), n) / n
+    worst = math.fsum(np.maximum(mu_arr**2, (1 - mu_arr) ** 2))
+    spread = math.fsum(mu_arr - mu_arr**2)
+    stderr = math.sqrt(rho / (n * margin) ** 2 * (margin * worst + spread))
+    bound = (2.0 if proper else 1.0) / (margin * math.sqrt(n))
+    answered = {name: a for name, (_, _, a) in functions.items() if a}
+    return value, stderr, bound, answered
+
+
+@pytest.mark.parametrize(("seed", "n", "public"), [(0, 400, 30), (1, 250, 1), (2, 600, 120)])
+def test_by_public_answers_are_the_row_by_row_formulas(seed: int, n: int, public: int) -> None:
+    loaded, info = loaded_release(seed, n, public)
+    rng = np.random.default_rng([seed, 1])
+    mechanism = adapter.RandomizedResponse()
+    for estimator in ("unbiased", "proper"):
+        by_public = {name: random_where(rng) for name in loaded["public_values"]}
+        query = {"type": "heterogeneous", "by_public": by_public, "estimator": estimator}
+        (answer,) = mechanism.answer(loaded, info, [query])
+        value, stderr, bound, answered = expected_answer(loaded, by_public, estimator == "proper")
+        margin = loaded["release"].keep_margin
+        assert answer["value"] == pytest.approx(value, rel=1e-12, abs=1e-15 / margin)
+        assert answer["stderr"] == pytest.approx(stderr, rel=1e-12)
+        assert answer["error_bound"] == pytest.approx(bound, rel=1e-15)
+        z = adapter.Z_95
+        assert answer["interval"] == pytest.approx(
+            [value - z * stderr, value + z * stderr], rel=1e-12, abs=1e-15 / margin
+        )
+        assert answer["estimator"] == estimator
+        got = answer.get("answered_ranges", {})
+        assert set(got) == {name for name in by_public if name in answered}
+        for name, ranges in got.items():
+            assert ranges == {"age": pytest.approx(answered[name]["age"], rel=1e-15)}
+
+
+def test_by_public_refusals_name_the_query() -> None:
+    loaded, info = loaded_release(3, 100, 3)
+    mechanism = adapter.RandomizedResponse()
+    names = loaded["public_values"]
+    for by_public, fragment in (
+        ({names[0]: {"smoker": 1}}, "no row function for 2 of the public column's 3 values"),
+        ({key: {"smoker": 1} for key in [*names, "nobody"]}, "not in the released public column"),
+        ({key: {"smoker": [0, 1]} for key in names}, "allows every value"),
+        ({key: {"blood": "C"} for key in names}, "has no category"),
+        ({key: {"age": {"between": [81, 90]}} for key in names}, "no cell of column 'age'"),
+    ):
+        query = {"type": "heterogeneous", "by_public": by_public}
+        with pytest.raises(InvalidRequest, match=r"queries\.1: ") as info_:
+            mechanism.answer(loaded, info, [{"type": "conjunction", "where": {"smoker": 1}}, query])
+        assert fragment in info_.value.message
