@@ -151,3 +151,23 @@ def test_by_public_refusals_name_the_query() -> None:
         with pytest.raises(InvalidRequest, match=r"queries\.1: ") as info_:
             mechanism.answer(loaded, info, [{"type": "conjunction", "where": {"smoker": 1}}, query])
         assert fragment in info_.value.message
+
+
+def test_a_request_is_charged_for_each_public_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request bound charges a query its entries plus PUBLIC_VALUE_WORK per public
+    value (a by_public query parses one condition per value): at twice that, two queries
+    are answered and three refused, naming the public values."""
+    loaded, info = loaded_release(0, 400, 30)
+    entries = loaded["release"].cell_counts.size
+    per_query = entries + adapter.PUBLIC_VALUE_WORK * 30
+    monkeypatch.setattr(adapter, "MAX_ANSWER_WORK", 2 * per_query)
+    query = {"type": "conjunction", "where": {"smoker": 1}}
+    mechanism = adapter.RandomizedResponse()
+    assert len(mechanism.answer(loaded, info, [query] * 2)) == 2
+    with pytest.raises(InvalidRequest) as refused:
+        mechanism.answer(loaded, info, [query] * 3)
+    assert refused.value.message == (
+        "3 queries are more than one request may ask of this release (each reads the counts "
+        f"of its {entries} distinct released cells over 30 public values): at most 2 per "
+        "request; split the batch"
+    )

@@ -45,14 +45,19 @@ from app.releases.registry import (
 from app.storage.source import EncryptedTableSource
 
 MAX_TABLE_DOMAIN = 100_000
-#: Work one answers request may do: its queries times the work of one answer. An answer
-#: reads the released rows counted by (public value, code) (``RRRelease.cell_counts``,
-#: counted once per loaded release): about 100 ns an entry, plus about 4 us for each
-#: public value of the release (:data:`PUBLIC_VALUE_WORK` entries), timed on this 2-core
-#: machine at 10^6 and 10^7 rows. This bounds one request to about 15 s; the counts are
-#: of released values only.
+#: Work one answers request may do, in units of about 100 ns: its queries times the work
+#: of one answer, ``entries + PUBLIC_VALUE_WORK x public values``. An answer reads the
+#: released rows counted by (public value, code) (``RRRelease.cell_counts``, counted once
+#: per loaded release, every group in one numpy pass): 50 to 100 ns an entry. A release
+#: with a public column is also charged for a ``by_public`` query's own size, one
+#: condition per public value, parsed in Python into a row function: about 25 us a
+#: public value (``bench/results/rr_by_public.md``: 2.6 s for one answer over 10^5
+#: public values at 10^6 rows, 2.4 s at 2 10^5 rows; (seconds / 100 ns - entries) /
+#: public values = 232 to 248 on this 2-core machine under load 3.8, 212 to 260 in a
+#: run under load 2.5). This bounds one request to about 15 s (12 to 14 s in those
+#: runs); the counts are of released values only.
 MAX_ANSWER_WORK = 15 * 10**7
-PUBLIC_VALUE_WORK = 40
+PUBLIC_VALUE_WORK = 250
 Z_95 = 1.959963984540054
 
 
