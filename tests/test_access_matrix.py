@@ -256,6 +256,9 @@ ROUTES = [
     _dataset_route(
         "PATCH", "/v1/datasets/{dataset_id}/budget", 200, 403, lambda w: {"epsilon": 10.0}
     ),
+    # the world's table has releases still to read it (queued, measuring): the owner's
+    # deletion is refused, and nothing is deleted under the routes that follow
+    _dataset_route("DELETE", "/v1/datasets/{dataset_id}/data", 409, 403),
     _dataset_route("GET", "/v1/datasets/{dataset_id}/grants", 200, 403),
     _dataset_route(
         "POST",

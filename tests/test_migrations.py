@@ -6,6 +6,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +361,33 @@ def test_0008_publishes_the_current_version_of_succeeded_releases(empty_database
             assert versions[release_id] is None
             assert params[release_id] is None
     migrations.downgrade(url, "0007")
+
+
+def test_0009_downgrade_refuses_while_a_datasets_data_are_deleted(empty_database: str) -> None:
+    """0009 adds datasets.data_deleted_at (null for every dataset); its downgrade refuses
+    while a dataset's data are recorded as deleted (0008 would take them for stored), and
+    goes once none is."""
+    from sqlalchemy import MetaData, update
+
+    url = empty_database
+    _head_with_a_release(url, ["reserve", "commit"], measured=False)
+    assert _scalar(url, "datasets", "data_deleted_at") is None
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        datasets = meta.tables["datasets"]
+        with engine.begin() as connection:
+            connection.execute(update(datasets).values(data_deleted_at=datetime.now(UTC)))
+        with pytest.raises(RuntimeError, match="the data of 1 datasets were deleted"):
+            migrations.downgrade(url, "0008")
+        assert migrations.current_revision(url) == "0009"
+        with engine.begin() as connection:
+            connection.execute(update(datasets).values(data_deleted_at=None))
+    finally:
+        engine.dispose()
+    migrations.downgrade(url, "0008")
+    assert migrations.current_revision(url) == "0008"
 
 
 def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> None:

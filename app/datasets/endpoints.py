@@ -127,6 +127,19 @@ def update_dataset(
     return service.update_dataset(session, user, dataset_id, body.allow_non_dp_releases)
 
 
+@router.delete(
+    "/datasets/{dataset_id}/data",
+    response_model=DatasetOut,
+    responses=error_responses(NotFound, Forbidden, Conflict),
+)
+def delete_data(
+    dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep, services: ServicesDep
+) -> DatasetOut:
+    """Delete the dataset's stored rows; its ledger, releases and their measurements stay,
+    and it takes no new release. 409 while a release has yet to read the rows."""
+    return service.delete_data(session, services, user, dataset_id)
+
+
 @router.get(
     "/datasets/{dataset_id}/budget", response_model=BudgetOut, responses=error_responses(NotFound)
 )

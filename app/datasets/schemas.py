@@ -257,6 +257,10 @@ class DatasetOut(BaseModel):
     allow_non_dp_releases: bool
     budget: BudgetSummary
     created_at: datetime
+    data_deleted_at: datetime | None = Field(
+        description="when the curator deleted the stored rows (DELETE .../data); the "
+        "dataset then takes no new release, and its releases stay"
+    )
     validation: ValidationReport | None = Field(
         default=None, description="present for the dataset's curator only"
     )

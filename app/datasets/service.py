@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from app.core.audit import record
 from app.core.db import on_commit
 from app.core.errors import (
+    Conflict,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -43,7 +44,7 @@ from app.datasets.upload import ReceivedUpload
 from app.datasets.validation import validate_and_store
 from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
-from app.models import Dataset, Grant, Role, User
+from app.models import Dataset, Grant, Release, Role, User
 from app.models.base import utcnow
 from app.storage import tables
 
@@ -286,6 +287,7 @@ def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
         "allow_non_dp_releases": dataset.allow_non_dp_releases,
         "budget": budget_summary(balance),
         "created_at": dataset.created_at,
+        "data_deleted_at": dataset.data_deleted_at,
         # stored without clip counts (migration 0005 removed the ones stored before)
         "validation": dataset.validation if is_owner and dataset.kind == "table" else None,
         "warnings": delta_warnings(
@@ -405,6 +407,47 @@ def revoke_grant(
     record(session, user.id, "grant.delete", "dataset", dataset_id, user_id=str(analyst_id))
 
 
+def delete_data(
+    session: Session, services: Services, user: User, dataset_id: uuid.UUID
+) -> DatasetOut:
+    """Delete the dataset's stored rows (its encrypted file); keep its declaration, its
+    append-only ledger, its releases and their measurements, which are post-processing
+    of the rows and need them no more (downloads, answers and re-synthesis go on). The
+    dataset then takes no new release (:func:`app.releases.service.create_release`).
+
+    Refused (409) while a release is still to read the rows (queued or measuring: cancel
+    it or wait for it), under the dataset lock that a release request takes too, so no
+    request can slip in between. The file is removed once the transaction commits; if
+    the process dies first, the sweeper removes it (:func:`remove_stray_files`). Asking
+    again is answered as the first time, with nothing new recorded."""
+    owned_dataset(session, user, dataset_id)
+    dataset = ledger.lock_dataset(session, dataset_id)
+    if dataset.data_deleted_at is None:
+        pending = list(
+            session.scalars(
+                select(Release.id)
+                .where(
+                    Release.dataset_id == dataset.id,
+                    Release.status.in_(("queued", "measuring")),
+                )
+                .order_by(Release.created_at)
+            )
+        )
+        if pending:
+            listed = ", ".join(str(p) for p in pending[:5]) + (", ..." if len(pending) > 5 else "")
+            raise Conflict(
+                f"{len(pending)} release(s) of this dataset have yet to read its data "
+                f"({listed}): cancel them (DELETE /v1/releases/{{id}}) or wait until they "
+                "are measured"
+            )
+        dataset.data_deleted_at = utcnow()
+        session.flush()
+        record(session, user.id, "dataset.delete_data", "dataset", dataset.id)
+        path = services.settings.datasets_dir / dataset.storage_name
+        on_commit(session, lambda: path.unlink(missing_ok=True))
+    return to_out(session, dataset, user)
+
+
 #: How old an unrecorded dataset file or an upload spool must be before
 #: :func:`remove_stray_files` takes it for a leftover. An upload writes its file while it
 #: is validated and records it right after, and its spool lives as long as the upload, so
@@ -419,7 +462,8 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     than :data:`STRAY_FILE_AGE` by its modification time. A failing upload
     cleans up after itself (:func:`store_dataset`, the endpoint); this catches the uploads
     that could not. The candidates are listed before the dataset rows are read, so a file
-    recorded meanwhile is never among them. Returns how many files were removed."""
+    recorded meanwhile is never among them. The files of datasets whose data were deleted
+    (:func:`delete_data`) go at once. Returns how many files were removed."""
     cutoff = (now or utcnow()).timestamp() - STRAY_FILE_AGE.total_seconds()
 
     def old(directory: Path, pattern: str) -> list[Path]:
@@ -432,10 +476,22 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     if stored:
         recorded = set(session.scalars(select(Dataset.storage_name)))
         stored = [p for p in stored if p.name not in recorded]
+    # the files of datasets whose data were deleted, whatever their age: a process that
+    # died between the deletion's commit and the file's removal left them
+    deleted = [
+        path
+        for name in session.scalars(
+            select(Dataset.storage_name).where(Dataset.data_deleted_at.is_not(None))
+        )
+        if (path := services.settings.datasets_dir / name).is_file()
+    ]
     for path in spools + stored:
         path.unlink(missing_ok=True)
         log.warning("removed a stray upload file %s (no dataset records it)", path.name)
-    return len(spools) + len(stored)
+    for path in deleted:
+        path.unlink(missing_ok=True)
+        log.warning("removed the file %s of a dataset whose data were deleted", path.name)
+    return len(spools) + len(stored) + len(deleted)
 
 
 @dataclass(frozen=True)
@@ -459,7 +515,13 @@ def rotate_data_key(services: Services) -> KeyRotation:
     API and the workers use the new key (README, "Rotating the data key"). The run is
     recorded in the audit log (counts and file names, no key)."""
     with services.db.transaction(read_only=True) as session:
-        names = list(session.scalars(select(Dataset.storage_name).order_by(Dataset.created_at)))
+        names = list(
+            session.scalars(
+                select(Dataset.storage_name)
+                .where(Dataset.data_deleted_at.is_(None))  # nothing left to re-encrypt
+                .order_by(Dataset.created_at)
+            )
+        )
     rotated: list[str] = []
     current: list[str] = []
     missing: list[str] = []

@@ -42,6 +42,9 @@ class Dataset(Base):
     storage_name: Mapped[str] = mapped_column(String(200))
     validation: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: When the curator deleted the stored rows (``DELETE /v1/datasets/{id}/data``): the
+    #: encrypted file is gone; the declaration, ledger and releases stay. No new release.
+    data_deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Grant(Base):

@@ -143,6 +143,16 @@ def _check_opt_in(dataset: Dataset, mechanism: Mechanism) -> None:
         )
 
 
+def _check_data_kept(dataset: Dataset) -> None:
+    """A dataset whose stored rows were deleted takes no new release (409)."""
+    if dataset.data_deleted_at is not None:
+        raise Conflict(
+            "this dataset's data were deleted "
+            f"({dataset.data_deleted_at.isoformat(timespec='seconds')}): no new release can "
+            "read them; its releases can still be downloaded, answered and re-synthesised"
+        )
+
+
 def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
     """Everything about a request that can be checked without data, or 422/409."""
     mechanism = registry.get(body.mechanism)
@@ -289,13 +299,14 @@ def create_release(
         if existing is not None:
             return to_out(session, existing), False
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
-    ledger.lock_dataset(session, dataset.id)
+    locked = ledger.lock_dataset(session, dataset.id)
     if idempotency_key is not None:
         # again under the lock: a concurrent copy of this request may have committed while
         # this one waited (on PostgreSQL), and the checks below would refuse its replay
         existing = _existing(session, user, idempotency_key, request_hash)
         if existing is not None:
             return to_out(session, existing), False
+    _check_data_kept(locked)  # under the lock that a deletion of the data takes too
     _check_single_release(session, dataset.id, checked.mechanism)
     now = utcnow()
     release = Release(
@@ -557,6 +568,7 @@ def preview(
     with services.db.transaction(read_only=True) as session:
         dataset = owned_dataset(session, user, dataset_id)
         balance = ledger.balance(session, dataset)
+        _check_data_kept(dataset)
         _check_single_release(session, dataset.id, registry.get(body.mechanism))
     checked = _validated(dataset, body)
     predicted = checked.predicted

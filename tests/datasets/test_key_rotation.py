@@ -177,3 +177,18 @@ def test_previous_keys_are_checked(tmp_path: Path) -> None:
     )
     assert good.previous_keys() == two
     assert Settings(data_dir=tmp_path, previous_data_keys=SecretStr(" ")).previous_keys() == []
+
+
+def test_a_dataset_whose_data_were_deleted_is_not_missing(
+    client: TestClient, curator: Caller, settings: Settings, new_key: bytes, rotate: Rotate
+) -> None:
+    """A dataset whose data were deleted has no file to re-encrypt: it is not reported
+    missing (which would exit 1 on every rotation after a deletion)."""
+    kept = dataset(client, curator)
+    gone = dataset(client, curator)
+    assert client.delete(f"/v1/datasets/{gone}/data", headers=curator.headers).status_code == 200
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    code, out, err = rotate(new=new_key, previous=[old])
+    assert code == 0, err
+    assert json.loads(out) == {"rotated": 1, "current": 0, "missing": [], "unreadable": []}
+    assert tables.opens_with(settings.datasets_dir / f"{kept}.parquet", new_key)

@@ -1,0 +1,130 @@
+"""Deleting a dataset's data: DELETE /v1/datasets/{id}/data removes the stored rows and
+keeps the declaration, the ledger, the releases and their measurements."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app.datasets.service import remove_stray_files
+from app.models import AuditEvent, Dataset
+from app.models.base import utcnow
+from tests.conftest import Caller, make_user
+from tests.releases.helpers import (
+    REQUEST,
+    budget,
+    dataset,
+    request_release,
+    run_all,
+    services_of,
+)
+
+
+def _delete(client: TestClient, caller: Caller, dataset_id: str) -> object:
+    return client.delete(f"/v1/datasets/{dataset_id}/data", headers=caller.headers)
+
+
+def _file(client: TestClient, dataset_id: str) -> object:
+    return services_of(client).settings.datasets_dir / f"{dataset_id}.parquet"
+
+
+def test_deleting_the_data_keeps_ledger_and_releases_and_refuses_new_releases(
+    client: TestClient, curator: Caller
+) -> None:
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    before = budget(client, curator, dataset_id)
+    path = _file(client, dataset_id)
+    assert path.exists()
+
+    response = _delete(client, curator, dataset_id)
+    assert response.status_code == 200, response.text
+    deleted_at = response.json()["data_deleted_at"]
+    assert deleted_at is not None
+    assert not path.exists()
+    assert budget(client, curator, dataset_id) == before  # the ledger is untouched
+    shown = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()
+    assert shown["data_deleted_at"] == deleted_at
+
+    # the release stays: downloads and re-synthesis read no row
+    assert client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).is_success
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize", headers=curator.headers, json={"params": {}}
+    )
+    assert again.status_code == 202, again.text
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+
+    # no new release, nor its preview; nothing reserved
+    for url in (f"/v1/datasets/{dataset_id}/releases", f"/v1/datasets/{dataset_id}/preview"):
+        refused = client.post(url, headers=curator.headers, json=REQUEST)
+        assert refused.status_code == 409, refused.text
+        assert "data were deleted" in refused.json()["error"]["message"]
+    assert budget(client, curator, dataset_id) == before
+
+    # asked again: the same answer, recorded once
+    assert _delete(client, curator, dataset_id).json()["data_deleted_at"] == deleted_at
+    with services_of(client).db.transaction(read_only=True) as session:
+        actions = session.scalars(
+            select(AuditEvent.action).where(AuditEvent.object_id == dataset_id)
+        ).all()
+    assert actions.count("dataset.delete_data") == 1
+
+
+def test_deleting_the_data_waits_for_releases_that_have_yet_to_read_them(
+    client: TestClient, curator: Caller
+) -> None:
+    dataset_id = dataset(client, curator)
+    queued = request_release(client, curator, dataset_id).json()["id"]
+    refused = _delete(client, curator, dataset_id)
+    assert refused.status_code == 409, refused.text
+    assert queued in refused.json()["error"]["message"]
+    assert _file(client, dataset_id).exists()
+    shown = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()
+    assert shown["data_deleted_at"] is None
+    cancelled = client.delete(f"/v1/releases/{queued}", headers=curator.headers)
+    assert cancelled.status_code == 200, cancelled.text
+    assert _delete(client, curator, dataset_id).status_code == 200
+    assert not _file(client, dataset_id).exists()
+
+
+def test_only_the_curator_deletes_the_data(
+    client: TestClient, curator: Caller, analyst: Caller
+) -> None:
+    dataset_id = dataset(client, curator)
+    other = make_user(client, "curator")
+    granted = client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=curator.headers,
+        json={"user_id": str(analyst.id)},
+    )
+    assert granted.status_code == 201, granted.text
+    assert _delete(client, analyst, dataset_id).status_code == 403
+    assert _delete(client, other, dataset_id).status_code == 404
+    assert _file(client, dataset_id).exists()
+
+
+def test_the_sweeper_removes_a_deleted_datasets_file_left_behind(
+    client: TestClient, curator: Caller
+) -> None:
+    """A process that died between the deletion's commit and the file's removal left the
+    file: the sweeper removes it, young as it is; other datasets' files stay."""
+    kept = dataset(client, curator)
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    with services.db.transaction() as session:
+        session.execute(
+            update(Dataset)
+            .where(Dataset.id == uuid.UUID(dataset_id))
+            .values(data_deleted_at=utcnow())
+        )
+    assert _file(client, dataset_id).exists()
+    with services.db.transaction(read_only=True) as session:
+        assert remove_stray_files(session, services) == 1
+    assert not _file(client, dataset_id).exists()
+    assert _file(client, kept).exists()
