@@ -9,8 +9,9 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -24,11 +25,14 @@ from app.datasets.schemas import (
     GraphDeclaration,
 )
 from app.main import BodyLimit
-from app.releases import adapters
+from app.releases import adapters, registry
 from app.releases.schemas import ReleaseCreate, ResynthesizeRequest
 from app.storage.source import EncryptedTableSource
 from app.users.schemas import UserCreate
 from tests.conftest import Caller
+from tests.datasets.helpers import upload
+from tests.datasets.test_graphs import upload_graph
+from tests.releases.helpers import request_release, run_all
 
 
 def test_healthz_and_readyz(client: TestClient) -> None:
@@ -445,6 +449,225 @@ def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -
     for name in adapters.__all__:  # the service's release types (tests register others)
         assert name in mechanisms, name
         assert f"{name}:" in forms or f"{name} and" in forms, name
+
+
+def _schema_problems(value: Any, schema: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+    """Where ``value`` breaks the JSON schema ``schema`` of ``spec`` (the keywords the
+    service's schemas use: $ref, type, const, enum, properties, required,
+    additionalProperties, items, min/maxItems, minProperties, minimum, exclusiveMinimum,
+    maximum, anyOf, oneOf with a discriminator); [] if it conforms. Unknown keywords are
+    ignored, as validators do."""
+    if "$ref" in schema:
+        name = schema["$ref"].removeprefix("#/components/schemas/")
+        return _schema_problems(value, spec["components"]["schemas"][name], spec)
+    if "oneOf" in schema:
+        mapping = schema.get("discriminator", {}).get("mapping")
+        if mapping is not None:
+            tag = value.get(schema["discriminator"]["propertyName"])
+            if tag not in mapping:
+                return [f"{tag!r} is not in the discriminator's mapping"]
+            return _schema_problems(value, {"$ref": mapping[tag]}, spec)
+        fits = [s for s in schema["oneOf"] if not _schema_problems(value, s, spec)]
+        return [] if len(fits) == 1 else [f"{len(fits)} of oneOf match"]
+    if "anyOf" in schema:
+        fits = any(not _schema_problems(value, s, spec) for s in schema["anyOf"])
+        return [] if fits else ["no anyOf matches"]
+    kinds = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "integer": int,
+        "number": (int, float),
+        "boolean": bool,
+        "null": type(None),
+    }
+    kind = schema.get("type")
+    if kind is not None and (
+        not isinstance(value, kinds[kind]) or (isinstance(value, bool) and kind != "boolean")
+    ):
+        return [f"{value!r} is not of type {kind}"]
+    if "const" in schema and value != schema["const"]:
+        return [f"{value!r} is not {schema['const']!r}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{value!r} is not one of {schema['enum']}"]
+    bounds = (
+        ("minimum", lambda v, b: v >= b),
+        ("exclusiveMinimum", lambda v, b: v > b),
+        ("maximum", lambda v, b: v <= b),
+        ("minItems", lambda v, b: len(v) >= b),
+        ("maxItems", lambda v, b: len(v) <= b),
+        ("minProperties", lambda v, b: len(v) >= b),
+    )
+    problems = [
+        f"{value!r} breaks {key}"
+        for key, holds in bounds
+        if key in schema and not holds(value, schema[key])
+    ]
+    if isinstance(value, list):
+        for item in value:
+            problems += _schema_problems(item, schema.get("items", {}), spec)
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        problems += [f"{key} is missing" for key in schema.get("required", []) if key not in value]
+        for key, item in value.items():
+            extra = schema.get("additionalProperties", True)
+            if key in properties:
+                problems += _schema_problems(item, properties[key], spec)
+            elif extra is False:
+                problems.append(f"{key} is not a property")
+            elif isinstance(extra, dict):
+                problems += _schema_problems(item, extra, spec)
+    return problems
+
+
+def _query_forms() -> dict[str, list[str]]:
+    """Each query form of the service's release types (by model name) and the release
+    types that accept it, from the registry."""
+    accepted: dict[str, list[str]] = {}
+    for name in adapters.__all__:
+        for form in registry.REGISTRY[name].query_forms:
+            accepted.setdefault(form.__name__, []).append(name)
+    return accepted
+
+
+def test_openapi_publishes_every_query_form(client: TestClient) -> None:
+    """The answers body's queries are a oneOf of every release type's query forms with a
+    ``type`` discriminator (they were untyped objects: a generated client could not build
+    one); each form says which release types accept it, and shows examples that conform
+    to the published schema."""
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    items = schemas["AnswerRequest"]["properties"]["queries"]["items"]
+    mapping = items["discriminator"]["mapping"]
+    assert items["discriminator"]["propertyName"] == "type"
+    assert sorted(item["$ref"] for item in items["oneOf"]) == sorted(mapping.values())
+    accepted = _query_forms()
+    assert sorted(ref.rsplit("/", 1)[1] for ref in mapping.values()) == sorted(accepted)
+    assert all(registry.REGISTRY[name].query_forms for name in adapters.__all__)
+    for tag, ref in mapping.items():
+        name = ref.removeprefix("#/components/schemas/")
+        form = schemas[name]
+        assert form["properties"]["type"]["const"] == tag, name
+        assert "type" in form["required"], name
+        described = form["description"].replace("\n", " ")
+        says = re.search(r"Accepted by (.*?) releases", described)
+        assert says is not None, name
+        assert sorted(re.findall(r"``(\w+)``", says.group(1))) == sorted(accepted[name]), name
+        assert form["examples"], name
+        for example in form["examples"]:
+            assert example["type"] == tag, name
+            assert _schema_problems(example, items, spec) == [], (name, example)
+            assert _schema_problems({**example, "other": 1}, items, spec), name
+            assert _schema_problems({**example, "type": "nope"}, items, spec), name
+    for example in schemas["AnswerRequest"]["examples"]:
+        assert _schema_problems(example, {"$ref": "#/components/schemas/AnswerRequest"}, spec) == []
+
+
+def _release_of_every_type(client: TestClient, curator: Caller) -> dict[str, str]:
+    """A finished release of each of the service's release types, on data the published
+    query examples are written for (the demo's ``mean_radius``, ``mean_texture`` and
+    ``diagnosis``, a public ``clinic``; a graph of 6 vertices): release type -> id."""
+    rng = np.random.default_rng(3)
+    rows = [
+        f"{rng.uniform(5, 25):.2f},{rng.uniform(10, 35):.2f},{rng.choice(['B', 'M'])},"
+        f"{rng.choice(['north', 'south'])}"
+        for _ in range(600)
+    ]
+    schema = {
+        "name": "wdbc-like",
+        "columns": [
+            {"name": "mean_radius", "kind": "continuous", "lower": 0, "upper": 30},
+            {"name": "mean_texture", "kind": "continuous", "lower": 0, "upper": 40},
+            {"name": "diagnosis", "kind": "categorical", "categories": ["B", "M"]},
+            {"name": "clinic", "kind": "public"},
+        ],
+        "budget": {"epsilon": 10, "delta": 1e-6},
+        "allow_non_dp_releases": True,
+    }
+    content = "\n".join(["mean_radius,mean_texture,diagnosis,clinic", *rows]) + "\n"
+    table = upload(client, curator, content.encode(), schema)
+    assert table.status_code == 201, table.text
+    graph = upload_graph(
+        client,
+        curator,
+        b"0 1\n1 2\n2 3\n3 0\n",
+        {"name": "g", "kind": "graph", "vertices": 6, "budget": {"epsilon": 5}},
+    )
+    assert graph.status_code == 201, graph.text
+    two = ["mean_radius", "mean_texture"]
+    requests = {
+        "smooth_synthetic": {"epsilon": 1.0, "columns": two, "params": {"method": "marginals"}},
+        "smooth_synopsis": {"epsilon": 1.0, "columns": two},
+        "randomized_response": {"epsilon": 1.0, "columns": ["diagnosis", "clinic"]},
+        "compressed": {"columns": two, "params": {"delta_max": 0.5}},
+        "graph_cuts": {"epsilon": 1.0},
+    }
+    assert sorted(requests) == sorted(adapters.__all__)  # a new release type: add it here
+    releases = {}
+    for mechanism, body in requests.items():
+        dataset_id = (graph if mechanism == "graph_cuts" else table).json()["id"]
+        created = request_release(client, curator, dataset_id, {"mechanism": mechanism, **body})
+        assert created.status_code == 202, created.text
+        releases[mechanism] = created.json()["id"]
+        run_all(client, releases[mechanism])
+    return releases
+
+
+def test_every_published_query_example_is_answered_where_accepted(
+    client: TestClient, curator: Caller
+) -> None:
+    """Each query form's published examples are answered (200) by a release of every type
+    that accepts the form, and refused by the others as before the forms were published:
+    the body is still validated per release type (a 422 invalid_request naming the
+    release type's own forms), also for an unknown type or a query that is no object."""
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    releases = _release_of_every_type(client, curator)
+    accepted = _query_forms()
+    tags = {  # each release type's forms, in the order its refusal lists them
+        name: [
+            get_args(f.model_fields["type"].annotation)[0]
+            for f in registry.REGISTRY[name].query_forms
+        ]
+        for name in releases
+    }
+
+    def answers(release: str, queries: list[Any]) -> Any:
+        url = f"/v1/releases/{releases[release]}/answers"
+        return client.post(url, headers=curator.headers, json={"queries": queries})
+
+    def refusal(release: str, tag: str) -> str:
+        expected = ", ".join(f"'{t}'" for t in tags[release])
+        return (
+            f"invalid queries: queries.0: Input tag '{tag}' found using 'type' does not match "
+            f"any of the expected tags: {expected}"
+        )
+
+    mapping = schemas["AnswerRequest"]["properties"]["queries"]["items"]["discriminator"]
+    for tag, ref in mapping["mapping"].items():
+        name = ref.rsplit("/", 1)[1]
+        for example in schemas[name]["examples"]:
+            for release in releases:
+                response = answers(release, [example])
+                if release in accepted[name]:
+                    assert response.status_code == 200, (release, example, response.text)
+                else:
+                    assert response.status_code == 422, (release, example)
+                    error = response.json()["error"]
+                    assert error == {"code": "invalid_request", "message": refusal(release, tag)}
+    for release in releases:
+        assert answers(release, [{"type": "nope"}]).json()["error"]["message"] == refusal(
+            release, "nope"
+        )
+        assert answers(release, [{}]).json()["error"] == {
+            "code": "invalid_request",
+            "message": "invalid queries: queries.0: Unable to extract tag using discriminator "
+            "'type'",
+        }
+        assert answers(release, [3]).json()["error"] == {
+            "code": "validation_error",
+            "message": "queries.0: Input should be a valid dictionary",
+        }
 
 
 def test_large_responses_are_gzipped_for_clients_that_accept_it(

@@ -134,6 +134,10 @@ class Mechanism(ABC):
     #: Column kinds the mechanism releases; the default column set is every such column.
     column_kinds: ClassVar[frozenset[str]]
     Params: ClassVar[type[BaseModel]]
+    #: The JSON query forms :meth:`answer` accepts (models with a ``type`` literal), as the
+    #: OpenAPI schema publishes them (``app.answers.schemas``): the adapter validates a
+    #: batch against these same models. Empty for a release type that answers no queries.
+    query_forms: ClassVar[tuple[type[BaseModel], ...]] = ()
     #: Params fields that a re-synthesis may change (post-processing only).
     post_processing: ClassVar[frozenset[str]] = frozenset()
     #: Whether the request's delta must be > 0.

@@ -53,9 +53,13 @@ class CompressedParams(BaseModel):
 
 
 class PCAQuery(BaseModel):
-    """Top-k principal directions of the compressed covariance."""
+    """Top-k principal directions of the compressed covariance (of the normalised
+    columns); ``k`` at most the number of released columns. Accepted by ``compressed``
+    releases."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [{"type": "pca", "k": 2}]}
+    )
 
     type: Literal["pca"]
     k: Integer = Field(ge=1)
@@ -100,6 +104,7 @@ class Compressed(registry.Mechanism):
     privacy_kind: ClassVar[str] = "non_dp"
     column_kinds: ClassVar[frozenset[str]] = frozenset({"continuous"})
     Params: ClassVar[type[BaseModel]] = CompressedParams
+    query_forms: ClassVar[tuple[type[BaseModel], ...]] = (PCAQuery,)
     #: Paper 002's guarantee is for one ``Phi X``: independent repeats average towards the
     #: data's normalised covariance (an audit: 50 releases took the Frobenius error from
     #: 0.22 to 0.02-0.035), and a declared reference's refusal (data outside ``S_n``),

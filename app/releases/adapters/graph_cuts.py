@@ -46,9 +46,14 @@ class GraphParams(BaseModel):
 
 
 class CutQuery(BaseModel):
-    """The number of edges between the disjoint vertex sets ``S`` and ``T``."""
+    """The number of edges between the disjoint vertex sets ``S`` and ``T`` (vertex ids
+    ``0..vertices-1``). Accepted by ``graph_cuts`` releases."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"type": "cut", "S": [0, 1], "T": [2, 3]}]},
+    )
 
     type: Literal["cut"]
     S: list[Integer] = Field(min_length=1)
@@ -92,6 +97,7 @@ class GraphCuts(registry.Mechanism):
     column_kinds: ClassVar[frozenset[str]] = frozenset()
     dataset_kinds: ClassVar[frozenset[str]] = frozenset({"graph"})
     Params: ClassVar[type[BaseModel]] = GraphParams
+    query_forms: ClassVar[tuple[type[BaseModel], ...]] = (CutQuery,)
 
     def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
         if delta:

@@ -81,9 +81,19 @@ class ConjunctionQuery(BaseModel):
     ``where`` maps a column to a value, a list of values, or ``{"between": [lo, hi]}``
     (continuous columns: the cells whose midpoint lies in the range, original units). A
     binary column's values are 0, 1, false and true, as its uploaded cells; a categorical
-    column's are its declared categories (compared as text), never a boolean."""
+    column's are its declared categories (compared as text), never a boolean. Accepted by
+    ``randomized_response`` releases."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {"type": "conjunction", "where": {"diagnosis": "M"}},
+                {"type": "conjunction", "where": {"diagnosis": ["M"]}, "estimator": "proper"},
+            ]
+        },
+    )
 
     type: Literal["conjunction"]
     where: dict[str, Condition] = Field(min_length=1)
@@ -104,9 +114,15 @@ def _table_value(value: float) -> float:
 
 
 class TableQuery(BaseModel):
-    """Mean over rows of ``values[cell]``: one value per cell of the domain (small domains)."""
+    """Mean over rows of ``values[cell]``: one value per cell of the release's domain
+    (small domains; the example is for a release of one two-category column). Accepted by
+    ``randomized_response`` releases."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"type": "table", "values": [0.0, 1.0]}]},
+    )
 
     type: Literal["table"]
     values: list[Annotated[float, Field(allow_inf_nan=False), AfterValidator(_table_value)]]
@@ -115,9 +131,21 @@ class TableQuery(BaseModel):
 
 class HeterogeneousQuery(BaseModel):
     """A row function chosen by the row's public value: ``by_public`` maps every value of
-    the public column (they are released, see ``sample.csv``) to a ``where`` conjunction."""
+    the public column (they are released, see ``sample.csv``) to a ``where`` conjunction.
+    Accepted by ``randomized_response`` releases (of a public column)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "heterogeneous",
+                    "by_public": {"north": {"diagnosis": "M"}, "south": {"diagnosis": "B"}},
+                }
+            ]
+        },
+    )
 
     type: Literal["heterogeneous"]
     by_public: dict[str, dict[str, Condition]] = Field(min_length=1)
@@ -203,6 +231,11 @@ class RandomizedResponse(registry.Mechanism):
         "declared public is released as stored, so neighbouring datasets agree on it"
     )
     Params: ClassVar[type[BaseModel]] = RRParams
+    query_forms: ClassVar[tuple[type[BaseModel], ...]] = (
+        ConjunctionQuery,
+        TableQuery,
+        HeterogeneousQuery,
+    )
 
     # -- the domain
 

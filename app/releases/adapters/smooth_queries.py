@@ -57,7 +57,27 @@ MAX_CENTER_PAIRS = 10_000_000
 
 
 class GaussianMixtureForm(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """``sum_j weights_j exp(-sum_i (x_i - centers_ji)^2 / (2 sigma_i^2))``: one centre per
+    kernel, with a coordinate per released column (in the release's column order; the
+    example is for a release of two columns); ``sigma`` one width or one per column; in
+    normalised (``[-1, 1]``) or original units (``space``). Accepted by ``smooth_synthetic``
+    and ``smooth_synopsis`` releases."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "gaussian_mixture",
+                    "space": "original",
+                    "centers": [[14, 20]],
+                    "weights": [1.0],
+                    "sigma": [3, 4],
+                }
+            ]
+        },
+    )
 
     type: Literal["gaussian_mixture"]
     centers: list[list[float]] = Field(min_length=1, max_length=MAX_CENTERS)
@@ -67,6 +87,8 @@ class GaussianMixtureForm(BaseModel):
 
 
 class Term(BaseModel):
+    """``coefficient * prod_i x_i^powers_i`` over the named columns."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     coefficient: float
@@ -74,7 +96,23 @@ class Term(BaseModel):
 
 
 class PolynomialForm(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """A polynomial ``sum_j coefficient_j prod_i x_i^powers_ji`` (columns by name), in
+    normalised or original units (``space``). Accepted by ``smooth_synthetic`` and
+    ``smooth_synopsis`` releases."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "polynomial",
+                    "space": "original",
+                    "terms": [{"coefficient": 1, "powers": {"mean_radius": 1}}],
+                }
+            ]
+        },
+    )
 
     type: Literal["polynomial"]
     terms: list[Term] = Field(min_length=1, max_length=1000)
@@ -82,6 +120,8 @@ class PolynomialForm(BaseModel):
 
 
 class GaussianFactor(BaseModel):
+    """``exp(-(x - center)^2 / (2 sigma^2))``."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["gaussian"]
@@ -90,6 +130,8 @@ class GaussianFactor(BaseModel):
 
 
 class PolynomialFactor(BaseModel):
+    """``coefficients_0 + coefficients_1 x + ...`` (power basis)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["polynomial"]
@@ -97,6 +139,8 @@ class PolynomialFactor(BaseModel):
 
 
 class ChebyshevFactor(BaseModel):
+    """``sum_k coefficients_k T_k(x)`` (normalised units only)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["chebyshev"]
@@ -107,7 +151,23 @@ Factor = Annotated[GaussianFactor | PolynomialFactor | ChebyshevFactor, Field(di
 
 
 class ProductForm(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """``weight * prod_i factors_i(x_i)``: one factor per named column (absent columns are
+    the constant 1), in normalised or original units (``space``). Accepted by
+    ``smooth_synthetic`` and ``smooth_synopsis`` releases."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "product",
+                    "space": "original",
+                    "factors": {"mean_radius": {"type": "gaussian", "center": 14, "sigma": 3}},
+                }
+            ]
+        },
+    )
 
     type: Literal["product"]
     factors: dict[str, Factor] = Field(min_length=1)
@@ -119,6 +179,8 @@ SmoothQuery = Annotated[
     GaussianMixtureForm | PolynomialForm | ProductForm, Field(discriminator="type")
 ]
 _QUERIES: TypeAdapter[list[SmoothQuery]] = TypeAdapter(list[SmoothQuery])
+#: The forms of :data:`SmoothQuery` (``Mechanism.query_forms`` of both release types).
+FORMS: tuple[type[BaseModel], ...] = (GaussianMixtureForm, PolynomialForm, ProductForm)
 
 
 def _bounds(info: DatasetInfo) -> tuple[NDArray[np.float64], NDArray[np.float64]]:

@@ -70,6 +70,7 @@ class SmoothSynopsis(registry.Mechanism):
     )
     column_kinds: ClassVar[frozenset[str]] = frozenset({"continuous"})
     Params: ClassVar[type[BaseModel]] = SynopsisParams
+    query_forms: ClassVar[tuple[type[BaseModel], ...]] = smooth_queries.FORMS
 
     def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
         assert isinstance(params, SynopsisParams)

@@ -282,6 +282,7 @@ class SmoothSynthetic(registry.Mechanism):
     )
     column_kinds: ClassVar[frozenset[str]] = frozenset({"continuous"})
     Params: ClassVar[type[BaseModel]] = SyntheticParams
+    query_forms: ClassVar[tuple[type[BaseModel], ...]] = smooth_queries.FORMS
     post_processing: ClassVar[frozenset[str]] = POST_PROCESSING
 
     def _measure_kwargs(self, params: SyntheticParams) -> dict[str, Any]:
