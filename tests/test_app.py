@@ -563,6 +563,22 @@ def test_openapi_publishes_every_query_form(client: TestClient) -> None:
         assert _schema_problems(example, {"$ref": "#/components/schemas/AnswerRequest"}, spec) == []
 
 
+def test_openapi_types_each_answer(client: TestClient) -> None:
+    """An answer is an ``Answer`` (it was an untyped object): the four fields every
+    release type sends are typed and required (value a number or, for compressed's pca,
+    an object), and the release type's own fields are kept as additional properties."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    items = schemas["AnswersOut"]["properties"]["answers"]["items"]
+    assert items == {"$ref": "#/components/schemas/Answer"}
+    answer = schemas["Answer"]
+    assert answer["required"] == ["value", "stderr", "interval", "note"]
+    assert answer["additionalProperties"] is True
+    value = {kind["type"] for kind in answer["properties"]["value"]["anyOf"]}
+    assert value == {"number", "object"}
+    for name in ("error_bound", "guarantee", "estimator", "worst_case_interval"):
+        assert name in answer["description"], name
+
+
 def _release_of_every_type(client: TestClient, curator: Caller) -> dict[str, str]:
     """A finished release of each of the service's release types, on data the published
     query examples are written for (the demo's ``mean_radius``, ``mean_texture`` and
@@ -619,7 +635,8 @@ def test_every_published_query_example_is_answered_where_accepted(
     """Each query form's published examples are answered (200) by a release of every type
     that accepts the form, and refused by the others as before the forms were published:
     the body is still validated per release type (a 422 invalid_request naming the
-    release type's own forms), also for an unknown type or a query that is no object."""
+    release type's own forms), also for an unknown type or a query that is no object.
+    Every answer conforms to the published ``Answer``."""
     spec = client.get("/openapi.json").json()
     schemas = spec["components"]["schemas"]
     releases = _release_of_every_type(client, curator)
@@ -643,6 +660,7 @@ def test_every_published_query_example_is_answered_where_accepted(
             f"any of the expected tags: {expected}"
         )
 
+    answers_out = {"$ref": "#/components/schemas/AnswersOut"}
     mapping = schemas["AnswerRequest"]["properties"]["queries"]["items"]["discriminator"]
     for tag, ref in mapping["mapping"].items():
         name = ref.rsplit("/", 1)[1]
@@ -651,6 +669,8 @@ def test_every_published_query_example_is_answered_where_accepted(
                 response = answers(release, [example])
                 if release in accepted[name]:
                     assert response.status_code == 200, (release, example, response.text)
+                    body = response.json()
+                    assert _schema_problems(body, answers_out, spec) == [], (release, body)
                 else:
                     assert response.status_code == 422, (release, example)
                     error = response.json()["error"]

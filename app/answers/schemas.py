@@ -82,11 +82,31 @@ class AnswerRequest(BaseModel):
     )
 
 
+class Answer(BaseModel):
+    """One query's answer. Every release type sends these four fields and adds its own,
+    kept as sent: ``error_bound`` (``randomized_response``, ``graph_cuts``: a bound on the
+    error; ``compressed``: Proposition 3.4's bound on the PCA projector error, null where it
+    does not apply), ``guarantee`` (``compressed``), ``estimator`` and ``answered_ranges``
+    (``randomized_response``), and ``smooth_synopsis``'s ``level``, ``noise_halfwidth``,
+    ``truncation_estimate``, ``truncation_bound``, ``worst_case_interval``,
+    ``independence_extrapolation``, ``dependence_log_factor``, ``method``, ``rigorous`` and
+    ``within_smoothness``. ``note`` says what the numbers mean for the release type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    value: float | dict[str, Any] = Field(
+        description="the answer: a number, or for compressed's pca an object (columns, "
+        "components, explained_variance, explained_variance_ratio)"
+    )
+    stderr: float | None = Field(description="its standard error; null where not known")
+    interval: list[float] | None = Field(
+        description="[low, high]: a 95 % interval where the release type gives one, else null"
+    )
+    note: str = Field(description="what value, stderr and interval mean for this release type")
+
+
 class AnswersOut(BaseModel):
     release_id: uuid.UUID
     mechanism: str
     guarantee: str
-    answers: list[dict[str, Any]] = Field(
-        description="per query: value, stderr, interval (95 %) where the mechanism allows, "
-        "and a note on what they mean"
-    )
+    answers: list[Answer] = Field(description="one per query, in the order asked")
