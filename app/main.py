@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
@@ -20,6 +21,7 @@ from app.config import Settings, load_settings
 from app.core.errors import ErrorBarrier, install_error_handlers, install_error_schema
 from app.core.services import Services, set_current
 from app.datasets.endpoints import router as datasets_router
+from app.datasets.schemas import UPLOAD_DECLARATIONS
 from app.releases.endpoints import router as releases_router
 from app.releases.stages import Sweeper
 from app.users.endpoints import router as users_router
@@ -139,6 +141,30 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
+def publish_schemas(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
+    """Add the request schemas of ``models`` (and of the models they use) to
+    ``/openapi.json``'s components, for bodies that a route reads itself and describes in
+    its ``openapi_extra`` (the upload's ``schema`` part): FastAPI publishes the models of
+    the parameters it parses only. A name already published must have the same schema."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        _, top = models_json_schema(
+            [(model, "validation") for model in models],
+            ref_template="#/components/schemas/{model}",
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in top.get("$defs", {}).items():
+            if components.setdefault(name, definition) != definition:
+                raise RuntimeError(f"two different schemas are named {name!r}")
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 class Readiness(BaseModel):
     """The body of ``GET /readyz``, with 200 (ready) or 503 (not ready)."""
 
@@ -183,6 +209,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     app.state.services = services
     install_error_handlers(app)
     install_error_schema(app)
+    publish_schemas(app, UPLOAD_DECLARATIONS)
     app.include_router(users_router)
     app.include_router(datasets_router)
     app.include_router(releases_router)

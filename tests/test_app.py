@@ -24,13 +24,14 @@ from app.datasets.schemas import (
     GrantCreate,
     GraphDeclaration,
 )
+from app.demo.runner import DATA
 from app.main import BodyLimit
 from app.releases import adapters, registry
 from app.releases.schemas import ReleaseCreate, ResynthesizeRequest
 from app.storage.source import EncryptedTableSource
 from app.users.schemas import UserCreate
 from tests.conftest import Caller
-from tests.datasets.helpers import upload
+from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.datasets.test_graphs import upload_graph
 from tests.releases.helpers import request_release, run_all
 
@@ -248,14 +249,36 @@ def test_body_limit_tells_the_upload_route(method: str, path: str, upload: bool)
     assert (not sent) is upload
 
 
-def test_openapi_documents_the_upload(client: TestClient) -> None:
+def test_openapi_documents_the_upload(client: TestClient, curator: Caller) -> None:
+    """The ``schema`` part is JSON (encoding application/json) of a table's or a graph's
+    declaration, published as their schemas: it was a plain string, so a generated client
+    could neither build nor check one. The server reads the part as before, also when it
+    comes with the content type the schema names (as a generated client sends it)."""
     spec = client.get("/openapi.json").json()
     body = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert body["schema"]["required"] == ["file", "schema"]
-    declared = body["schema"]["properties"]["schema"]["description"]
-    for model in (DatasetDeclaration, GraphDeclaration):
+    assert body["encoding"] == {"schema": {"contentType": "application/json"}}
+    part = body["schema"]["properties"]["schema"]
+    models = (DatasetDeclaration, GraphDeclaration)
+    assert part["oneOf"] == [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
+    for model in models:
+        published = spec["components"]["schemas"][model.__name__]
+        assert set(published["properties"]) == set(model.model_fields), model
         for field in model.model_fields:
-            assert field in declared, field
+            assert field in part["description"], field
+    table = json.loads((DATA / "wdbc.schema.json").read_text())
+    graph = {"name": "g", "kind": "graph", "vertices": 4, "budget": {"epsilon": 1.0}}
+    for declaration in (table, {**table, "kind": "table"}, graph):
+        assert _schema_problems(declaration, part, spec) == [], declaration
+    for wrong in ({**table, "vertices": 4}, {**graph, "kind": "table"}, {"name": "x"}):
+        assert _schema_problems(wrong, part, spec), wrong
+
+    files = {
+        "file": ("data.csv", csv_bytes(), "application/octet-stream"),
+        "schema": (None, json.dumps(SCHEMA).encode(), "application/json"),
+    }
+    sent = client.post("/v1/datasets", headers=curator.headers, files=files)
+    assert sent.status_code == 201, sent.text
 
 
 def test_unhandled_errors_are_answered_and_logged_without_their_message(

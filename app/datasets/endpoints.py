@@ -26,6 +26,7 @@ from app.core.errors import (
 )
 from app.datasets import service
 from app.datasets.schemas import (
+    UPLOAD_DECLARATIONS,
     BudgetOut,
     BudgetUpdate,
     DatasetOut,
@@ -53,13 +54,20 @@ _UPLOAD_BODY = {
                             "Parquet; a graph: an edge list, one edge 'u,v' a line",
                         },
                         "schema": {
-                            "type": "string",
-                            "description": "JSON: a table {name, kind: 'table' (default), "
-                            "columns, budget, out_of_bounds, allow_non_dp_releases}; a "
-                            "graph {name, kind: 'graph', vertices, budget}",
+                            "oneOf": [
+                                {"$ref": f"#/components/schemas/{model.__name__}"}
+                                for model in UPLOAD_DECLARATIONS
+                            ],
+                            "description": "the declaration, as JSON: a table {name, kind: "
+                            "'table' (default), columns, budget, out_of_bounds, "
+                            "allow_non_dp_releases}; a graph {name, kind: 'graph', vertices, "
+                            "budget}",
                         },
                     },
-                }
+                },
+                # the schema part is JSON (a client sends it so); the server reads the
+                # part by its name, whatever its content type
+                "encoding": {"schema": {"contentType": "application/json"}},
             }
         },
     }

@@ -216,6 +216,12 @@ class GraphDeclaration(BaseModel):
     budget: BudgetIn
 
 
+#: The declarations the ``schema`` part of an upload may hold (JSON): a table's
+#: (``"kind": "table"``, the default) or a graph's (``"kind": "graph"``). Published in the
+#: OpenAPI schema as that part's shape (``app.main.publish_schemas``).
+UPLOAD_DECLARATIONS: tuple[type[BaseModel], ...] = (DatasetDeclaration, GraphDeclaration)
+
+
 class BudgetSummary(BaseModel):
     epsilon_total: float
     delta_total: float
