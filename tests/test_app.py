@@ -602,6 +602,27 @@ def test_openapi_types_each_answer(client: TestClient) -> None:
         assert name in answer["description"], name
 
 
+def test_openapi_bounds_are_json_schema_keywords(client: TestClient) -> None:
+    """A bounded integer's bounds are ``minimum`` and ``maximum``: pydantic wrote those of
+    ``Annotated[Integer, Field(ge=..., le=...)]`` as ``ge`` and ``le``, which JSON Schema
+    readers ignore (a query term's powers, a graph's vertex count)."""
+    spec = client.get("/openapi.json").json()
+    pending: list[Any] = [spec["components"]]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if "type" in node:
+                assert not {"ge", "le", "gt", "lt"} & set(node), node
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    schemas = spec["components"]["schemas"]
+    powers = schemas["Term"]["properties"]["powers"]["additionalProperties"]
+    assert (powers["minimum"], powers["maximum"]) == (0, 30)
+    vertices = schemas["GraphDeclaration"]["properties"]["vertices"]
+    assert (vertices["minimum"], vertices["maximum"]) == (2, 20_000)
+
+
 def _release_of_every_type(client: TestClient, curator: Caller) -> dict[str, str]:
     """A finished release of each of the service's release types, on data the published
     query examples are written for (the demo's ``mean_radius``, ``mean_texture`` and

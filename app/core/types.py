@@ -10,7 +10,7 @@ from pydantic import BeforeValidator
 EXACT_FLOAT_INTEGERS = 2**53
 
 
-def _integral_number(value: object) -> object:
+def integral_number(value: object) -> object:
     """JSON does not tell ``6`` from ``6.0`` (RFC 8259, section 6), and many clients
     (JavaScript's numbers, Python's ``/``) send the second: a float with no fractional
     part, within the range where floats are exact integers, is that integer. Anything else
@@ -22,4 +22,8 @@ def _integral_number(value: object) -> object:
 
 
 #: A strict integer that also takes integral JSON floats (``6.0``).
-Integer = Annotated[int, BeforeValidator(_integral_number)]
+Integer = Annotated[int, BeforeValidator(integral_number)]
+#: A bounded one is written ``Annotated[int, Field(ge=..., le=...), BeforeValidator(
+#: integral_number)]``: it validates as ``Annotated[Integer, Field(ge=..., le=...)]`` does
+#: (the same errors), but the bounds reach the JSON schema as ``minimum`` and ``maximum``;
+#: the latter wrote them as ``ge`` and ``le``, which no JSON Schema reader knows.

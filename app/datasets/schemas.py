@@ -15,9 +15,16 @@ from collections import Counter
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
-from app.core.types import Integer
+from app.core.types import integral_number
 
 ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Category = Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
@@ -212,7 +219,7 @@ class GraphDeclaration(BaseModel):
 
     name: DatasetName
     kind: Literal["graph"]
-    vertices: Annotated[Integer, Field(ge=2, le=MAX_VERTICES)]
+    vertices: Annotated[int, Field(ge=2, le=MAX_VERTICES), BeforeValidator(integral_number)]
     budget: BudgetIn
 
 

@@ -27,10 +27,10 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from numpy.polynomial import chebyshev, polynomial
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from app.core.errors import InvalidRequest
-from app.core.types import Integer
+from app.core.types import integral_number
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import (
     AnisotropicGaussianMixture,
@@ -92,7 +92,9 @@ class Term(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     coefficient: float
-    powers: dict[str, Annotated[Integer, Field(ge=0, le=MAX_DEGREE)]] = Field(default_factory=dict)
+    powers: dict[
+        str, Annotated[int, Field(ge=0, le=MAX_DEGREE), BeforeValidator(integral_number)]
+    ] = Field(default_factory=dict)
 
 
 class PolynomialForm(BaseModel):
