@@ -349,6 +349,26 @@ per-cluster histograms) reads 0.173x at ``K = 8`` and 0.146x at ``K = 16``; priv
 ``K d (B + 2)`` cells would each carry the one-way noise (0.018 at the whole ``rho``)
 against an average mass of ``1 / (17 K)`` (0.007 at ``K = 8``), so it was not tried.
 
+Nor, at ``epsilon = 1``, do one-way histograms in a principal-component basis, though
+with the basis given they go far. The Gaussian kernel ``exp(-||x - c||^2 / 2 sigma^2)``
+is the same in any orthonormal basis, so a product of marginals along the data's principal
+axes carries the dependence that the axes absorb. Without noise (side script; each
+rotated coordinate's exact values shuffled independently, rotated back) it reads, on rows
+``sigma = 1``, 0.121x on WDBC and 0.150x on CTG (``independent`` in
+``bench/results/joint_ceiling.md``: 0.552x, 0.363x). Privately, with the *exact* basis
+and centre (not private) and the whole budget on the ``d`` or the top ``k`` rotated
+histograms (:mod:`~app.mechanisms.marginals`, each coordinate scaled into ``[-1, 1]``
+by the public bound ``||v||_1``; 3 rounds): CTG ``k = 6`` reads 0.021-0.033x uniform,
+0.107x and 0.024x on rows (the issue's targets there: 0.09-0.13x, 0.175x, 0.06x), but
+WDBC ``k = 6`` 0.18-0.47x uniform and 0.35-0.61x rows, and ``k = d`` is worse on both
+(the ``||v||_1`` range wastes the bins). The basis and centre are the catch: a private
+covariance is noise at these sizes (the normal-score attempt above: 0.16 per moment on
+CTG, 0.86 on WDBC), and taking them from a tree released at half the budget
+(post-processing of its law's sample; CTG, ``k = 8``, 2 rounds) read 0.12-0.22x uniform
+and 0.19-0.33x rows ``sigma = 1`` with the tree's centre, and 0.06x uniform, 0.20x rows
+only with the data's exact centre and the histograms at a further ``epsilon = 1`` (1.5
+in all): not a release that beats the tree at the same budget.
+
 MST's own configuration inside this module does not reach MST either (CTG, side scripts,
 10 rounds each, 10^4 queries per family, not paired across settings; rows ``sigma = 1``,
 the cell where the default trails MST at the same nominal ``epsilon``). The setting:
