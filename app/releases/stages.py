@@ -565,9 +565,22 @@ def _publish_synthesis(
         on_commit(_session_of(release), lambda: store.prune(claim.release_id, *kept))
 
 
+#: The longest wait, in leases, before a release that no worker has claimed since it was
+#: enqueued is enqueued again (:func:`sweep`).
+MAX_QUEUED_LEASES = 16
+
+
 def sweep(services: Services) -> int:
     """Re-enqueue every active release whose lease expired (a dead worker, or an enqueue
-    lost between commit and queue). Returns how many were re-enqueued."""
+    lost between commit and queue). Returns how many were re-enqueued.
+
+    A release that no worker has claimed since it was enqueued (``lease_owner`` is
+    ``queued``) is most often waiting behind busy workers, not lost: each time it is
+    enqueued again its next wait doubles, from one lease up to :data:`MAX_QUEUED_LEASES`
+    (its last wait is ``lease_expires_at - updated_at``, both set by the last enqueue).
+    Behind an hour of work a release is enqueued about 6 times, not 60 (each extra job
+    finds it claimed and does nothing, but they filled the queue); an enqueue that was
+    really lost is made good within 16 leases at worst."""
     now = utcnow()
     lease = timedelta(seconds=services.settings.lease_seconds)
     requeued = 0
@@ -579,8 +592,16 @@ def sweep(services: Services) -> int:
         if uses_row_locks(session):
             stmt = stmt.with_for_update(skip_locked=True)
         for release in session.scalars(stmt):
+            wait = lease
+            if (
+                release.lease_owner == QUEUED
+                and release.lease_expires_at is not None
+                and release.updated_at is not None
+            ):
+                waited = release.lease_expires_at - release.updated_at
+                wait = min(max(lease, 2 * waited), MAX_QUEUED_LEASES * lease)
             release.lease_owner = QUEUED
-            release.lease_expires_at = now + lease
+            release.lease_expires_at = now + wait
             task = SYNTHESIZE_TASK if release.status == "synthesizing" else MEASURE_TASK
             enqueue_after_commit(session, services, task, release.id)
             log.info("release %s: lease expired in %s; re-enqueued", release.id, release.status)

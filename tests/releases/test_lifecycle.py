@@ -14,7 +14,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import DBAPIError
 
 import tests.releases.fake_mechanism as fake  # registers test_means
@@ -1041,6 +1041,52 @@ def test_measurements_are_immutable(client: TestClient, curator: Caller) -> None
             services_of(client).db.transaction() as session,
         ):
             session.execute(text(statement))
+
+
+def test_a_release_left_waiting_in_the_queue_is_enqueued_again_ever_less_often(
+    client: TestClient, curator: Caller
+) -> None:
+    """A release no worker has claimed since it was enqueued waits behind busy workers:
+    each time the sweeper enqueues it again, its next wait doubles, up to
+    MAX_QUEUED_LEASES leases (before, it was enqueued again every lease, and each copy
+    filled the queue). A stage whose worker died is enqueued again after one lease."""
+    from datetime import timedelta
+
+    services = services_of(client)
+    lease = timedelta(seconds=services.settings.lease_seconds)
+    release_id = uuid.UUID(request_release(client, curator, dataset(client, curator)).json()["id"])
+
+    def expire(waited: timedelta, owner: str = QUEUED) -> timedelta:
+        """End a wait of ``waited``, sweep, and return the next wait."""
+        now = utcnow()
+        with services.db.transaction() as session:
+            session.execute(
+                update(Release)
+                .where(Release.id == release_id)
+                .values(
+                    lease_owner=owner,
+                    lease_expires_at=now - timedelta(seconds=1),
+                    updated_at=now - timedelta(seconds=1) - waited,  # the wait began then
+                )
+            )
+        before = services.queue.pending()
+        assert sweep(services) == 1
+        assert services.queue.pending() == before + 1
+        with services.db.transaction(read_only=True) as session:
+            release = session.get(Release, release_id)
+            assert release is not None
+            assert release.lease_owner == QUEUED
+            return release.lease_expires_at - utcnow()
+
+    def close(got: timedelta, want: timedelta) -> bool:
+        return abs((got - want).total_seconds()) < 5
+
+    assert close(expire(lease), 2 * lease)
+    assert close(expire(4 * lease), 8 * lease)
+    assert close(expire(8 * lease), stages.MAX_QUEUED_LEASES * lease)
+    assert close(expire(stages.MAX_QUEUED_LEASES * lease), stages.MAX_QUEUED_LEASES * lease)
+    # a worker that died holding the stage: its lease, as before
+    assert close(expire(10 * lease, owner="dead-worker"), lease)
 
 
 def test_downloads_wait_for_success(client: TestClient, curator: Caller) -> None:
