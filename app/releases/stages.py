@@ -494,7 +494,14 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         return
     version = claim.synthesis_version
     rng = np.random.default_rng(np.random.SeedSequence([claim.seed, version]))
-    work = store.begin(claim.release_id, version)
+    with _owned(services, claim, "synthesizing") as release:
+        # begun under the lock, as the lease's holder: ``begin`` removes the run's other
+        # temporary directories, and a claim whose lease ran out since (its worker held
+        # up) would remove the work of the run's new owner
+        if release is None:
+            log.warning("release %s: lease lost before synthesizing; nothing done", release_id)
+            return
+        work = store.begin(claim.release_id, version)
     try:
         with Heartbeat(services, claim) as heartbeat:
             params = mechanism.parse_params({**claim.params, **claim.synthesis_params})

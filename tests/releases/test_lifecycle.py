@@ -546,6 +546,61 @@ def test_the_work_of_an_earlier_synthesis_run_of_a_resynthesising_release_is_rem
     assert live.exists()
 
 
+def test_a_synthesis_claim_whose_lease_ran_out_leaves_the_new_owners_work_alone(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker held up between its claim of a synthesis and the start of its work (a
+    pause, a frozen VM) lost its lease meanwhile, and the sweeper handed the run to another
+    worker, which began writing it. The stale worker, resuming, started its work by
+    removing every temporary directory of that version, the new owner's included, so the
+    live run failed on a missing file (found by stopping and continuing workers in
+    synthesis, SIGSTOP/SIGCONT). A claim begins its work only while it holds the lease."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_measure(services, uuid.UUID(release_id))
+    held, resume = threading.Event(), threading.Event()
+    claim = stages._claim
+
+    def held_claim(*args: Any) -> Any:
+        taken = claim(*args)
+        if threading.current_thread().name == "stale":
+            held.set()
+            assert resume.wait(timeout=30)
+        return taken
+
+    monkeypatch.setattr(stages, "_claim", held_claim)
+    stale = threading.Thread(
+        target=run_synthesize, args=(services, uuid.UUID(release_id)), name="stale"
+    )
+    stale.start()
+    try:
+        assert held.wait(timeout=30)
+        with services.db.transaction() as session:  # its lease runs out
+            release = session.get(Release, uuid.UUID(release_id))
+            assert release is not None
+            release.lease_expires_at = release.created_at
+        assert sweep(services) == 1
+        synthesize = fake.TestMeans.synthesize
+
+        def new_owner_mid_run(self: fake.TestMeans, *args: Any) -> Any:
+            if threading.current_thread().name != "stale":
+                resume.set()  # the stale worker resumes while the new owner works
+                stale.join(timeout=30)
+            return synthesize(self, *args)
+
+        monkeypatch.setattr(fake.TestMeans, "synthesize", new_owner_mid_run)
+        run_synthesize(services, uuid.UUID(release_id))
+    finally:
+        resume.set()
+        stale.join(timeout=30)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert done["published_version"] == 0
+    csv = client.get(f"/v1/releases/{release_id}/synthetic?format=csv", headers=curator.headers)
+    assert csv.status_code == 200
+
+
 def _dead_measure_attempts(
     client: TestClient, release_id: str, count: int, *, opened: bool
 ) -> None:
