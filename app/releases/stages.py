@@ -519,27 +519,42 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # also a failure to store the finished synthesis (it escaped, and the sweeper
         # retried it without end)
         store.discard(work)
-        _log_failure(release_id, "synthesize", exc)
-        _end_synthesizing(
-            services,
-            claim,
-            "failed",
-            f"{describe_failure(exc)}; the measurements are kept: re-synthesise with other "
-            "parameters at no privacy cost",
-        )
+        try:
+            ended = _end_synthesizing(
+                services,
+                claim,
+                "failed",
+                f"{describe_failure(exc)}; the measurements are kept: re-synthesise with "
+                "other parameters at no privacy cost",
+            )
+        except Exception:
+            _log_failure(release_id, "synthesize", exc)
+            raise
+        if ended:
+            _log_failure(release_id, "synthesize", exc)
+        else:
+            # the run was cancelled or handed to another worker meanwhile, and its work
+            # directory removed (by the sweeper, or the run's new owner): not a failure
+            log.warning(
+                "release %s: lease lost while synthesizing (%s); work discarded",
+                release_id,
+                type(exc).__name__,
+            )
 
 
-def _end_synthesizing(services: Services, claim: Claim, status: str, message: str) -> None:
+def _end_synthesizing(services: Services, claim: Claim, status: str, message: str) -> bool:
     """Fail or cancel a synthesis this claim still owns (no ledger entry: the measurements
-    were spent when they were stored; :func:`end_synthesis_run`). The run's version is
-    never published then: a directory of it on disk (moved into place by a publish whose
-    transaction then failed) is removed once this commits."""
+    were spent when they were stored; :func:`end_synthesis_run`); returns whether it did.
+    The run's version is never published then: a directory of it on disk (moved into
+    place by a publish whose transaction then failed) is removed once this commits."""
     with _owned(services, claim, "synthesizing") as release:
-        if release is not None:
-            end_synthesis_run(release, status, message)
-            store = ArtifactStore(services.settings.releases_dir)
-            unpublished = store.version_dir(claim.release_id, claim.synthesis_version)
-            on_commit(_session_of(release), lambda: store.discard(unpublished))
+        if release is None:
+            return False
+        end_synthesis_run(release, status, message)
+        store = ArtifactStore(services.settings.releases_dir)
+        unpublished = store.version_dir(claim.release_id, claim.synthesis_version)
+        on_commit(_session_of(release), lambda: store.discard(unpublished))
+        return True
 
 
 def _publish_synthesis(

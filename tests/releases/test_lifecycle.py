@@ -601,6 +601,39 @@ def test_a_synthesis_claim_whose_lease_ran_out_leaves_the_new_owners_work_alone(
     assert csv.status_code == 200
 
 
+def test_a_cancelled_synthesis_whose_work_was_removed_is_not_logged_as_failed(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """A re-synthesis cancelled while its worker computes: the sweeper removes the run's
+    work directory (the run is over) and the worker, writing into it, hits a missing file.
+    That is the end of a cancelled run, not a failure: it was logged as an ERROR, "synthesize
+    failed with FileNotFoundError" and a traceback, once per cancelled run (seen in the
+    production topology's logs, re-syntheses cancelled while analysts downloaded)."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, release_id)
+    url = f"/v1/releases/{release_id}/resynthesize"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    synthesize = fake.TestMeans.synthesize
+
+    def cancelled_meanwhile(self: fake.TestMeans, *args: Any) -> Any:
+        cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+        assert cancelled.json()["status"] == "succeeded"  # version 0 is still served
+        stages.Sweeper(services).start().stop()  # removes the work of the run that is over
+        return synthesize(self, *args)
+
+    monkeypatch.setattr(fake.TestMeans, "synthesize", cancelled_meanwhile)
+    with caplog.at_level("WARNING", logger="curator.releases"):
+        run_synthesize(services, uuid.UUID(release_id))
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("lease lost while synthesizing" in r.getMessage() for r in caplog.records)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert done["published_version"] == 0
+    assert "cancelled by the curator" in done["message"]
+
+
 def _dead_measure_attempts(
     client: TestClient, release_id: str, count: int, *, opened: bool
 ) -> None:
