@@ -308,10 +308,13 @@ def _has_read(claim: Claim, source: EncryptedTableSource | None) -> bool:
 def _start_reading(services: Services, claim: Claim) -> None:
     """Record, in a transaction of its own that commits before the data file is opened,
     that this attempt may read the data (``Release.read_started_at``, set once): if its
-    worker dies, the next attempt knows the data may have been read."""
+    worker dies, the next attempt knows the data may have been read. A cancel requested
+    since the claim stops the attempt here, before the file is opened."""
     with _owned(services, claim, "measuring") as release:
         if release is None:
             raise LeaseLost
+        if release.cancel_requested:  # since the claim: nothing of it read yet
+            raise StageCancelled
         if release.read_started_at is None:
             release.read_started_at = utcnow()
 

@@ -359,6 +359,35 @@ def test_cancel_seen_before_reading_refunds(
     assert not _stored(client, release_id)
 
 
+def test_cancel_requested_between_the_claim_and_opening_the_data_refunds(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel recorded after the worker claimed the release but before it opened the
+    data: the attempt saw it only at its heartbeat's next beat, after reading, so a short
+    measurement completed and the release ended spent although no row had been read when
+    the curator cancelled. The attempt now checks for a cancel where it records that it
+    opens the data, under the release lock, and stops there: refunded."""
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    start_reading = stages._start_reading
+
+    def cancelled_first(services: Any, claim: Any) -> None:
+        response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+        assert response.json()["status"] == "measuring"
+        start_reading(services, claim)
+
+    monkeypatch.setattr(stages, "_start_reading", cancelled_first)
+    run_measure(services_of(client), uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "cancelled"
+    assert (
+        final["message"] == "cancelled while measuring; nothing was read; the budget was refunded"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    assert not _stored(client, release_id)
+    assert final["measured_at"] is None
+
+
 def test_a_graph_cancel_seen_before_reading_refunds(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
