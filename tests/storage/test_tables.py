@@ -175,3 +175,53 @@ def test_two_rotations_at_once_leave_one_whole_file(
     assert results == [True, True]
     assert_array_equal(_matrix(_read(path, new)[0]), values)
     assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_rotate_keeps_the_file_when_the_copy_is_short(
+    stored: tuple[Path, bytes, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy is checked before it replaces the table: one that lost a row group (a
+    writer that failed quietly) is refused, and the table stays as it was, under the old
+    key, with nothing left beside it."""
+    path, old, _ = stored
+    content = path.read_bytes()
+    written = tables.EncryptedTableWriter.write
+    seen: list[int] = []
+
+    def drop_the_first(self: tables.EncryptedTableWriter, batch: pa.RecordBatch) -> None:
+        seen.append(batch.num_rows)
+        if len(seen) > 1:
+            written(self, batch)
+
+    monkeypatch.setattr(tables.EncryptedTableWriter, "write", drop_the_first)
+    with pytest.raises(OSError, match="rows, not"):
+        tables.rotate(path, tables.key_ring(Fernet.generate_key(), [old]))
+    assert path.read_bytes() == content
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_rotate_syncs_the_copy_before_it_replaces_the_table(
+    stored: tuple[Path, bytes, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy reaches the disk before the rename: a crash right after it must not leave
+    the table's name on a file whose contents were never written."""
+    import os
+
+    path, old, _ = stored
+    calls: list[tuple[str, int]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def spy_fsync(fd: int) -> None:
+        calls.append(("fsync", os.fstat(fd).st_ino))
+        fsync(fd)
+
+    def spy_replace(source: object, target: object) -> None:
+        assert str(source).endswith(tables.ROTATING_SUFFIX)
+        calls.append(("replace", os.stat(source).st_ino))  # type: ignore[arg-type]
+        replace(source, target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tables.os, "fsync", spy_fsync)
+    monkeypatch.setattr(tables.os, "replace", spy_replace)
+    assert tables.rotate(path, tables.key_ring(Fernet.generate_key(), [old]))
+    assert [kind for kind, _ in calls] == ["fsync", "replace"]
+    assert calls[0][1] == calls[1][1]  # the staging file, synced, is the one renamed
