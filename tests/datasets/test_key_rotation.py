@@ -125,6 +125,15 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
     assert code == 1
     assert sorted(json.loads(out)["unreadable"]) == sorted(contents)
     assert {path.name: path.read_bytes() for path in files} == contents
+    with services_of(client).db.transaction(read_only=True) as session:
+        last = session.scalars(
+            select(AuditEvent)
+            .where(AuditEvent.action == "data_key.rotate")
+            .order_by(AuditEvent.id.desc())
+        ).first()
+    assert last is not None
+    assert sorted(last.details["unreadable"]) == sorted(contents)  # the audit names them
+    assert last.details["rotated"] == 0
 
 
 def test_a_release_measures_a_rotated_dataset_with_the_new_key_alone(
@@ -192,3 +201,21 @@ def test_a_dataset_whose_data_were_deleted_is_not_missing(
     assert code == 0, err
     assert json.loads(out) == {"rotated": 1, "current": 0, "missing": [], "unreadable": []}
     assert tables.opens_with(settings.datasets_dir / f"{kept}.parquet", new_key)
+
+
+def test_rotation_refuses_a_database_that_is_not_migrated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the other commands: a database behind the code's revision is refused with a
+    message (exit 2), before any file is touched, not read into a traceback."""
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("CURATOR_DATABASE_URL", raising=False)
+    monkeypatch.delenv("CURATOR_REDIS_URL", raising=False)
+    monkeypatch.setenv("CURATOR_DATA_KEY", Fernet.generate_key().decode())
+    monkeypatch.setenv("CURATOR_PREVIOUS_DATA_KEYS", Fernet.generate_key().decode())
+    with pytest.raises(SystemExit) as info:
+        main(["rotate-data-key", "--json"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "run: curator migrate" in err
+    assert "Traceback" not in err
