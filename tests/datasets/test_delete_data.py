@@ -128,3 +128,50 @@ def test_the_sweeper_removes_a_deleted_datasets_file_left_behind(
         assert remove_stray_files(session, services) == 1
     assert not _file(client, dataset_id).exists()
     assert _file(client, kept).exists()
+
+
+def test_deleting_the_data_waits_for_a_release_that_is_measuring(
+    client: TestClient, curator: Caller
+) -> None:
+    """A release being measured reads the rows as the deletion is asked: refused (409,
+    naming it), the file and the dataset left as they were."""
+    from app.models import Release
+
+    dataset_id = dataset(client, curator)
+    measuring = request_release(client, curator, dataset_id).json()["id"]
+    with services_of(client).db.transaction() as session:
+        session.execute(
+            update(Release).where(Release.id == uuid.UUID(measuring)).values(status="measuring")
+        )
+    refused = _delete(client, curator, dataset_id)
+    assert refused.status_code == 409, refused.text
+    assert measuring in refused.json()["error"]["message"]
+    assert _file(client, dataset_id).exists()
+    shown = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()
+    assert shown["data_deleted_at"] is None
+
+
+def test_a_deletion_rolled_back_leaves_the_file(client: TestClient, curator: Caller) -> None:
+    """The file goes once the deletion commits: a transaction that rolls back after it
+    leaves the rows stored, as the dataset still says they are."""
+    from app.datasets.service import delete_data
+    from app.models import User
+
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+
+    class Abort(Exception):
+        pass
+
+    try:
+        with services.db.transaction() as session:
+            user = session.get(User, curator.id)
+            assert user is not None
+            out = delete_data(session, services, user, uuid.UUID(dataset_id))
+            assert out.data_deleted_at is not None
+            raise Abort
+    except Abort:
+        pass
+    assert _file(client, dataset_id).exists()
+    shown = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()
+    assert shown["data_deleted_at"] is None
