@@ -806,13 +806,17 @@ def test_stray_upload_files_are_removed_once_old(client: TestClient, curator: Ca
     young = services.settings.tmp_dir / "upload-young.spool"
     # what a key rotation killed before its rename leaves beside the recorded file
     rotating = services.settings.datasets_dir / f"{recorded.name}.rotating"
-    for path in (stray, spool, young, rotating):
+    # and one a rotation is writing now (its rename would fail if it went)
+    rotating_now = services.settings.datasets_dir / f"{recorded.name}.5e2a.rotating"
+    for path in (stray, spool, young, rotating, rotating_now):
         path.write_bytes(b"ciphertext")
     old = (utcnow() - STRAY_FILE_AGE).timestamp() - 60
     for path in (recorded, stray, spool, rotating):
         os.utime(path, (old, old))
     Sweeper(services).start().stop()  # the worker's sweeper runs it first thing
-    assert sorted(p.name for p in services.settings.datasets_dir.iterdir()) == [recorded.name]
+    assert sorted(p.name for p in services.settings.datasets_dir.iterdir()) == sorted(
+        [recorded.name, rotating_now.name]
+    )
     assert sorted(p.name for p in services.settings.tmp_dir.iterdir()) == [young.name]
     with services.db.transaction(read_only=True) as session:
         assert remove_stray_files(session, services) == 0
