@@ -171,3 +171,30 @@ def test_a_request_is_charged_for_each_public_value(monkeypatch: pytest.MonkeyPa
         f"of its {entries} distinct released cells over 30 public values): at most 2 per "
         "request; split the batch"
     )
+
+
+def test_between_takes_the_cells_whose_midpoint_is_an_end() -> None:
+    """``between`` is inclusive at both ends: a midpoint equal to ``low`` or ``high`` (5,
+    15, ..., 75 years here) is in the range, and the answered range is those cells' outer
+    edges."""
+    loaded, info = loaded_release(4, 200, 5)
+    mechanism = adapter.RandomizedResponse()
+    for low, high, answered in (
+        (15.0, 35.0, [10.0, 40.0]),
+        (15.0, 15.0, [10.0, 20.0]),
+        (5.0, 75.0, [0.0, 80.0]),
+        (15.5, 34.5, [20.0, 30.0]),
+    ):
+        query = {"type": "conjunction", "where": {"age": {"between": [low, high]}}}
+        if answered == [0.0, 80.0]:
+            query["where"]["smoker"] = 1  # every age: a constant row function otherwise
+        (answer,) = mechanism.answer(loaded, info, [query])
+        assert answer["answered_ranges"] == {"age": answered}, (low, high)
+
+
+def test_the_request_bound_admits_five_by_public_queries_over_ten_to_the_five_values() -> None:
+    """The bound measured in ``bench/results/rr_by_public.md``: at 10^6 released rows
+    (about 10^6 entries) and 10^5 public values, one request admits 5 ``by_public``
+    queries (about 13 s); with the former 40 per public value it admitted 30 (190 s)."""
+    per_query = 10**6 + adapter.PUBLIC_VALUE_WORK * 10**5
+    assert adapter.MAX_ANSWER_WORK // per_query == 5
