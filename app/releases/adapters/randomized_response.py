@@ -201,10 +201,14 @@ class _Columns:
         for j, column in enumerate(perturbed):
             if column.kind == "categorical":
                 assert column.categories is not None
-                labels[j] = {
-                    unicodedata.normalize("NFC", label): k
-                    for k, label in enumerate(column.categories)
-                }
+                # each category by its NFC form, but for a form two categories share (a
+                # dataset declared before such pairs were refused), and by its own text
+                forms: dict[str, int | None] = {}
+                for k, label in enumerate(column.categories):
+                    form = unicodedata.normalize("NFC", label)
+                    forms[form] = None if form in forms else k
+                labels[j] = {form: k for form, k in forms.items() if k is not None}
+                labels[j].update((label, k) for k, label in enumerate(column.categories))
             elif column.kind == "continuous":
                 mid = rr.cell_midpoints(np.arange(cells), bits)
                 midpoints[j] = column.to_original(mid).tolist()
@@ -473,9 +477,13 @@ class RandomizedResponse(registry.Mechanism):
                     raise InvalidRequest(
                         f"column {name!r} is categorical: name a category, not true or false"
                     )
-                # categories match in Unicode normal form C, as cells did at upload
+                # categories match in Unicode normal form C, as cells did at upload (a
+                # category's own text first: see _Columns)
                 labels = columns.labels[j]
-                asked = [unicodedata.normalize("NFC", str(v)) for v in values]
+                asked = [
+                    text if (text := str(v)) in labels else unicodedata.normalize("NFC", text)
+                    for v in values
+                ]
                 missing = [v for v, text in zip(values, asked, strict=True) if text not in labels]
                 if missing or isinstance(condition, dict):
                     raise InvalidRequest(f"column {name!r} has no category {missing}")
