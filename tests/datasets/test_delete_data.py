@@ -175,3 +175,53 @@ def test_a_deletion_rolled_back_leaves_the_file(client: TestClient, curator: Cal
     assert _file(client, dataset_id).exists()
     shown = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers).json()
     assert shown["data_deleted_at"] is None
+
+
+def test_a_deletion_waits_for_a_release_request_that_holds_the_dataset_lock(
+    client: TestClient, curator: Caller
+) -> None:
+    """A release request recorded but not yet committed holds the dataset's lock: the
+    deletion asked meanwhile waits for it, then sees the queued release and is refused,
+    so no release is left to read rows that are gone."""
+    import threading
+
+    from app.models import User
+    from app.releases import service as releases
+    from app.releases.schemas import ReleaseCreate
+
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    body = ReleaseCreate.model_validate(REQUEST)
+    with services.db.transaction(read_only=True) as session:
+        user = session.get(User, curator.id)
+        assert user is not None
+        session.expunge(user)
+    checked = releases.validate_release(services, user, uuid.UUID(dataset_id), body, None)
+    recorded, commit = threading.Event(), threading.Event()
+
+    def request() -> None:
+        with services.db.transaction() as session:
+            releases.create_release(
+                session, services, user, uuid.UUID(dataset_id), body, checked, None
+            )
+            recorded.set()
+            assert commit.wait(timeout=60)
+
+    requester = threading.Thread(target=request)
+    requester.start()
+    try:
+        assert recorded.wait(timeout=60)
+        result: list[object] = []
+        deleter = threading.Thread(
+            target=lambda: result.append(_delete(client, curator, dataset_id))
+        )
+        deleter.start()
+        deleter.join(timeout=1.0)
+        assert deleter.is_alive()  # waiting for the lock
+    finally:
+        commit.set()
+        requester.join(timeout=60)
+    deleter.join(timeout=60)
+    (response,) = result
+    assert response.status_code == 409, response.text  # type: ignore[attr-defined]
+    assert _file(client, dataset_id).exists()
