@@ -553,6 +553,27 @@ def _query_forms() -> dict[str, list[str]]:
     return accepted
 
 
+def test_two_release_types_cannot_publish_different_forms_under_one_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client tells the query forms apart by ``type`` alone: a release type whose form
+    reuses another's name with another shape fails when the union is built (import)."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    from app.answers import schemas as answer_schemas
+    from app.releases import registry
+
+    class OtherPCA(BaseModel):
+        type: Literal["pca"]
+        components: int
+
+    monkeypatch.setattr(registry.REGISTRY["graph_cuts"], "query_forms", (OtherPCA,))
+    with pytest.raises(TypeError, match="two query forms are named 'pca'"):
+        answer_schemas._published_forms()
+
+
 def test_openapi_publishes_every_query_form(client: TestClient) -> None:
     """The answers body's queries are a oneOf of every release type's query forms with a
     ``type`` discriminator (they were untyped objects: a generated client could not build
@@ -621,6 +642,42 @@ def test_openapi_bounds_are_json_schema_keywords(client: TestClient) -> None:
     assert (powers["minimum"], powers["maximum"]) == (0, 30)
     vertices = schemas["GraphDeclaration"]["properties"]["vertices"]
     assert (vertices["minimum"], vertices["maximum"]) == (2, 20_000)
+
+
+@pytest.mark.parametrize(
+    ("vertices", "power", "taken"),
+    [
+        ("4", "4", 4),
+        ("4.0", "4.0", 4),
+        ("4.5", "4.5", None),
+        ('"4"', '"4"', None),
+        ("true", "true", None),
+        ("1.0", "31.0", None),  # out of bounds
+    ],
+)
+def test_bounded_integers_take_integral_json_floats_and_nothing_else(
+    vertices: str, power: str, taken: int | None
+) -> None:
+    """The bounds moved into ``Field(ge, le)`` with ``integral_number`` as a validator of
+    its own: a graph's vertex count and a term's power still take ``4.0`` as 4 (JSON
+    does not tell them apart) and refuse ``4.5``, text, booleans and values out of bounds,
+    in JSON mode."""
+    from pydantic import ValidationError
+
+    from app.datasets.schemas import GraphDeclaration
+    from app.releases.adapters.smooth_queries import Term
+
+    graph = f'{{"name": "g", "kind": "graph", "vertices": {vertices}, "budget": {{"epsilon": 1}}}}'
+    term = f'{{"coefficient": 1, "powers": {{"x": {power}}}}}'
+    for parse in (
+        lambda: GraphDeclaration.model_validate_json(graph).vertices,
+        lambda: Term.model_validate_json(term).powers["x"],
+    ):
+        if taken is None:
+            with pytest.raises(ValidationError):
+                parse()
+        else:
+            assert parse() == taken
 
 
 def _release_of_every_type(client: TestClient, curator: Caller) -> dict[str, str]:
