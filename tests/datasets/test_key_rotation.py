@@ -32,6 +32,7 @@ def _rotate(
     *,
     new: bytes,
     previous: list[bytes],
+    text: bool = False,
 ) -> tuple[int, str, str]:
     monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
     monkeypatch.setenv("CURATOR_DATABASE_URL", str(settings.database_url))
@@ -42,7 +43,7 @@ def _rotate(
     else:
         monkeypatch.delenv("CURATOR_PREVIOUS_DATA_KEYS", raising=False)
     with pytest.raises(SystemExit) as info:
-        main(["rotate-data-key", "--json"])
+        main(["rotate-data-key"] if text else ["rotate-data-key", "--json"])
     out = capsys.readouterr()
     return int(info.value.code or 0), out.out, out.err
 
@@ -54,10 +55,10 @@ Rotate = Callable[..., tuple[int, str, str]]
 def rotate(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Rotate:
-    """``curator rotate-data-key --json`` on the test's service, with keys ``new`` and
-    ``previous``: (exit code, stdout, stderr)."""
-    return lambda *, new, previous: _rotate(
-        settings, monkeypatch, capsys, new=new, previous=previous
+    """``curator rotate-data-key --json`` (without ``--json`` if ``text``) on the test's
+    service, with keys ``new`` and ``previous``: (exit code, stdout, stderr)."""
+    return lambda *, new, previous, text=False: _rotate(
+        settings, monkeypatch, capsys, new=new, previous=previous, text=text
     )
 
 
@@ -219,3 +220,28 @@ def test_rotation_refuses_a_database_that_is_not_migrated(
     err = capsys.readouterr().err
     assert "run: curator migrate" in err
     assert "Traceback" not in err
+
+
+def test_the_text_report_names_missing_and_unreadable_files(
+    client: TestClient, curator: Caller, settings: Settings, new_key: bytes, rotate: Rotate
+) -> None:
+    """Without ``--json`` the report counts the files and names each one that could not
+    be re-encrypted, and why (exit 1)."""
+    dataset(client, curator)
+    dataset(client, curator)
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    gone, kept = sorted(settings.datasets_dir.iterdir())
+    gone.unlink()
+    code, out, _ = rotate(new=Fernet.generate_key(), previous=[Fernet.generate_key()], text=True)
+    assert code == 1
+    assert out.splitlines() == [
+        "re-encrypted 0 dataset file(s) under CURATOR_DATA_KEY; 0 already were",
+        f"missing: {gone.name} (its dataset row names it, the file is not there)",
+        f"unreadable: {kept.name} (no key of the ring opens it; left as it was)",
+    ]
+    code, out, err = rotate(new=new_key, previous=[old], text=True)
+    assert code == 1
+    assert out.splitlines()[0] == (
+        "re-encrypted 1 dataset file(s) under CURATOR_DATA_KEY; 0 already were"
+    )
+    assert "retire the old key" not in err  # not while a file is missing
