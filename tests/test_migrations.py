@@ -388,6 +388,15 @@ def test_0009_downgrade_refuses_while_a_datasets_data_are_deleted(empty_database
         engine.dispose()
     migrations.downgrade(url, "0008")
     assert migrations.current_revision(url) == "0008"
+    engine = make_engine(url)
+    try:  # the column goes with the revision, and comes back with it
+        columns = {c["name"] for c in inspect(engine).get_columns("datasets")}
+        assert "data_deleted_at" not in columns
+    finally:
+        engine.dispose()
+    migrations.upgrade(url)
+    assert migrations.current_revision(url) == "0009"
+    assert _scalar(url, "datasets", "data_deleted_at") is None
 
 
 def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> None:
