@@ -257,10 +257,14 @@ def test_group_sums_with_empty_groups() -> None:
     assert (got.low, got.high) == (-5.0, 7.0)
 
 
-def test_conjunction_values_are_the_brute_force_table() -> None:
+@pytest.mark.parametrize(
+    "cardinalities",
+    [(3, 2, 8, 5), (3, 7, 11, 13, 6)],  # the second: products that round by their order
+)
+def test_conjunction_values_are_the_brute_force_table(cardinalities: tuple[int, ...]) -> None:
     """``_conjunctions_at`` on every cell of the domain for many conjunctions at once
     equals each conjunction's own ``evaluate`` and ``mean``, bit for bit."""
-    domain = Domain((3, 2, 8, 5))
+    domain = Domain(cardinalities)
     rng = np.random.default_rng(12)
     conjunctions = [random_conjunction(rng, domain) for _ in range(40)]
     owner = np.repeat(np.arange(40), domain.size)
