@@ -540,6 +540,7 @@ def test_categories_are_matched_by_their_text(client: TestClient, curator: Calle
     columns = [COLUMNS[0], {"name": "c", "kind": "categorical", "categories": ["01", 1]}]
     ok = upload(client, curator, b"x,c\n1,01\n2, 1\n3,1\n", with_columns(*columns))
     assert ok.status_code == 201, ok.text
+    assert ok.json()["columns"][1]["categories"] == ["01", 1]  # the number stays a number
     assert stored_rows(client, ok.json()["id"], columns)["c"] == ["01", 1, 1]
     refused = upload(client, curator, b"x,c\n1,1.0\n2,001\n", with_columns(*columns))
     assert problems_of(refused) == [
@@ -565,6 +566,19 @@ def test_categories_match_in_unicode_normal_form_c(client: TestClient, curator: 
     refused = upload(client, curator, b"x,c\n1,tea\n", with_columns(*both))
     assert refused.status_code == 422
     assert "different Unicode forms" in refused.text
+
+
+def test_categories_are_normalised_to_nfc_only(client: TestClient, curator: Caller) -> None:
+    """Canonical forms only (NFC): a compatibility character ("\u00b2", the ligature
+    "\ufb01") is a text of its own, kept as declared and matched as such; NFKC would
+    have shown "m2" and "fi" and refused the cells that hold them."""
+    categories = ["m\u00b2", "\ufb01le", "m2"]
+    columns = [COLUMNS[0], {"name": "c", "kind": "categorical", "categories": categories}]
+    content = "x,c\n1,m\u00b2\n2,\ufb01le\n3,m2\n".encode()
+    ok = upload(client, curator, content, with_columns(*columns))
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["columns"][1]["categories"] == categories
+    assert stored_rows(client, ok.json()["id"], columns)["c"] == categories
 
 
 def test_a_header_name_in_another_unicode_form_is_pointed_out(
