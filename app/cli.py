@@ -310,6 +310,7 @@ def cmd_rotate_data_key(args: argparse.Namespace) -> int:
         "current": len(done.current),
         "missing": done.missing,
         "unreadable": done.unreadable,
+        "failed": done.failed,
     }
     if args.json:
         print(json.dumps(out))
@@ -322,7 +323,9 @@ def cmd_rotate_data_key(args: argparse.Namespace) -> int:
             print(f"missing: {name} (its dataset row names it, the file is not there)")
         for name in done.unreadable:
             print(f"unreadable: {name} (no key of the ring opens it; left as it was)")
-    if done.missing or done.unreadable:
+        for name in done.failed:
+            print(f"failed: {name} (not a readable table: corrupt? left as it was)")
+    if done.missing or done.unreadable or done.failed:
         return 1
     print(
         "every dataset file now opens with CURATOR_DATA_KEY alone: restart the API and the "

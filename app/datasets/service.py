@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pydantic import ValidationError
 from sqlalchemy import ColumnElement, exists, false, select
 from sqlalchemy.orm import Session
@@ -502,6 +503,9 @@ class KeyRotation:
     current: list[str]
     missing: list[str]
     unreadable: list[str]
+    #: files that could not be re-encrypted for another reason (a corrupt file, a copy
+    #: that came out short): left as they were
+    failed: list[str]
 
 
 def rotate_data_key(services: Services) -> KeyRotation:
@@ -511,7 +515,10 @@ def rotate_data_key(services: Services) -> KeyRotation:
     again. The dataset rows are read in one short transaction and the files re-encrypted
     after it (minutes for large tables; no session held). A file no key of the ring opens
     is reported as ``unreadable`` and left untouched; one that is not on disk, as
-    ``missing``. Uploads recorded after the list was read are not visited: run it once the
+    ``missing``; one that fails otherwise (corrupt), as ``failed``, and the run goes on
+    with the others. A dataset whose data were deleted while its file was re-encrypted has
+    the new file removed at the end (the sweeper would too). Uploads recorded after the
+    list was read are not visited: run it once the
     API and the workers use the new key (README, "Rotating the data key"). The run is
     recorded in the audit log (counts and file names, no key)."""
     with services.db.transaction(read_only=True) as session:
@@ -526,6 +533,7 @@ def rotate_data_key(services: Services) -> KeyRotation:
     current: list[str] = []
     missing: list[str] = []
     unreadable: list[str] = []
+    failed: list[str] = []
     for name in names:
         path = services.settings.datasets_dir / name
         try:
@@ -534,10 +542,22 @@ def rotate_data_key(services: Services) -> KeyRotation:
             missing.append(name)
         except PermissionError:
             unreadable.append(name)
+        except (OSError, pa.ArrowException) as exc:  # type only: no message in the log
+            failed.append(name)
+            log.warning("data key rotation: %s failed (%s)", name, type(exc).__name__)
         else:
             (rotated if changed else current).append(name)
             log.info("data key rotation: %s %s", name, "re-encrypted" if changed else "current")
     with services.db.transaction() as session:
+        deleted = set(
+            session.scalars(
+                select(Dataset.storage_name).where(
+                    Dataset.storage_name.in_(rotated), Dataset.data_deleted_at.is_not(None)
+                )
+            )
+        )
+        for name in deleted:  # deleted while re-encrypted: the rename put a file back
+            (services.settings.datasets_dir / name).unlink(missing_ok=True)
         record(
             session,
             None,
@@ -548,5 +568,8 @@ def rotate_data_key(services: Services) -> KeyRotation:
             current=len(current),
             missing=missing,
             unreadable=unreadable,
+            failed=failed,
         )
-    return KeyRotation(rotated=rotated, current=current, missing=missing, unreadable=unreadable)
+    return KeyRotation(
+        rotated=rotated, current=current, missing=missing, unreadable=unreadable, failed=failed
+    )

@@ -103,7 +103,13 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
 
     code, out, err = rotate(new=new_key, previous=[old])
     assert code == 0, err
-    assert json.loads(out) == {"rotated": 2, "current": 0, "missing": [], "unreadable": []}
+    assert json.loads(out) == {
+        "rotated": 2,
+        "current": 0,
+        "missing": [],
+        "unreadable": [],
+        "failed": [],
+    }
     assert "retire the old key" in err
     for path in files:
         assert tables.opens_with(path, new_key)
@@ -117,7 +123,13 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
     # a second run finds nothing to do
     code, out, _ = rotate(new=new_key, previous=[old])
     assert code == 0
-    assert json.loads(out) == {"rotated": 0, "current": 2, "missing": [], "unreadable": []}
+    assert json.loads(out) == {
+        "rotated": 0,
+        "current": 2,
+        "missing": [],
+        "unreadable": [],
+        "failed": [],
+    }
 
     # a key that opens nothing: every file reported, none touched, exit 1
     stranger = Fernet.generate_key()
@@ -174,6 +186,66 @@ def test_a_missing_file_is_reported(
     assert not path.exists()
 
 
+def test_a_corrupt_file_is_reported_and_the_others_rotated(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+) -> None:
+    """A file that is not a readable table is reported as failed and left as it was; the
+    run goes on with the others, exits 1 and is audited (it used to stop at the first such
+    file with a traceback, no audit event and the rest not visited)."""
+    first = dataset(client, curator)
+    second = dataset(client, curator)
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    broken = settings.datasets_dir / f"{first}.parquet"
+    broken.write_bytes(b"PAR1 not a table")
+    code, out, _ = rotate(new=new_key, previous=[old])
+    assert code == 1
+    report = json.loads(out)
+    assert (report["failed"], report["rotated"]) == ([broken.name], 1)
+    assert broken.read_bytes() == b"PAR1 not a table"
+    assert tables.opens_with(settings.datasets_dir / f"{second}.parquet", new_key)
+    with services_of(client).db.transaction(read_only=True) as session:
+        (event,) = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "data_key.rotate")
+        ).all()
+    assert event.details["failed"] == [broken.name]
+
+
+def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deletion that commits while the file is re-encrypted removes the old file; the
+    rotation's rename would put the new one back: the rotation removes it at the end."""
+    from sqlalchemy import update
+
+    from app.models import Dataset
+    from app.models.base import utcnow
+
+    dataset_id = dataset(client, curator)
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    rotate_file = tables.rotate
+
+    def deleted_meanwhile(path: Path, ring: bytes) -> bool:
+        changed = rotate_file(path, ring)
+        with services_of(client).db.transaction() as session:
+            session.execute(update(Dataset).values(data_deleted_at=utcnow()))
+        return changed
+
+    monkeypatch.setattr(tables, "rotate", deleted_meanwhile)
+    code, out, err = rotate(new=new_key, previous=[old])
+    assert code == 0, err
+    assert json.loads(out)["rotated"] == 1
+    assert not (settings.datasets_dir / f"{dataset_id}.parquet").exists()
+
+
 def test_previous_keys_are_checked(tmp_path: Path) -> None:
     from app.config import ConfigError
 
@@ -200,7 +272,13 @@ def test_a_dataset_whose_data_were_deleted_is_not_missing(
     old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
     code, out, err = rotate(new=new_key, previous=[old])
     assert code == 0, err
-    assert json.loads(out) == {"rotated": 1, "current": 0, "missing": [], "unreadable": []}
+    assert json.loads(out) == {
+        "rotated": 1,
+        "current": 0,
+        "missing": [],
+        "unreadable": [],
+        "failed": [],
+    }
     assert tables.opens_with(settings.datasets_dir / f"{kept}.parquet", new_key)
 
 
