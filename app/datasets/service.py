@@ -258,12 +258,14 @@ def budget_summary(balance: ledger.Balance) -> BudgetSummary:
     )
 
 
-def delta_warnings(delta: float, n_rows: int | None, what: str) -> list[str]:
+def delta_warnings(delta: float, dataset: Dataset, what: str) -> list[str]:
     """A warning when ``delta >= 1 / n``: an (epsilon, delta)-DP mechanism may then publish
     whole rows, each with probability delta, so about ``n delta >= 1`` of them ("values of
     delta on the order of 1/n are very dangerous", Dwork and Roth 2014, section 2.3).
-    ``n`` is public (the dataset's row count), so the warning reveals nothing. Advice
-    only: a curator may have reasons, and the request is not refused."""
+    A table's ``n`` is public (its row count), so the warning reveals nothing; a graph's
+    stored count is its number of edges, private under edge-level DP, so a graph gets no
+    warning. Advice only: a curator may have reasons, and the request is not refused."""
+    n_rows = dataset.n_rows if dataset.kind == "table" else None
     if not n_rows or delta * n_rows < 1.0:
         return []
     return [
@@ -292,9 +294,7 @@ def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
         # stored without clip counts (migration 0005 removed the ones stored before)
         "validation": dataset.validation if is_owner and dataset.kind == "table" else None,
         "warnings": delta_warnings(
-            delta_value(balance.delta_total),
-            dataset.n_rows if dataset.kind == "table" else None,
-            "the budget's delta total",
+            delta_value(balance.delta_total), dataset, "the budget's delta total"
         ),
     }
     return DatasetOut.model_validate(data)

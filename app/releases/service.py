@@ -409,11 +409,7 @@ def to_out(session: Session, release: Release) -> ReleaseOut:
         updated_at=release.updated_at,
         measured_at=release.measured_at,
         finished_at=release.finished_at,
-        warnings=delta_warnings(
-            delta_value(release.delta),
-            dataset.n_rows if dataset.kind == "table" else None,
-            "the release's delta",
-        ),
+        warnings=delta_warnings(delta_value(release.delta), dataset, "the release's delta"),
     )
 
 
@@ -587,11 +583,7 @@ def preview(
         accuracy=predicted.get("accuracy", {}),
         fits_budget=fits,
         remaining=balance.remaining(),
-        warnings=delta_warnings(
-            checked.delta,
-            dataset.n_rows if dataset.kind == "table" else None,
-            "the request's delta",
-        ),
+        warnings=delta_warnings(checked.delta, dataset, "the request's delta"),
     )
 
 
