@@ -8,16 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: The release types the service offers (``app.releases.adapters``), named as an enum in
-#: the OpenAPI schema so that a generated client can offer them. The body is validated
-#: against the registry, not this list: an unknown name is a 422 ``invalid_request``.
-MECHANISMS = (
-    "smooth_synthetic",
-    "smooth_synopsis",
-    "randomized_response",
-    "graph_cuts",
-    "compressed",
-)
+from app.releases import adapters
 
 ReleaseStatus = Literal["queued", "measuring", "synthesizing", "succeeded", "failed", "cancelled"]
 
@@ -44,7 +35,9 @@ class ReleaseCreate(BaseModel):
     mechanism: str = Field(
         description="smooth_synthetic, smooth_synopsis or randomized_response (a table), "
         "graph_cuts (a graph), compressed (a table; not differentially private)",
-        json_schema_extra={"enum": list(MECHANISMS)},
+        # the release types (``app.releases.adapters``), an enum a generated client can
+        # offer; the body is validated against the registry (an unknown name is a 422)
+        json_schema_extra={"enum": list(adapters.__all__)},
     )
     # strict: a privacy parameter is a JSON number, never true or "1" (lax mode read both)
     epsilon: float | None = Field(default=None, strict=True)
