@@ -522,6 +522,7 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # also a failure to store the finished synthesis (it escaped, and the sweeper
         # retried it without end)
         store.discard(work)
+        ended = True  # a failure, also if ending the run fails
         try:
             ended = _end_synthesizing(
                 services,
@@ -530,19 +531,17 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
                 f"{describe_failure(exc)}; the measurements are kept: re-synthesise with "
                 "other parameters at no privacy cost",
             )
-        except Exception:
-            _log_failure(release_id, "synthesize", exc)
-            raise
-        if ended:
-            _log_failure(release_id, "synthesize", exc)
-        else:
-            # the run was cancelled or handed to another worker meanwhile, and its work
-            # directory removed (by the sweeper, or the run's new owner): not a failure
-            log.warning(
-                "release %s: lease lost while synthesizing (%s); work discarded",
-                release_id,
-                type(exc).__name__,
-            )
+        finally:
+            if ended:
+                _log_failure(release_id, "synthesize", exc)
+            else:
+                # the run was cancelled or handed to another worker meanwhile, and its work
+                # directory removed (by the sweeper, or the run's new owner): not a failure
+                log.warning(
+                    "release %s: lease lost while synthesizing (%s); work discarded",
+                    release_id,
+                    type(exc).__name__,
+                )
 
 
 def _end_synthesizing(services: Services, claim: Claim, status: str, message: str) -> bool:
@@ -618,11 +617,7 @@ def sweep(services: Services) -> int:
             stmt = stmt.with_for_update(skip_locked=True)
         for release in session.scalars(stmt):
             wait = lease
-            if (
-                release.lease_owner == QUEUED
-                and release.lease_expires_at is not None
-                and release.updated_at is not None
-            ):
+            if release.lease_owner == QUEUED and release.lease_expires_at is not None:
                 waited = release.lease_expires_at - release.updated_at
                 wait = min(max(lease, 2 * waited), MAX_QUEUED_LEASES * lease)
             release.lease_owner = QUEUED
