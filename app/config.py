@@ -142,13 +142,11 @@ class Settings(BaseSettings):
 
     def previous_keys(self) -> list[bytes]:
         """``CURATOR_PREVIOUS_DATA_KEYS`` as Fernet keys (each checked), in order."""
-        if (
-            self.previous_data_keys is None
-            or not self.previous_data_keys.get_secret_value().strip()
-        ):
+        text = "" if self.previous_data_keys is None else self.previous_data_keys.get_secret_value()
+        if not text.strip():
             return []  # unset, or set empty (docker-compose passes an unset variable so)
         keys = []
-        for position, part in enumerate(self.previous_data_keys.get_secret_value().split(",")):
+        for position, part in enumerate(text.split(",")):
             key = part.strip().encode()
             _check_fernet_key(key, f"CURATOR_PREVIOUS_DATA_KEYS (key {position + 1})")
             keys.append(key)

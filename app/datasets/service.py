@@ -518,9 +518,9 @@ def rotate_data_key(services: Services) -> KeyRotation:
     ``missing``; one that fails otherwise (corrupt), as ``failed``, and the run goes on
     with the others. A dataset whose data were deleted while its file was re-encrypted has
     the new file removed at the end (the sweeper would too). Uploads recorded after the
-    list was read are not visited: run it once the
-    API and the workers use the new key (README, "Rotating the data key"). The run is
-    recorded in the audit log (counts and file names, no key)."""
+    list was read are not visited: run it once the API and the workers use the new key
+    (README, "Rotating the data key"). The run is recorded in the audit log (counts and
+    file names, no key)."""
     with services.db.transaction(read_only=True) as session:
         names = list(
             session.scalars(

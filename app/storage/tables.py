@@ -9,11 +9,12 @@ The key passed around is a *key ring*: the current Fernet key, then any previous
 which has none). New files are wrapped with the current key; a file opens with any key
 of the ring (:class:`cryptography.fernet.MultiFernet`). :func:`rotate` re-encrypts a file
 under the current key, so that the previous keys can be retired (``curator
-rotate-data-key``). Reads stream row
-groups (``iter_batches``), so a worker never needs the whole table in memory: the file is
-opened without pyarrow's ``pre_buffer`` (its default), which reads every row group's
-column chunks ahead into a cache that lives as long as the reader, so that a pass held
-the whole compressed file (about 420 MB at 10^7 rows of 10 columns).
+rotate-data-key``).
+
+Reads stream row groups (``iter_batches``), so a worker never needs the whole table in
+memory: the file is opened without pyarrow's ``pre_buffer`` (its default), which reads
+every row group's column chunks ahead into a cache that lives as long as the reader, so
+that a pass held the whole compressed file (about 420 MB at 10^7 rows of 10 columns).
 """
 
 from __future__ import annotations
@@ -150,9 +151,9 @@ def rotate(path: Path, ring: bytes) -> bool:
     """Re-encrypt the table at ``path`` under the ring's current key, if that key alone
     does not open it already; returns whether it did. The file is read with the whole
     ring, row group by row group, written beside it (a random name ending in
-    ``ROTATING_SUFFIX``), checked, and
-    moved over it in one rename: a reader that opened the old file keeps reading it, one
-    that opens the path afterwards gets the new file, never half of either. Raises
+    ``ROTATING_SUFFIX``), checked, and moved over it in one rename: a reader that opened
+    the old file keeps reading it, one that opens the path afterwards gets the new file,
+    never half of either. Raises
     :class:`PermissionError` if no key of the ring opens it, :class:`FileNotFoundError`
     if it is removed meanwhile (its dataset deleted: nothing is put back)."""
     current = current_key(ring)
