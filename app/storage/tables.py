@@ -153,9 +153,9 @@ def rotate(path: Path, ring: bytes) -> bool:
     ring, row group by row group, written beside it (a random name ending in
     ``ROTATING_SUFFIX``), checked, and moved over it in one rename: a reader that opened
     the old file keeps reading it, one that opens the path afterwards gets the new file,
-    never half of either. Raises
-    :class:`PermissionError` if no key of the ring opens it, :class:`FileNotFoundError`
-    if it is removed meanwhile (its dataset deleted: nothing is put back)."""
+    never half of either. Raises :class:`PermissionError` if no key of the ring opens it,
+    :class:`FileNotFoundError` if it is removed meanwhile (its dataset deleted: nothing
+    is put back)."""
     current = current_key(ring)
     if opens_with(path, current):
         return False
