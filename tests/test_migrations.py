@@ -305,6 +305,36 @@ def test_0005_scrubs_stored_clip_counts(empty_database: str) -> None:
     migrations.downgrade(url, "0004")
 
 
+def test_0005_downgrade_leaves_reports_the_code_before_it_reads(empty_database: str) -> None:
+    """The code before 0005 reads ``clipped`` as a required mapping (``dict[str, int]``):
+    the null that 0005 and every later upload store made its dataset reads a 500 after a
+    downgrade (found by serving a database downgraded from head with the code of 0003).
+    The downgrade stores an empty mapping instead, and 0005 nulls it again."""
+    from pydantic import TypeAdapter
+    from sqlalchemy import MetaData
+
+    url = empty_database
+    migrations.upgrade(url, "0005")
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        users, datasets = meta.tables["users"], meta.tables["datasets"]
+        with engine.begin() as connection:
+            _owner_and_dataset(connection, users, datasets, uuid.uuid4(), uuid.uuid4(), now)
+            report = {"format": "csv", "n_rows": 3, "clipped": None}
+            connection.execute(datasets.update().values(validation=report))
+    finally:
+        engine.dispose()
+    migrations.downgrade(url, "0004")
+    stored = _scalar(url, "datasets", "validation")
+    assert stored == {"format": "csv", "n_rows": 3, "clipped": {}}
+    TypeAdapter(dict[str, int]).validate_python(stored["clipped"])  # the field before 0005
+    migrations.upgrade(url, "0005")
+    assert _scalar(url, "datasets", "validation")["clipped"] is None
+
+
 def test_0007_marks_earlier_attempts_as_possibly_read(empty_database: str) -> None:
     """Releases recorded before 0007 with a measure attempt (or a measurement) may have
     read the data: 0007 sets their ``read_started_at``; a release never claimed keeps it
@@ -361,6 +391,37 @@ def test_0008_publishes_the_current_version_of_succeeded_releases(empty_database
             assert versions[release_id] is None
             assert params[release_id] is None
     migrations.downgrade(url, "0007")
+
+
+def test_0008_downgrade_serves_the_published_version(empty_database: str) -> None:
+    """A cancelled or failed re-synthesis leaves a release succeeded, serving its published
+    version, with ``synthesis_version`` at the run never published. The code before 0008
+    serves ``synthesis_version``: after the downgrade every download of such a release was
+    a 404 (found by serving, with the code of 0005, a database downgraded from head after
+    a re-synthesis was cancelled there). The downgrade points it back at the published
+    version; a re-synthesis still going keeps its own."""
+    url = empty_database
+    cancelled_run, running = uuid.uuid4(), uuid.uuid4()
+    _releases_at(
+        url,
+        "0008",
+        {
+            release_id: {
+                "mechanism": "smooth_synthetic",
+                "status": status,
+                "params": {"method": "marginals"},
+                "synthesis_params": {"sample_size": 50},
+                "synthesis_version": 2,
+                "published_version": 1,
+                "published_synthesis_params": {"sample_size": 50},
+            }
+            for release_id, status in ((cancelled_run, "succeeded"), (running, "synthesizing"))
+        },
+    )
+    migrations.downgrade(url, "0007")
+    assert _release_column(url, "synthesis_version") == {cancelled_run: 1, running: 2}
+    migrations.upgrade(url, "0008")
+    assert _release_column(url, "published_version") == {cancelled_run: 1, running: None}
 
 
 def test_0009_downgrade_refuses_while_a_datasets_data_are_deleted(empty_database: str) -> None:

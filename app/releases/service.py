@@ -7,7 +7,7 @@ import hashlib
 import json
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -209,15 +209,45 @@ def _request_hash(dataset_id: uuid.UUID, body: ReleaseCreate, checked: Validated
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _existing(session: Session, user: User, key: str, request_hash: str) -> Release | None:
+def _existing(
+    session: Session,
+    user: User,
+    key: str,
+    dataset_id: uuid.UUID,
+    body: ReleaseCreate,
+    checked: Validated,
+) -> Release | None:
     release = session.scalars(
         select(Release).where(Release.created_by == user.id, Release.idempotency_key == key)
     ).one_or_none()
-    if release is not None and release.request_hash != request_hash:
+    if release is not None and not _same_request(release, dataset_id, body, checked):
         raise IdempotencyConflict(
             "this Idempotency-Key was used for a different request; use a new key"
         )
     return release
+
+
+def _same_request(
+    release: Release, dataset_id: uuid.UUID, body: ReleaseCreate, checked: Validated
+) -> bool:
+    """Whether ``release`` was recorded for this request. Its ``request_hash`` covers its
+    parameters as the code of its day dumped them, defaults included, so a parameter added
+    since (``smooth_synopsis``'s ``co_spread``, say) changed the hash of the very same body
+    and its retry after an upgrade got 409. A release whose hash is this request's with its
+    own stored parameters (so the same dataset, mechanism, budget and columns) matches when
+    those parameters, read and resolved by today's model, are this request's."""
+    if release.request_hash == _request_hash(dataset_id, body, checked):
+        return True
+    recorded = replace(checked, params_json=dict(release.params))
+    if release.request_hash != _request_hash(dataset_id, body, recorded):
+        return False
+    mechanism = checked.mechanism
+    try:
+        params = mechanism.parse_params(release.params)
+    except InvalidRequest:  # a parameter since removed or narrowed: not this request
+        return False
+    resolved = mechanism.resolve_params(checked.info, checked.epsilon, checked.delta, params)
+    return bool(resolved.model_dump(mode="json") == checked.params_json)
 
 
 def validate_release(
@@ -295,7 +325,7 @@ def create_release(
         raise Conflict("the dataset changed while the request was checked; send it again")
     request_hash = _request_hash(dataset.id, body, checked)
     if idempotency_key is not None:
-        existing = _existing(session, user, idempotency_key, request_hash)
+        existing = _existing(session, user, idempotency_key, dataset.id, body, checked)
         if existing is not None:
             return to_out(session, existing), False
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
@@ -303,7 +333,7 @@ def create_release(
     if idempotency_key is not None:
         # again under the lock: a concurrent copy of this request may have committed while
         # this one waited (on PostgreSQL), and the checks below would refuse its replay
-        existing = _existing(session, user, idempotency_key, request_hash)
+        existing = _existing(session, user, idempotency_key, dataset.id, body, checked)
         if existing is not None:
             return to_out(session, existing), False
     _check_data_kept(locked)  # under the lock that a deletion of the data takes too
@@ -333,7 +363,7 @@ def create_release(
         # A concurrent request with the same key won the race.
         if idempotency_key is None:
             raise
-        existing = _existing(session, user, idempotency_key, request_hash)
+        existing = _existing(session, user, idempotency_key, dataset.id, body, checked)
         if existing is None:
             raise
         return to_out(session, existing), False

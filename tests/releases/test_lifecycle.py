@@ -204,6 +204,53 @@ def test_idempotent_retries_race(client: TestClient, curator: Caller) -> None:
     assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
 
 
+def test_an_idempotent_retry_finds_a_release_recorded_before_a_parameter_existed(
+    client: TestClient, curator: Caller
+) -> None:
+    """A request's hash covers its parameters as the code of its day dumped them: a
+    smooth_synopsis release recorded before ``co_spread`` existed hashed none. Its body
+    retried with its key after the upgrade got 409 idempotency_key_reused (found by
+    retrying, at head, a request recorded by the service at d652c5d, revision 0003); it
+    gets that release again (200, charged once), and another body with the key still 409."""
+    import hashlib
+    import json
+
+    dataset_id = dataset(client, curator)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 0.2, "params": {"smoothness": 4}}
+    first = request_release(client, curator, dataset_id, body, key="before-co-spread")
+    assert first.status_code == 202, first.text
+    release_id = uuid.UUID(first.json()["id"])
+    with services_of(client).db.transaction() as session:  # as the older code recorded it
+        release = session.get(Release, release_id)
+        assert release is not None
+        assert "co_spread" in release.params
+        earlier = {k: v for k, v in release.params.items() if k != "co_spread"}
+        canonical = {
+            "dataset": dataset_id,
+            "mechanism": "smooth_synopsis",
+            "epsilon": repr(0.2),
+            "delta": repr(0.0),
+            "columns": release.columns,
+            "params": earlier,
+        }
+        release.params = earlier
+        release.request_hash = hashlib.sha256(
+            json.dumps(canonical, sort_keys=True).encode()
+        ).hexdigest()
+    again = request_release(client, curator, dataset_id, body, key="before-co-spread")
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == str(release_id)
+    for other in (
+        {**body, "params": {"smoothness": 4, "co_spread": False}},
+        {**body, "params": {"smoothness": 6}},
+        {**body, "epsilon": 0.3},
+    ):
+        refused = request_release(client, curator, dataset_id, other, key="before-co-spread")
+        assert refused.status_code == 409, other
+        assert refused.json()["error"]["code"] == "idempotency_key_reused"
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
+
+
 def test_cancel_before_measuring_refunds(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator)
     release_id = request_release(client, curator, dataset_id).json()["id"]

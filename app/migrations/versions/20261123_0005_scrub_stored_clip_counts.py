@@ -7,8 +7,10 @@ Create Date: 2026-11-23
 The number of values clipped per column is an exact statistic of the data. It is now
 reported in the upload's response only (privacy rule 5); datasets uploaded before kept it
 in ``datasets.validation``. This sets ``"clipped": null`` in every stored report. Data
-only: no schema change. The counts are gone for good, so the downgrade changes nothing
-(the code before 0005 reads a missing count as ``null`` through the same schema field).
+only: no schema change. The counts are gone for good. The code before 0005 declares
+``clipped`` a mapping (``dict[str, int]``, not optional): a null there made every listing
+or read of the dataset a 500 under that code, so the downgrade writes an empty mapping
+where a report has null (no counts, not "nothing clipped"; 0005 nulls it again).
 """
 
 from collections.abc import Sequence
@@ -40,4 +42,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    return None
+    bind = op.get_bind()
+    rows = bind.execute(sa.select(_datasets.c.id, _datasets.c.validation)).all()
+    for dataset_id, validation in rows:
+        if isinstance(validation, dict) and validation.get("clipped") is None:
+            readable = {**validation, "clipped": {}}
+            bind.execute(
+                _datasets.update().where(_datasets.c.id == dataset_id).values(validation=readable)
+            )

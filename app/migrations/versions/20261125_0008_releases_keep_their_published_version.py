@@ -11,6 +11,13 @@ names the version served, and ``published_synthesis_params`` its parameters, whi
 or cancelled re-synthesis restores. Succeeded releases get both from their current
 version. Others get none: under the old code a release that is not succeeded serves
 nothing (its earlier files, if any, are removed when a version next succeeds).
+
+The code before 0008 serves ``synthesis_version``. A failed or cancelled re-synthesis
+leaves a release ``succeeded`` with ``synthesis_version`` at the run that was never
+published (its files discarded) and ``published_version`` at the one served, so the
+downgrade points ``synthesis_version`` of a succeeded release back at its published
+version (its ``synthesis_params`` are already that version's): otherwise every download
+of it is a 404 under that code.
 """
 
 from collections.abc import Sequence
@@ -35,6 +42,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute(
+        "UPDATE releases SET synthesis_version = published_version "
+        "WHERE status = 'succeeded' AND published_version IS NOT NULL"
+    )
     with op.batch_alter_table("releases", schema=None) as batch_op:
         batch_op.drop_column("published_synthesis_params")
         batch_op.drop_column("published_version")
