@@ -39,6 +39,24 @@ from app.storage.tables import EncryptedTableWriter
 
 CSV_BLOCK_BYTES = 4 << 20
 PARQUET_BATCH_ROWS = 65_536
+#: The longest cell, in bytes. A declared category is at most 200 characters (800 bytes
+#: of UTF-8), a number or a flag far less, so no valid cell comes near it. What it bounds
+#: is a Parquet decompression bomb: one long string stored once in a column's dictionary
+#: decodes to its length times the rows (a 787-byte file of 200 rows of a 10 MB string
+#: took 4 GiB of memory, a batch of 65,536 such rows would take 640 GB). Cells are
+#: measured on the dictionary before it is expanded (``read_dictionary``), so a batch of
+#: valid cells decodes to at most 64 MiB a column.
+MAX_CELL_BYTES = 1024
+#: The most bytes of text (or bytes) columns a Parquet row group may hold, encoded, over
+#: the declared columns, as its footer says. Distinct long strings compress to a few
+#: bytes a page (zstd: 1 MB of one letter to 47 bytes), and a batch decodes every
+#: distinct value it holds before any cell can be measured: a 100 KB file of 2000 such
+#: cells among 10^6 rows took 5 GiB, the worst within this limit 1.5 GiB. A row group of
+#: 10^6 rows stays within it with 19 text columns of 10-byte cells stored plain (14 bytes
+#: a cell with its length; categories are dictionary-encoded, a few bits a row); a larger
+#: one is refused with the advice to write smaller row groups. The footer is the writer's
+#: word: one forged to understate its sizes is not caught here.
+MAX_ROW_GROUP_TEXT_BYTES = 256 << 20
 _NUMBER = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
 _NAN = r"^\s*[+-]?nan\s*$"
 _INFINITY = r"^\s*[+-]?(inf|infinity)\s*$"
@@ -100,6 +118,14 @@ def file_problem(message: str) -> InvalidUpload:
     )
 
 
+def _byte_size(size: int) -> str:
+    """``4 MiB``, ``64 KiB`` or ``100 bytes``: the largest unit that divides ``size``."""
+    for shift, unit in ((20, "MiB"), (10, "KiB")):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} bytes"
+
+
 def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase) -> str:
     """A message for a pyarrow read error that never quotes the file's contents."""
     text = str(exc)
@@ -108,7 +134,14 @@ def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase)
         # a UTF-8 byte-order mark alone is what Excel's "CSV UTF-8" writes of an empty sheet
         head = (reader.read(SNIFF_BYTES) or b"").removeprefix(b"\xef\xbb\xbf").strip()
         if head and b"\n" not in head and b"\r" not in head:
-            # pyarrow's word for one line without a line end (a header, no rows)
+            # pyarrow's word for a first block without a line end: a header and no rows,
+            # or a first line longer than the block, which rows may follow
+            if reader.seek(0, io.SEEK_END) > CSV_BLOCK_BYTES:
+                return (
+                    f"the first line is longer than {_byte_size(CSV_BLOCK_BYTES)}, the most "
+                    "the CSV reader takes at once: a header of very long names, or a file "
+                    "without line ends?"
+                )
             return "the file has no data rows (it is a single line)"
         return "the file is empty"
     if "UTF8" in text or "UTF-8" in text:
@@ -139,6 +172,35 @@ def _as_text(array: pa.Array) -> pa.Array | None:
     else:
         return None
     return pc.utf8_trim_whitespace(pc.fill_null(text, ""))
+
+
+def _cell_lengths(array: pa.Array) -> pa.Array | None:
+    """The byte length of each cell of a text or bytes column (nulls for nulls), taken from
+    a dictionary's values without expanding it; None for other types (fixed widths)."""
+    if pa.types.is_dictionary(array.type):
+        lengths = _cell_lengths(array.dictionary)
+        return None if lengths is None else pc.take(lengths, array.indices)
+    if (
+        pa.types.is_string(array.type)
+        or pa.types.is_large_string(array.type)
+        or pa.types.is_binary(array.type)
+        or pa.types.is_large_binary(array.type)
+    ):
+        return pc.binary_length(array)
+    if pa.types.is_string_view(array.type) or pa.types.is_binary_view(array.type):
+        return pc.binary_length(pc.cast(array, pa.large_binary()))
+    return None
+
+
+def _used_values_only(array: pa.DictionaryArray) -> pa.DictionaryArray:
+    """The array with a dictionary of the values its rows use. Parquet's reader hands every
+    batch of a row group the dictionary read so far, and Arrow sizes a decoded batch by the
+    dictionary's mean value length times the rows: a batch of short cells after one of a
+    bomb's long ones asked for 65 GB."""
+    used = pc.unique(pc.drop_null(array.indices))
+    return pa.DictionaryArray.from_arrays(
+        pc.index_in(array.indices, value_set=used), pc.take(array.dictionary, used)
+    )
 
 
 def _mask(array: pa.Array) -> np.ndarray:
@@ -472,9 +534,44 @@ def _open(
         )
         return list(stream.schema.names), iter(stream)
     parquet = pq.ParquetFile(reader, pre_buffer=False)
+    # read_dictionary: text stays dictionary-encoded (each distinct value decoded once per
+    # batch), so that _process measures cells before any long one is repeated per row; it
+    # takes leaf columns only (a nested one is refused by its type)
+    leaves = {parquet.schema.column(i).path for i in range(len(parquet.schema))}
+    reader.seek(0)
+    parquet = pq.ParquetFile(
+        reader, pre_buffer=False, read_dictionary=[n for n in declared if n in leaves]
+    )
     names = list(parquet.schema_arrow.names)
     present = [n for n in declared if n in names]
     return names, parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=present)
+
+
+def _check_parquet_sizes(reader: Any, declared: list[str], problems: Problems) -> None:
+    """Refuse, from the footer and before any page is decoded, a row group whose declared
+    text columns hold more than :data:`MAX_ROW_GROUP_TEXT_BYTES` encoded."""
+    metadata = pq.ParquetFile(reader).metadata
+    declared_set = set(declared)
+    over = 0
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        text_bytes = 0
+        for position in range(group.num_columns):
+            chunk = group.column(position)
+            # a nested column's chunks count as its own: their leaves may be text
+            if chunk.path_in_schema.split(".", 1)[0] in declared_set and chunk.physical_type in (
+                "BYTE_ARRAY",
+                "FIXED_LEN_BYTE_ARRAY",
+            ):
+                text_bytes += chunk.total_uncompressed_size
+        over += text_bytes > MAX_ROW_GROUP_TEXT_BYTES
+    if over:
+        problems.add(
+            None,
+            f"{over} row group(s) of the file hold more than {MAX_ROW_GROUP_TEXT_BYTES >> 20} "
+            "MiB of text in the declared columns: write it with smaller row groups "
+            "(pyarrow: pq.write_table(table, path, row_group_size=100_000))",
+        )
 
 
 def _header_names(reader: Any, fmt: FileFormat, ragged: RaggedRows) -> list[str]:
@@ -554,6 +651,15 @@ def _check_header(file_names: list[str], declared: list[str], problems: Problems
 
 
 def _process(check: ColumnCheck, array: pa.Array, problems: Problems) -> pa.Array:
+    lengths = _cell_lengths(array)
+    if lengths is not None:
+        long = int(pc.sum(pc.greater(lengths, MAX_CELL_BYTES)).as_py() or 0)
+        if long:
+            # refused before the check expands a dictionary-encoded column (MAX_CELL_BYTES)
+            problems.add_rows(check.name, f"cells longer than {MAX_CELL_BYTES} bytes", long)
+            return pa.nulls(len(array), check.arrow_type)
+    if pa.types.is_dictionary(array.type):
+        array = _used_values_only(array)
     try:
         return check.process(array, problems)
     except pa.ArrowInvalid as exc:
@@ -597,6 +703,9 @@ def validate_and_store(
         reader.seek(0)
         problems = Problems()
         _check_header(file_names, declared, problems)
+        if fmt == "parquet" and not problems:
+            _check_parquet_sizes(reader, declared, problems)
+            reader.seek(0)
         problems.raise_if_any()
         _, batches = _open(reader, fmt, declared, ragged)
         checks = [make_check(spec, policy) for spec in columns]

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
+from app.datasets import validation
 from app.storage.tables import open_table
 from tests.conftest import Caller
 from tests.datasets.helpers import SENTINELS, parquet_bytes, upload, with_columns
@@ -64,8 +65,6 @@ def test_quoted_line_ends_are_read_wherever_the_reader_cuts_its_blocks(
     depending on where the cut fell (found by the file-formats audit, with small blocks).
     (A CRLF inside a quoted cell is left out: cut between its CR and LF, pyarrow drops the
     LF, apache/arrow#51368.)"""
-    from app.datasets import validation
-
     monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 256)
     columns = [COLUMNS[0], {**COLUMNS[1], "categories": ["A", "B\nA"]}, COLUMNS[2]]
     rows = ["1,A,1"] * shift + ['2,"B\nA",0', "3,A,1"] * 100
@@ -716,3 +715,123 @@ def test_a_file_with_only_a_byte_order_mark_is_empty(
     response = upload(client, curator, content, with_columns(*COLUMNS))
     assert problems_of(response) == [{"column": None, "problem": "the file is empty", "rows": None}]
     assert_nothing_stored(client)
+
+
+def _long_cell_files() -> list[Any]:
+    long = "A" * 2000  # past MAX_CELL_BYTES, and no category
+    rows = 100
+    labels = [long] + ["A"] * (rows - 1)
+    x, b = pa.array([1.0] * rows), pa.array([True] * rows)
+    plain = io.BytesIO()
+    pq.write_table(_typed(x, pa.array(labels), b), plain, use_dictionary=False)
+    dictionary = pa.DictionaryArray.from_arrays(
+        pa.array([0] + [1] * (rows - 1), pa.int32()), pa.array([long, "A"])
+    )
+    csv = "x,c,b\n" + "".join(f"1,{label},1\n" for label in labels)
+    return [
+        pytest.param(csv.encode(), "data.csv", id="csv"),
+        pytest.param(plain.getvalue(), "data.parquet", id="parquet-plain"),
+        pytest.param(parquet_bytes(_typed(x, dictionary, b)), "data.parquet", id="parquet-dict"),
+    ]
+
+
+@pytest.mark.parametrize(("content", "filename"), _long_cell_files())
+def test_a_cell_longer_than_the_limit_is_refused_as_such(
+    client: TestClient, curator: Caller, content: bytes, filename: str
+) -> None:
+    """A cell past MAX_CELL_BYTES is refused by its length, counted by rows: one long
+    string in a Parquet dictionary decodes to its length times the rows (found by the
+    resource-exhaustion audit: a 787-byte file of 200 rows of a 10 MB string took 4 GiB)."""
+    response = upload(client, curator, content, with_columns(*COLUMNS), filename=filename)
+    assert problems_of(response) == [
+        {"column": "c", "problem": "cells longer than 1024 bytes", "rows": 1}
+    ]
+    assert_nothing_stored(client)
+
+
+def test_a_batch_decodes_only_the_dictionary_values_it_uses() -> None:
+    """Parquet's reader hands each batch of a row group the dictionary read so far, and
+    Arrow sizes a decoded batch by its mean value length times the rows: after a batch
+    with a bomb's long cells, a batch of short ones asked for 65 GB (resource-exhaustion
+    audit). The check gets a dictionary of the values the batch uses."""
+    seen: list[pa.Array] = []
+
+    class Spy:
+        name = "c"
+        arrow_type = pa.int32()
+
+        def process(self, array: pa.Array, problems: validation.Problems) -> pa.Array:
+            seen.append(array)
+            return pa.nulls(len(array), pa.int32())
+
+    batch = pa.DictionaryArray.from_arrays(
+        pa.array([1, None, 2, 1], pa.int32()), pa.array(["A" * 10**6, "A", "B"])
+    )
+    validation._process(Spy(), batch, validation.Problems())
+    [array] = seen
+    assert array.dictionary.to_pylist() == ["A", "B"]
+    assert array.to_pylist() == ["A", None, "B", "A"]
+
+
+def test_parquet_text_is_read_as_dictionaries() -> None:
+    """Text columns come from the Parquet reader dictionary-encoded, each distinct value
+    decoded once a batch, so that a long one is measured before it is repeated per row
+    (resource-exhaustion audit: 200 rows of a 10 MB string decoded to 2 GB)."""
+    table = _typed(pa.array([1.0, 2.0]), pa.array(["A", "B"]), pa.array(["1", "0"]))
+    reader = io.BytesIO(parquet_bytes(table))
+    _, batches = validation._open(reader, "parquet", ["x", "c", "b"], validation.RaggedRows())
+    [batch] = list(batches)
+    assert [pa.types.is_dictionary(t) for t in batch.schema.types] == [False, True, True]
+
+
+def test_a_row_group_with_too_much_text_is_refused_from_the_footer(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Distinct long strings compress to a few bytes a page and a batch decodes all it
+    holds before a cell can be measured (a 100 KB file took 5 GiB): a row group with more
+    text in the declared columns than MAX_ROW_GROUP_TEXT_BYTES is refused from its footer,
+    before a page is read (resource-exhaustion audit). Numbers do not count."""
+    monkeypatch.setattr(validation, "MAX_ROW_GROUP_TEXT_BYTES", 1 << 20)
+    rows = 400_000  # 2 MB of text (a length and a letter a cell), 3.2 MB of numbers
+    table = _typed(
+        pa.array([1.0] * rows), pa.array(["A", "B"] * (rows // 2)), pa.array([True] * rows)
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, use_dictionary=False, row_group_size=rows)
+    response = upload(client, curator, sink.getvalue(), with_columns(*COLUMNS), "d.parquet")
+    [found] = problems_of(response)
+    assert found["problem"].startswith(
+        "1 row group(s) of the file hold more than 1 MiB of text in the declared columns: "
+        "write it with smaller row groups"
+    )
+    assert_nothing_stored(client)
+    # the same table in row groups within the limit is stored
+    sink = io.BytesIO()
+    pq.write_table(table, sink, use_dictionary=False, row_group_size=rows // 4)
+    response = upload(client, curator, sink.getvalue(), with_columns(*COLUMNS), "d.parquet")
+    assert response.status_code == 201, response.text
+
+
+def test_a_header_longer_than_a_read_block_is_named_as_such(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first line longer than the CSV reader's block (4 MiB: one enormous header name,
+    or a file without line ends) got "the file has no data rows (it is a single line)",
+    though rows followed it (found by the resource audit). The block is made 64 KiB here,
+    under the tests' upload limit."""
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 64 << 10)
+    name = "N" * (70 << 10)
+    content = f"x,c,b,{name}\n1,A,1,z\n2,B,0,z\n".encode()
+    response = upload(client, curator, content, with_columns(*COLUMNS))
+    [found] = problems_of(response)
+    assert found == {
+        "column": None,
+        "problem": "the first line is longer than 64 KiB, the most the CSV reader takes at "
+        "once: a header of very long names, or a file without line ends?",
+        "rows": None,
+    }
+    assert_nothing_stored(client)
+    # a header-only file without a line end, shorter than a block, keeps its message
+    response = upload(client, curator, b"x,c,b", with_columns(*COLUMNS))
+    [found] = problems_of(response)
+    assert found["problem"] == "the file has no data rows (it is a single line)"

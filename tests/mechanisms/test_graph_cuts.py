@@ -181,8 +181,12 @@ def test_release_rejects_bad_epsilon() -> None:
             gc.release(np.array([[0, 1]]), 3, epsilon)
 
 
-def test_cut_rejects() -> None:
-    released = gc.release(np.array([[0, 1]]), 5, 1.0)
+@pytest.mark.parametrize("form", ["edges", "packed"])
+def test_cut_rejects(form: str) -> None:
+    """The edge list and the packed bit matrix (:func:`_packed`) refuse alike."""
+    released: gc.GraphRelease | gc.PackedGraphRelease = gc.release(np.array([[0, 1]]), 5, 1.0)
+    if form == "packed":
+        released = _packed(released)
     with pytest.raises(MechanismError, match="disjoint"):
         released.cut([0, 1], [1, 2])
     with pytest.raises(MechanismError, match="outside"):
@@ -256,3 +260,156 @@ def test_release_interval_is_exact_for_small_cuts_and_normal_beyond() -> None:
     assert hi == pytest.approx(min(value + 1.959963984540054 * stderr, 3600.0))
     with pytest.raises(MechanismError, match="level"):
         released.interval(small_S, small_T, level=1.0)
+
+
+def _packed(released: gc.GraphRelease) -> "gc.PackedGraphRelease":
+    from app.releases.adapters.graph_cuts import pairs_to_bits
+
+    bits = pairs_to_bits(released.edges, released.n_vertices)
+    return gc.PackedGraphRelease.from_pair_bits(
+        bits, released.n_vertices, released.epsilon, released.flip_threshold
+    )
+
+
+@pytest.mark.parametrize("n_vertices", [2, 3, 7, 8, 9, 16, 17, 61])
+def test_packed_release_answers_as_the_edge_list(n_vertices: int) -> None:
+    """The dense bit matrix (what a loaded graph_cuts release answers from) gives every
+    answer of the edge-list release bit for bit, and noisy cuts equal to direct counting
+    in the noisy adjacency: random graphs, sizes at and around byte boundaries, id arrays
+    and masks, |S| larger and smaller than |T|, batches."""
+    rng = np.random.default_rng(n_vertices)
+    pairs = n_vertices * (n_vertices - 1) // 2
+    for epsilon in (0.05, 1.0, 6.0):
+        edges = random_graph(n_vertices, int(rng.integers(0, pairs + 1)), seed=n_vertices)
+        released = gc.release(edges, n_vertices, epsilon)
+        packed = _packed(released)
+        noisy = dense(released.edges, n_vertices)
+        assert np.array_equal(np.unpackbits(packed.rows, axis=1, count=n_vertices), noisy)
+        assert packed.released_edges() == released.edges.shape[0]
+        streamed = list(gc.pair_bits_to_edges(_bits(released), n_vertices))
+        assert np.array_equal(np.concatenate(streamed), released.edges)
+        S_list, T_list = [], []
+        for _ in range(30):
+            perm = rng.permutation(n_vertices)
+            a = int(rng.integers(1, n_vertices))
+            b = int(rng.integers(a + 1, n_vertices + 1))
+            S, T = perm[:a], perm[a:b]
+            S_list.append(S)
+            T_list.append(T)
+            assert packed.noisy_cut(S, T) == int(noisy[np.ix_(S, T)].sum())
+            assert packed.noisy_cut(S, T) == released.noisy_cut(S, T)
+            for name in ("cut", "stderr", "bound", "interval"):
+                assert getattr(packed, name)(S, T) == getattr(released, name)(S, T), name
+            s_mask = np.zeros(n_vertices, bool)
+            s_mask[S] = True
+            assert packed.cut(s_mask, T.tolist()) == released.cut(S, T)
+        assert np.array_equal(packed.cuts(S_list, T_list), released.cuts(S_list, T_list))
+        assert np.array_equal(packed.cuts(T_list, S_list), packed.cuts(S_list, T_list))
+        assert packed.cuts([], []).size == 0
+
+
+def _bits(released: gc.GraphRelease) -> np.ndarray:
+    from app.releases.adapters.graph_cuts import pairs_to_bits
+
+    return pairs_to_bits(released.edges, released.n_vertices)
+
+
+def test_packed_release_rejects_a_matrix_of_the_wrong_shape() -> None:
+    with pytest.raises(MechanismError, match="rows must be"):
+        gc.PackedGraphRelease(
+            rows=np.zeros((5, 2), np.uint8), n_vertices=5, epsilon=1.0, flip_threshold=1
+        )
+    with pytest.raises(MechanismError, match="pair bits must be 2 bytes"):
+        gc.pair_bits_to_rows(np.zeros(3, np.uint8), 5)
+
+
+def test_loaded_release_holds_the_bit_matrix_not_an_edge_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resource audit: a graph_cuts release of 20,000 vertices at epsilon 0.1 (9.5e7 noisy
+    edges) loaded as an int64/int32 edge list held GBs, more than the answer cache, so it
+    was decoded again (13-17 s) per request. The loaded release (what the cache sizes with
+    footprint) and the memory of loading and answering are now the |V| ceil(|V|/8) bytes of
+    the bit matrix plus fixed blocks, whatever the number of noisy edges."""
+    import tracemalloc
+
+    from app.core.footprint import footprint
+    from app.releases.adapters.graph_cuts import GraphCuts
+    from app.releases.payloads import pack
+
+    monkeypatch.setattr(gc, "_BLOCK_BITS", 1 << 18, raising=False)
+    n = 2000
+    released = gc.release(np.empty((0, 2), np.int64), n, 0.01)  # about half the pairs
+    assert released.edges.shape[0] > 900_000
+    payload = pack(
+        {
+            "n_vertices": n,
+            "epsilon": released.epsilon,
+            "flip_threshold": released.flip_threshold,
+            "pairs": _bits(released),
+        }
+    )
+    matrix = n * ((n + 7) // 8)  # 0.5 MB; the edge list is 7 MB as int32 pairs
+    adapter = GraphCuts()
+    rng = np.random.default_rng(0)
+    queries = []
+    for size in (1, 10, 100, 1000, 1000):
+        perm = rng.permutation(n).tolist()
+        queries.append({"type": "cut", "S": perm[:size], "T": perm[size:]})
+        queries.append({"type": "cut", "S": perm[size:], "T": perm[:size]})
+    tracemalloc.start()
+    try:
+        loaded = adapter.load(payload, None, Path("."))  # type: ignore[arg-type]
+        answers = adapter.answer(loaded, None, queries)  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(answers) == 10
+    assert footprint(loaded) <= matrix + 64 * 1024
+    assert peak <= matrix + 3 * 1024 * 1024
+    reference = gc.GraphRelease(
+        edges=released.edges,
+        n_vertices=n,
+        epsilon=released.epsilon,
+        flip_threshold=released.flip_threshold,
+    )
+    for query, answer in zip(queries, answers, strict=True):
+        assert answer["value"] == reference.cut(query["S"], query["T"])
+        assert answer["interval"] == list(reference.interval(query["S"], query["T"]))
+
+
+def test_synthesize_writes_every_noisy_edge_in_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """edges.parquet (written in row blocks since the resource audit) holds the released
+    edges, u < v in pair order, as int32 columns; the summary counts them."""
+    import pyarrow.parquet as pq
+
+    from app.releases.adapters.graph_cuts import GraphCuts
+    from app.releases.payloads import pack
+
+    monkeypatch.setattr(gc, "_BLOCK_BITS", 1 << 10, raising=False)  # several blocks
+    n = 203
+    released = gc.release(random_graph(n, 500, seed=1), n, 0.3)
+    payload = pack(
+        {
+            "n_vertices": n,
+            "epsilon": released.epsilon,
+            "flip_threshold": released.flip_threshold,
+            "pairs": _bits(released),
+        }
+    )
+    done = GraphCuts().synthesize(
+        payload,
+        None,
+        None,
+        np.random.default_rng(0),
+        tmp_path,
+        lambda _: None,  # type: ignore[arg-type]
+    )
+    table = pq.read_table(tmp_path / "edges.parquet")
+    assert table.schema.field("u").type == "int32"
+    assert table.schema.field("v").type == "int32"
+    written = np.column_stack([table["u"].to_numpy(), table["v"].to_numpy()])
+    assert np.array_equal(written, released.edges)
+    assert done.summary == {"noisy_edges": released.edges.shape[0]}

@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.releases import stages
+from app.releases.adapters import randomized_response as rr_adapter
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
 from tests.datasets.test_graphs import upload_graph
@@ -372,6 +373,29 @@ def test_randomized_response_warns_when_useless(client: TestClient, curator: Cal
     assert "use delta = 0" in bad.json()["error"]["message"]
 
 
+def test_randomized_response_refuses_a_table_whose_rows_would_not_fit_in_memory(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The measure holds the n released rows, and rows cost a few bits of a Parquet file:
+    a request whose rows need more than MAX_MEASURE_BYTES is refused before anything is
+    reserved, a public column counted (resource-exhaustion audit: 5 10^7 rows, a 187 KB
+    file, took 2.7 GiB; 10^9 would have taken 57 GB)."""
+    assert rr_adapter.MAX_MEASURE_BYTES // rr_adapter.MEASURE_ROW_BYTES == 67_108_864
+    dataset_id, _ = _table(client, curator)  # n = 400
+    monkeypatch.setattr(rr_adapter, "MAX_MEASURE_BYTES", 400 * rr_adapter.MEASURE_ROW_BYTES)
+    body = {"mechanism": "randomized_response", "epsilon": 2.0}
+    without_public = {**body, "columns": ["blood", "smoker"]}
+    assert request_release(client, curator, dataset_id, without_public).status_code == 202
+    response = request_release(client, curator, dataset_id, body)  # with the public "movie"
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert "about 320 bytes a row: 400 rows are more than its limit" in message
+    assert "at most 80 rows" in message
+    assert "without the public column" in message
+    assert len(budget(client, curator, dataset_id)["entries"]) == 1  # the first one's
+    assert services_of(client).queue.pending() == 1
+
+
 def test_graph_cuts_end_to_end(client: TestClient, curator: Caller, analyst: Caller) -> None:
     rng = np.random.default_rng(3)
     n = 60
@@ -693,8 +717,9 @@ def test_answer_cache_is_bounded_by_bytes(
 ) -> None:
     """Decoded releases are kept within CURATOR_ANSWER_CACHE_BYTES (an audit held 3.2 GB in
     one 20000-vertex graph release, with room for sixteen), measured after answering so that
-    the adjacency built by the first answer is counted; a release larger than the limit is
-    answered and not kept."""
+    anything built by the first answer is counted; a release larger than the limit is
+    answered and not kept. A loaded graph release is its bit matrix (|V| ceil(|V|/8) bytes),
+    not its noisy edges (a later audit: 9.5e7 edges, GBs, at 20,000 vertices)."""
     from app.answers.service import _cache
 
     n = 300
@@ -708,8 +733,8 @@ def test_answer_cache_is_bounded_by_bytes(
     first = _answers(client, curator, releases[0], query).json()["answers"][0]["value"]
     assert keys[0] in _cache
     one = _cache.nbytes
-    edges = 16 * 20_000  # at least 20000 released edges of two int64
-    assert one > 2 * edges  # the edges and the adjacency built while answering
+    matrix = n * ((n + 7) // 8)  # 11,400 bytes; about 22,000 noisy edges
+    assert matrix <= one < 2 * matrix
     monkeypatch.setattr(settings, "answer_cache_bytes", int(1.5 * one))
     _answers(client, curator, releases[1], query)
     assert keys[1] in _cache
@@ -726,30 +751,33 @@ def test_answer_cache_is_bounded_by_bytes(
 def test_cut_answers_bound_one_requests_work(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each cut costs a product with the noisy adjacency (every released edge), however
-    small S and T: a batch of 100,000 one-vertex cuts on a 4000-vertex release at a small
-    epsilon (about 4 million released edges) would have taken some 47 minutes of one
-    request (1000 took 28 s). A batch whose queries times (released edges, both ways, plus
-    vertices) exceed graph_cuts.MAX_CUT_WORK is refused with a 422 saying how many fit."""
+    """A cut reads min(|S|, |T|) rows of ceil(|V|/8) bytes of the noisy bit matrix (twice)
+    plus a fixed overhead (parsing, masks, the exact interval: 0.2-1.5 ms a query). A batch
+    whose queries times that work exceeds graph_cuts.MAX_CUT_WORK is refused with a 422
+    saying how many fit. (The bound counted the released edges when a cut was a product
+    with the edge list; since the resource audit a cut no longer reads them.)"""
     from app.releases.adapters import graph_cuts as adapter
 
     n = 300
     content = ("\n".join(f"{v} {v + 1}" for v in range(n - 1)) + "\n").encode()
-    # epsilon 0.01: about half of the 44850 vertex pairs released as edges
     _, release_id = _graph_release(client, curator, content, n, 0.01)
     query = {"type": "cut", "S": [0], "T": [1]}
     default = getattr(adapter, "MAX_CUT_WORK", None)
-    # about 22000 released edges: room for about 10 queries, 40 exceed it, 3 fit
-    monkeypatch.setattr(adapter, "MAX_CUT_WORK", 10 * (44850 + n), raising=False)
+    per_query = 2 * 1 * ((n + 7) // 8) + n + adapter.QUERY_OVERHEAD
+    monkeypatch.setattr(adapter, "MAX_CUT_WORK", 10 * per_query, raising=False)
     refused = _answers(client, curator, release_id, [query] * 40)
     assert refused.status_code == 422, refused.text
     message = refused.json()["error"]["message"]
     assert "split the batch" in message, message
+    assert "at most 10 per request" in message, message
     answered = _answers(client, curator, release_id, [query] * 3)
     assert answered.status_code == 200, answered.text
-    # the default refuses the 4000-vertex batch above and answers this release's 1000
+    # the default: 1000 small cuts fit; 1000 half splits of 20,000 vertices (36 ms each
+    # measured) do not, nor 100,000 tiny cuts (0.2-1.5 ms each)
     assert default is not None
-    assert 100_000 * (2 * 4_000_000 + 4000) > default > 1000 * (2 * 44850 + n)
+    assert 1000 * per_query <= default
+    assert default < 1000 * (2 * 10_000 * 2500 + 20_000)
+    assert default < 100_000 * adapter.QUERY_OVERHEAD
 
 
 def test_answers_in_progress_leave_sessions_to_other_requests(

@@ -15,6 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 from numpy.polynomial import chebyshev as npcheb
 
+from app.mechanisms.smooth_synopsis import Synopsis
+from app.releases.adapters import smooth_synopsis as smooth_synopsis_adapter
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
 from tests.releases.helpers import budget, request_release, run_all, services_of
@@ -1062,6 +1064,96 @@ def test_smooth_requests_are_validated(client: TestClient, curator: Caller) -> N
         assert fragment in response.json()["error"]["message"]
     assert budget(client, curator, dataset_id)["entries"] == []
     assert services_of(client).queue.pending() == 0
+
+
+def test_a_synopsis_that_would_measure_too_long_is_refused_or_lowered(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The measure reads every row once per moment: a basis_size whose n R is over the
+    work limit is refused at the request, before anything is reserved, and a default is
+    lowered to fit (resource-exhaustion audit: 10^8 rows, a 4.5 MB Parquet file, with the
+    default R = 8007 would have held a worker for 1.4 hours; basis_size 10^6 on 10^5 rows
+    for 2)."""
+    assert smooth_synopsis_adapter.largest_basis_size(10**7) == 10_000
+    assert smooth_synopsis_adapter.largest_basis_size(10**5) == 100_000
+    assert smooth_synopsis_adapter.largest_basis_size(10**12) == 0
+    dataset_id, _ = _dataset(client, curator)  # n = 500; the default R is 12 at epsilon 1
+    body: dict[str, Any] = {"mechanism": "smooth_synopsis", "epsilon": 1}
+
+    def preview_size() -> int:
+        url = f"/v1/datasets/{dataset_id}/preview"
+        response = client.post(url, headers=curator.headers, json=body)
+        assert response.status_code == 200, response.text
+        return int(response.json()["resolved"]["basis_size"])
+
+    assert preview_size() == 12
+    monkeypatch.setattr(smooth_synopsis_adapter, "MAX_MEASURE_WORK", 500 * 8)
+    assert preview_size() <= 8
+    response = request_release(client, curator, dataset_id, {**body, "params": {"basis_size": 9}})
+    assert response.status_code == 422, response.text
+    assert "at most R = 8 for this table; lower basis_size" in response.json()["error"]["message"]
+    assert budget(client, curator, dataset_id)["entries"] == []
+    assert services_of(client).queue.pending() == 0
+
+
+def test_synopsis_answers_are_bounded_by_queries_times_moments(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every answer expands its query over all R moments: a batch is refused past
+    MAX_ANSWER_WORK (queries x R), saying how many fit, and answered in blocks of at most
+    ANSWER_BLOCK_ENTRIES coefficients (resource-exhaustion audit: 100 product queries at
+    R = 10^6 took 38 s and 4.7 GB of the API process in one block)."""
+    dataset_id, _ = _dataset(client, curator)  # the default R is 12 at epsilon 1
+    body = {"mechanism": "smooth_synopsis", "epsilon": 1, "params": {"co_spread": False}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    query = {"type": "product", "factors": {"x": {"type": "gaussian", "center": 0.1, "sigma": 3}}}
+    url = f"/v1/releases/{release_id}/answers"
+    whole = client.post(url, headers=curator.headers, json={"queries": [query] * 4})
+    assert whole.status_code == 200, whole.text
+
+    blocks: list[int] = []
+    answer_many = Synopsis.answer_many
+
+    def spy(self: Synopsis, queries: Any, **options: Any) -> Any:
+        blocks.append(options["block"])
+        return answer_many(self, queries, **options)
+
+    monkeypatch.setattr(Synopsis, "answer_many", spy)
+    monkeypatch.setattr(smooth_synopsis_adapter, "ANSWER_BLOCK_ENTRIES", 12 * 2)
+    monkeypatch.setattr(smooth_synopsis_adapter, "MAX_ANSWER_WORK", 12 * 4)
+    blocked = client.post(url, headers=curator.headers, json={"queries": [query] * 4})
+    assert blocked.status_code == 200, blocked.text
+    assert blocks == [2]
+    for key in ("value", "stderr", "truncation_estimate"):
+        assert [a[key] for a in blocked.json()["answers"]] == pytest.approx(
+            [a[key] for a in whole.json()["answers"]], rel=1e-9
+        )
+    refused = client.post(url, headers=curator.headers, json={"queries": [query] * 5})
+    assert refused.status_code == 422, refused.text
+    assert "(each reads the 12 moments): at most 4 per request" in refused.text
+
+
+def test_moments_that_would_measure_too_long_are_refused(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """smooth_synthetic's moment method measures as a synopsis does, every row once per
+    moment (6.7 ns a row-moment at R = 10^4): its R is held to the same work limit at the
+    request, before anything is reserved (resource-exhaustion audit: basis_size 10^5,
+    accepted with a small grid, would have measured 10^6 rows for 1.5 hours)."""
+    dataset_id, _ = _dataset(client, curator)  # n = 500
+    monkeypatch.setattr(smooth_synopsis_adapter, "MAX_MEASURE_WORK", 500 * 8)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 1, "params": {"method": "moments"}}
+    fits = {**body, "params": {"method": "moments", "basis_size": 8, "grid_size": 100}}
+    assert request_release(client, curator, dataset_id, fits).status_code == 202
+    response = request_release(
+        client, curator, dataset_id, {**body, "params": {**fits["params"], "basis_size": 9}}
+    )
+    assert response.status_code == 422, response.text
+    assert "R = 9 moments over 500 rows" in response.json()["error"]["message"]
+    assert "at most R = 8 for this table" in response.json()["error"]["message"]
+    assert len(budget(client, curator, dataset_id)["entries"]) == 1  # the first one's
+    assert services_of(client).queue.pending() == 1
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,10 @@ edge list, and cut queries ``|E(S, T)|`` are answered with estimator (34), with 
 standard error and bound (35).
 
 The measurements are stored as the packed upper triangle of the noisy adjacency matrix
-(``|V| (|V| - 1) / 2`` bits: 1 MB for 4039 vertices).
+(``|V| (|V| - 1) / 2`` bits: 1 MB for 4039 vertices, 25 MB for 20,000). Answers read them
+as a dense symmetric bit matrix (``|V| ceil(|V|/8)`` bytes, :class:`gc.PackedGraphRelease`),
+never as an edge list: at 20,000 vertices and epsilon 0.1 the noisy graph has about 9.5e7
+edges, GBs as an array. ``synthesize`` writes the edges out in row blocks.
 """
 
 from __future__ import annotations
@@ -27,18 +30,24 @@ from scipy.special import expit
 from app.core.errors import InvalidRequest
 from app.core.types import Integer
 from app.mechanisms import graph_cuts as gc
+from app.mechanisms import secure_random
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
 from app.storage.source import EncryptedTableSource
 
-#: Work one answers request may ask for: its queries times (twice the released edges, plus
-#: the vertices). A cut is a product with the noisy adjacency, whatever the sizes of S and
-#: T, so a batch of one-vertex cuts on a large release cost minutes to hours (1000 cuts on
-#: 4000 vertices at a small epsilon, about 4 million released edges, took 28 s). This
-#: bounds one request to seconds; the released edge count it is computed from is public.
-MAX_CUT_WORK = 4 * 10**9
+#: Work one answers request may ask for, in bytes of the noisy adjacency's bit matrix read
+#: (a cut reads ``min(|S|, |T|)`` rows of ``ceil(|V|/8)`` bytes, twice: value and interval)
+#: plus the vertices (masks) plus :data:`QUERY_OVERHEAD` per query. Measured (2 cores,
+#: shared, under nice) at 20,000 vertices, epsilon 0.1: about 1.3e9 units a second for
+#: large cuts (|S| = |T| = 10,000: 36 ms a cut), so this bounds one request to ~6 s. (The
+#: bound used to count the released edges, when a cut was a product with the edge list.)
+MAX_CUT_WORK = 8 * 10**9
+
+#: Fixed work of one cut in the units of :data:`MAX_CUT_WORK`: parsing, masks and the exact
+#: interval took 0.2-1.5 ms a query whatever |V| (300 to 20,000 vertices), about 2e6 units.
+QUERY_OVERHEAD = 2 * 10**6
 
 
 class GraphParams(BaseModel):
@@ -77,15 +86,6 @@ def pairs_to_bits(edges: NDArray[np.int32], n: int) -> NDArray[np.uint8]:
     bitmap = np.zeros(n * (n - 1) // 2, dtype=bool)
     bitmap[starts[u] + (v - u - 1)] = True
     return np.packbits(bitmap)
-
-
-def bits_to_pairs(bits: NDArray[np.uint8], n: int) -> NDArray[np.int32]:
-    total = n * (n - 1) // 2
-    index = np.flatnonzero(np.unpackbits(bits, count=total))
-    starts = _row_starts(n)
-    u = np.searchsorted(starts, index, side="right") - 1
-    v = index - starts[u] + u + 1
-    return np.column_stack([u, v]).astype(np.int32)
 
 
 class GraphCuts(registry.Mechanism):
@@ -155,14 +155,17 @@ class GraphCuts(registry.Mechanism):
 
     def load(
         self, payload: Mapping[str, Any], info: DatasetInfo, artifacts: Path
-    ) -> gc.GraphRelease:
+    ) -> gc.PackedGraphRelease:
+        """The noisy graph as a dense bit matrix (|V| ceil(|V|/8) bytes, 50 MB at 20,000
+        vertices), built from the stored pair bits without an edge list: decoded as an
+        int64/int32 edge list (9.5e7 edges at 20,000 vertices and epsilon 0.1), a release
+        held GBs, was larger than the answer cache and so was decoded again per request."""
         data = unpack(payload)
-        n = int(data["n_vertices"])
-        return gc.GraphRelease(
-            edges=bits_to_pairs(data["pairs"], n),
-            n_vertices=n,
-            epsilon=float(data["epsilon"]),
-            flip_threshold=int(data["flip_threshold"]),
+        return gc.PackedGraphRelease.from_pair_bits(
+            data["pairs"],
+            int(data["n_vertices"]),
+            float(data["epsilon"]),
+            int(data["flip_threshold"]),
         )
 
     def synthesize(
@@ -174,18 +177,24 @@ class GraphCuts(registry.Mechanism):
         workdir: Path,
         progress: ProgressFn,
     ) -> Synthesized:
-        release = self.load(payload, info, workdir)
+        data = unpack(payload)
+        n = int(data["n_vertices"])
+        threshold = int(data["flip_threshold"])
+        schema = pa.schema([("u", pa.int32()), ("v", pa.int32())])
+        noisy_edges = 0
+        with pq.ParquetWriter(workdir / "edges.parquet", schema) as writer:
+            for block in gc.pair_bits_to_edges(data["pairs"], n):  # in row blocks
+                noisy_edges += block.shape[0]
+                writer.write_table(pa.table({"u": block[:, 0], "v": block[:, 1]}, schema=schema))
         progress(0.5)
-        table = pa.table({"u": release.edges[:, 0], "v": release.edges[:, 1]})
-        pq.write_table(table, workdir / "edges.parquet")
         (workdir / "release.json").write_text(
             json.dumps(
                 {
                     "mechanism": "graph_cuts (paper 004, section VI-B)",
-                    "n_vertices": release.n_vertices,
-                    "flip_probability": release.flip_probability,
-                    "epsilon": release.epsilon,
-                    "epsilon_effective": release.epsilon_effective,
+                    "n_vertices": n,
+                    "flip_probability": threshold / secure_random.TWO_64,
+                    "epsilon": float(data["epsilon"]),
+                    "epsilon_effective": gc.effective_epsilon(threshold),
                     "estimator": "cut(S, T) = (noisy_cut - p |S| |T|) / (1 - 2p)   (eq. 34)",
                 },
                 indent=1,
@@ -202,21 +211,25 @@ class GraphCuts(registry.Mechanism):
                     "release.json", "application/json", "flip probability and the estimator"
                 ),
             },
-            summary={"noisy_edges": int(release.edges.shape[0])},
+            summary={"noisy_edges": noisy_edges},
         )
 
     def answer(
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
         parsed = registry.validate_queries(_QUERIES, queries)
-        release: gc.GraphRelease = loaded
-        released = int(release.edges.shape[0])
+        release: gc.PackedGraphRelease = loaded
+        n = release.n_vertices
+        row_bytes = (n + 7) // 8
+        # a cut reads min(|S|, |T|) rows of the bit matrix (twice: value and interval) and
+        # builds masks of the |V| vertices; the list lengths bound |S|, |T| (public sizes)
+        rows = max(min(len(query.S), len(query.T)) for query in parsed) if parsed else 0
         registry.check_batch_work(
             len(parsed),
-            2 * released + release.n_vertices,
+            2 * rows * row_bytes + n + QUERY_OVERHEAD,
             MAX_CUT_WORK,
             what="cut queries",
-            reads=f"its {released} released edges",
+            reads=f"up to {2 * rows} rows of {row_bytes} bytes of the noisy adjacency",
         )
         out = []
         for position, query in enumerate(parsed):

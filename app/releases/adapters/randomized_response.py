@@ -58,6 +58,18 @@ MAX_TABLE_DOMAIN = 100_000
 #: runs); the counts are of released values only.
 MAX_ANSWER_WORK = 15 * 10**7
 PUBLIC_VALUE_WORK = 250
+#: The measure holds the n released rows (codes read, their concatenation, the perturbed
+#: copy), about :data:`MEASURE_ROW_BYTES` a row, and a public column's values as Python
+#: strings and a fixed-width copy, about :data:`PUBLIC_ROW_BYTES` more (peak RSS of the
+#: measure, 2 cores: +546 MiB at 10^7 rows and +2715 MiB at 5 10^7 of one binary column,
+#: 57 bytes a row; +1092 MiB at 5 10^6 rows with 11-character public values, 229). A
+#: request over :data:`MAX_MEASURE_BYTES` is refused: rows cost a few bits of a Parquet
+#: file (5 10^7 of them took 187 KB), and 10^9 would have taken some 57 GB of the
+#: worker's memory. The limit is smooth_synthetic's memory limit; it admits 6.7 10^7 rows,
+#: 1.7 10^7 with a public column (the benchmarks go to 10^7).
+MEASURE_ROW_BYTES = 64
+PUBLIC_ROW_BYTES = 256
+MAX_MEASURE_BYTES = 4 << 30
 Z_95 = 1.959963984540054
 
 
@@ -281,6 +293,15 @@ class RandomizedResponse(registry.Mechanism):
             raise InvalidRequest("at most one public column per release")
         if not self._perturbed(info):
             raise InvalidRequest("choose at least one categorical, binary or continuous column")
+        row_bytes = MEASURE_ROW_BYTES + (PUBLIC_ROW_BYTES if self._public(info) else 0)
+        if info.n_rows * row_bytes > MAX_MEASURE_BYTES:
+            raise InvalidRequest(
+                f"randomized_response holds the released rows in memory, about {row_bytes} "
+                f"bytes a row: {info.n_rows} rows are more than its limit of "
+                f"{MAX_MEASURE_BYTES >> 30} GiB; at most {MAX_MEASURE_BYTES // row_bytes} rows "
+                "(upload a sample of the table as its own dataset"
+                + (", or release it without the public column)" if self._public(info) else ")")
+            )
         domain, _ = self._domain(info, params)
         if rr.replace_threshold(domain.size, epsilon) >= 1 << 64:
             raise InvalidRequest(

@@ -13,6 +13,7 @@ moments; :mod:`app.mechanisms.dependence`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -46,10 +47,59 @@ class SynopsisParams(BaseModel):
     )
 
 
+#: The most work a synopsis's measure may do, in row-moments: it reads every row once per
+#: moment, ``n R``, and a moment of a larger index set costs more, so the count is weighted
+#: by ``max(1, R / MEASURE_WORK_SIZE)`` (measured on 2 cores: 6-16 ns a row-moment for
+#: R <= 10^4, 53 ns at R = 10^5, 77 ns at R = 10^6). At the limit the measure takes 10-27
+#: minutes here. The default index sets of tables of up to 10^7 rows stay within it (8
+#: 10^10 at d = 10, 5.8 10^10 at d = 100); a larger table's default is lowered to fit, and
+#: a larger basis_size is refused at the request. Without it 10^8 rows (a 4.5 MB Parquet
+#: file: rows of zeros compress to a few bits) with the default R = 8007 would measure for
+#: 1.4 hours, and basis_size 10^6 on 10^5 rows for 2, holding a worker and every release
+#: queued behind it.
+MAX_MEASURE_WORK = 10**11
+MEASURE_WORK_SIZE = 10_000
+#: Work one answers request may do, queries x R: every answer expands its query over the
+#: whole index set. Measured in the API process (2 cores) on WDBC at R = 10^6, in blocks
+#: of :data:`ANSWER_BLOCK_ENTRIES`: 0.4 s a product query of 30 Gaussian factors (50 took
+#: 20 s) once the synopsis is loaded (11 s, once: it is cached); at R = 2 10^4, 2.2 s for
+#: 1000. This bounds one request to about 12 s; without it 100 queries at R = 10^6 took
+#: 38 s, and the 100,000 a request may hold would have taken hours.
+MAX_ANSWER_WORK = 3 * 10**7
+#: Entries of the ``(block, R)`` coefficient matrix :meth:`Synopsis.answer_many` builds a
+#: block of queries at a time; each entry costs about 48 bytes with the arrays beside it
+#: (100 queries at R = 10^6 took 4.7 GB, and a block of 256 would have taken 12 GB), so a
+#: block holds at most 4 10^6 entries, about 200 MB: the default 256 queries up to
+#: R = 15,625, fewer beyond.
+ANSWER_BLOCK_ENTRIES = 4 * 10**6
+
+
+def measure_work(n: int, size: int) -> float:
+    """The weighted row-moments of measuring ``size`` moments over ``n`` rows."""
+    return n * size * max(1.0, size / MEASURE_WORK_SIZE)
+
+
+def largest_basis_size(n: int) -> int:
+    """The largest R whose measure over ``n`` rows stays within :data:`MAX_MEASURE_WORK`
+    (0 when not even one moment does)."""
+    size = MAX_MEASURE_WORK // n
+    if size > MEASURE_WORK_SIZE:
+        size = math.isqrt(MAX_MEASURE_WORK * MEASURE_WORK_SIZE // n)
+    while size > 0 and measure_work(n, size) > MAX_MEASURE_WORK:  # rounding of the root
+        size -= 1
+    return size
+
+
 def _plan(
     info: DatasetInfo, epsilon: float, delta: float, params: SynopsisParams
 ) -> tuple[IndexSet, sy.BasisChoice, float]:
-    return sy.plan(
+    largest = largest_basis_size(info.n_rows)
+    if largest < 1:
+        raise InvalidRequest(
+            f"a synopsis of {info.n_rows} rows would read more than {MAX_MEASURE_WORK:.0e} "
+            "row-moments (MAX_MEASURE_WORK): the table is too large for smooth_synopsis"
+        )
+    index_set, choice, share = sy.plan(
         info.n_rows,
         info.d,
         epsilon=epsilon,
@@ -57,10 +107,18 @@ def _plan(
         smoothness=params.smoothness,
         basis="total_degree" if params.basis_size is not None else params.basis,
         basis_size=params.basis_size,
-        max_basis_size=params.max_basis_size,
+        # a default that would take longer to measure is lowered to fit
+        max_basis_size=min(params.max_basis_size, largest),
         mechanism=params.noise_mechanism,
         co_spread=params.co_spread,
     )
+    if index_set.size > largest:
+        raise InvalidRequest(
+            f"R = {index_set.size} moments over {info.n_rows} rows is more measurement "
+            f"work than the limit of {MAX_MEASURE_WORK:.0e} weighted row-moments (about half "
+            f"an hour): at most R = {largest} for this table; lower basis_size"
+        )
+    return index_set, choice, share
 
 
 class SmoothSynopsis(registry.Mechanism):
@@ -177,10 +235,18 @@ class SmoothSynopsis(registry.Mechanism):
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
         parsed = smooth_queries.parse(queries, info)
+        registry.check_batch_work(
+            len(parsed), loaded.size, MAX_ANSWER_WORK, reads=f"the {loaded.size} moments"
+        )
+        block = max(1, min(sy.ANSWER_BLOCK, ANSWER_BLOCK_ENTRIES // loaded.size))
+
+        def answer_many(batch: Sequence[Any]) -> Any:
+            return loaded.answer_many(batch, block=block)
+
         try:
-            answers = loaded.answer_many(parsed)
+            answers = answer_many(parsed)
         except MechanismError as exc:
-            raise smooth_queries.refusal(exc, parsed, loaded.answer_many) from None
+            raise smooth_queries.refusal(exc, parsed, answer_many) from None
         out = []
         for i in range(len(answers)):
             item = answers[i].as_dict()

@@ -90,7 +90,7 @@ from app.mechanisms.errors import MechanismError, SolverError
 from app.mechanisms.queries import answer as weighted_answer
 from app.mechanisms.queries import sample_support
 from app.releases import registry
-from app.releases.adapters import smooth_queries
+from app.releases.adapters import smooth_queries, smooth_synopsis
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
 from app.storage.source import EncryptedTableSource
@@ -338,6 +338,24 @@ class SmoothSynthetic(registry.Mechanism):
                 raise InvalidRequest("pca_noise 'gaussian' needs delta > 0")
             if params.pca_rank is not None and params.pca_rank > info.d:
                 raise InvalidRequest(f"pca_rank ({params.pca_rank}) must be at most d ({info.d})")
+            # paper 000's moments are measured as a synopsis's are, every row once per moment
+            size = ss.moments_count(
+                info.n_rows,
+                info.d,
+                params.smoothness,
+                delta,
+                params.grid,
+                params.basis_size,
+                params.basis_rule,
+            )
+            largest = smooth_synopsis.largest_basis_size(info.n_rows)
+            if size > largest:
+                raise InvalidRequest(
+                    f"R = {size} moments over {info.n_rows} rows is more measurement work than "
+                    f"the limit of {smooth_synopsis.MAX_MEASURE_WORK:.0e} weighted row-moments "
+                    f"(about half an hour): at most R = {largest} for this table; set a "
+                    "smaller basis_size, or use method 'marginals' or 'tree'"
+                )
         self.check_synthesis(info, epsilon, delta, params)
 
     def check_synthesis(
