@@ -21,14 +21,16 @@ def _sparse(n: int = 600, seed: int = 80) -> np.ndarray:
 
 
 def test_parse_settings_reads_pairs_and_refuses_the_rest() -> None:
-    assert bench.parse_settings("1.5:3:copula, 1:none:blocks:1,2:NONE:copula:3") == [
-        (1.5, 3.0, "copula", marginal_tree.TEMPER),
-        (1.0, None, "blocks", 1.0),
-        (2.0, None, "copula", 3.0),
+    text = "1.5:3:copula, 1:none:blocks:1,2:NONE:copula:3:free"
+    assert bench.parse_settings(text) == [
+        (1.5, 3.0, "copula", marginal_tree.TEMPER, "unimodal"),
+        (1.0, None, "blocks", 1.0, "unimodal"),
+        (2.0, None, "copula", 3.0, "free"),
     ]
     refusals = {
         "1.5:3": "one_way:table:joint",
-        "1.5:3:copula:4:1": "one_way:table:joint",
+        "1.5:3:copula:4:free:1": "one_way:table:joint",
+        "1.5:3:copula:4:bimodal": "shape",
         "1.5:3:copula:0.5": "exponent",
         "1.5:3:copula:nan": "exponent",
         "a:3:copula": "could not convert",
@@ -41,7 +43,7 @@ def test_parse_settings_reads_pairs_and_refuses_the_rest() -> None:
     for bad, message in refusals.items():
         with pytest.raises(ValueError, match=message):
             bench.parse_settings(bad)
-    text = "1.5:3:copula:2,1:none:blocks:1"
+    text = "1.5:3:copula:2:unimodal,1:none:blocks:1:free"
     assert [bench.label(s) for s in bench.parse_settings(text)] == text.split(",")
 
 
@@ -53,9 +55,11 @@ def test_default_settings_start_with_the_mechanism_default() -> None:
         default.table_threshold,
         default.joint_model,
         default.temper,
+        default.one_way_shape,
     )
-    assert (*marginal_tree.LEGACY_THRESHOLDS, "blocks", 1.0) in bench.DEFAULT_SETTINGS
-    assert (first[0], first[1], "copula", 1.0) in bench.DEFAULT_SETTINGS  # version 4
+    assert (*marginal_tree.LEGACY_THRESHOLDS, "blocks", 1.0, "free") in bench.DEFAULT_SETTINGS
+    assert (first[0], first[1], "copula", 1.0, "free") in bench.DEFAULT_SETTINGS  # version 4
+    assert (*first[:4], "free") in bench.DEFAULT_SETTINGS  # version 5
     assert len(set(bench.DEFAULT_SETTINGS)) == len(bench.DEFAULT_SETTINGS)
     text = ",".join(bench.label(s) for s in bench.DEFAULT_SETTINGS)
     assert bench.parse_settings(text) == list(bench.DEFAULT_SETTINGS)
@@ -64,15 +68,22 @@ def test_default_settings_start_with_the_mechanism_default() -> None:
 def test_read_as_shares_the_noise_and_changes_only_the_post_processing() -> None:
     tree = marginal_tree.measure(_sparse(), 1.0, 1e-9)
     same = bench.read_as(
-        tree, (tree.one_way_threshold, tree.table_threshold, tree.joint_model, tree.temper)
+        tree,
+        (
+            tree.one_way_threshold,
+            tree.table_threshold,
+            tree.joint_model,
+            tree.temper,
+            tree.one_way_shape,
+        ),
     )
-    other = bench.read_as(tree, (0.0, None, "copula", 1.0))
+    other = bench.read_as(tree, (0.0, None, "copula", 1.0, "unimodal"))
     assert other.one_way is tree.one_way
     assert other.edges == tree.edges
     np.testing.assert_array_equal(other.tables, tree.tables)
     np.testing.assert_allclose(same.model.p, tree.model.p, rtol=0, atol=0)
     # version 2's plain projections, as a stored version-2 record reads them
-    legacy = bench.read_as(tree, (*marginal_tree.LEGACY_THRESHOLDS, "blocks", 1.0))
+    legacy = bench.read_as(tree, (*marginal_tree.LEGACY_THRESHOLDS, "blocks", 1.0, "free"))
     record = tree.to_dict() | {"format": marginal_tree.FORMATS[1]}
     stored = marginal_tree.TreeMeasurements.from_dict(record)
     np.testing.assert_allclose(legacy.model.p, stored.model.p, rtol=0, atol=1e-15)
@@ -83,14 +94,20 @@ def test_read_as_shares_the_noise_and_changes_only_the_post_processing() -> None
     # its two largest noisy frequencies keeps its top cell alone in the fine histogram, so
     # the mass of the other two moves (within their coarse groups). (Threshold 0 against
     # the default 1.5 differs only when a noisy cell lands between them and survives the
-    # projection, which the unseeded noise does not always give.)
+    # projection, which the unseeded noise does not always give.) Both read with the free
+    # shape: the unimodal one pools the third value's cell, two empty cells from the
+    # others, in about one release in nine (a spike near the shape test's limit, module
+    # doc "Unimodal one-way marginals"), and the premise would then fail, not the claim.
     tau = tree.one_way.calibration.stddev
     top, second = np.sort(tree.one_way.frequencies[0])[::-1][:2]
-    sharp = bench.read_as(
-        tree, ((top + second) / 2 / tau, tree.table_threshold, "copula", tree.temper)
+    base = bench.read_as(
+        tree, (tree.one_way_threshold, tree.table_threshold, "copula", tree.temper, "free")
     )
-    assert np.count_nonzero(tree.model.p[0] > 0.1) == 3
-    assert np.abs(sharp.model.p[0] - tree.model.p[0]).sum() > 0.1
+    sharp = bench.read_as(
+        tree, ((top + second) / 2 / tau, tree.table_threshold, "copula", tree.temper, "free")
+    )
+    assert np.count_nonzero(base.model.p[0] > 0.1) == 3
+    assert np.abs(sharp.model.p[0] - base.model.p[0]).sum() > 0.1
 
 
 def test_run_pairs_the_settings_and_renders(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,10 +120,10 @@ def test_run_pairs_the_settings_and_renders(monkeypatch: pytest.MonkeyPatch) -> 
         return measure(*args, **kwargs)
 
     monkeypatch.setattr(bench.marginal_tree, "measure", counted)
-    settings = [(1.5, 3.0, "copula", 2.0), (0.0, None, "blocks", 1.0)]
+    settings = [(1.5, 3.0, "copula", 2.0, "unimodal"), (0.0, None, "blocks", 1.0, "free")]
     result = bench.run({"TINY": _sparse()}, 3, 25, settings, log=lambda *args: None)
     assert len(calls) == 3
-    labels = ["1.5:3:copula:2", "0:none:blocks:1"]
+    labels = ["1.5:3:copula:2:unimodal", "0:none:blocks:1:free"]
     result["settings"] = {"rounds": 3, "queries": 25, "settings": labels}
     entry = result["datasets"]["TINY"]
     assert list(entry["rows"]) == labels
@@ -122,16 +139,21 @@ def test_run_pairs_the_settings_and_renders(monkeypatch: pytest.MonkeyPatch) -> 
     json.dumps(result)
     text = bench.render_markdown(result)
     assert "## TINY (n = 600, d = 3;" in text
-    assert "| 0:none:blocks:1 | x" in text
+    assert "| 0:none:blocks:1:free | x" in text
     assert "+-" in text
 
 
 def test_run_refuses_settings_with_one_label() -> None:
     with pytest.raises(ValueError, match="twice"):
-        settings = [(1.5, 3.0, "copula", 2.0), (1.5, 3.0 + 1e-12, "copula", 2.0)]
+        settings = [
+            (1.5, 3.0, "copula", 2.0, "free"),
+            (1.5, 3.0 + 1e-12, "copula", 2.0, "free"),
+        ]
         bench.run({"TINY": _sparse()}, 2, 10, settings, log=print)
 
 
 def test_run_needs_two_rounds_for_a_standard_error() -> None:
     with pytest.raises(ValueError, match="2 rounds"):
-        bench.run({"TINY": _sparse()}, 1, 10, [(1.5, 3.0, "copula", 2.0)], log=lambda *args: None)
+        bench.run(
+            {"TINY": _sparse()}, 1, 10, [(1.5, 3.0, "copula", 2.0, "free")], log=lambda *args: None
+        )

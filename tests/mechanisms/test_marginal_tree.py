@@ -634,6 +634,114 @@ def test_temper_is_recorded_and_version_four_records_answer_untempered() -> None
         marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"temper": 0.5})
 
 
+def test_one_way_shape_is_recorded_and_version_five_records_answer_free() -> None:
+    tree = _small_tree(38, "equal")
+    assert tree.one_way_shape == "unimodal"
+    assert tree.parameters["one_way_shape"] == "unimodal"
+    assert marginal_tree.TreeMeasurements.from_dict(tree.to_dict()).to_dict() == tree.to_dict()
+    v5 = {k: v for k, v in tree.to_dict().items() if k != "one_way_shape"}
+    legacy = marginal_tree.TreeMeasurements.from_dict(v5 | {"format": marginal_tree.FORMATS[4]})
+    assert legacy.one_way_shape == "free"
+    free = marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"one_way_shape": "free"})
+    batch = GaussianMixtureBatch.random(6, 3, 3, 0.5, np.random.default_rng(39))
+    expansion = gaussian_expansion(batch.centers, batch.weights, batch.sigma)
+    np.testing.assert_allclose(legacy.expectations(expansion), free.expectations(expansion))
+    with pytest.raises(MechanismError, match="one_way_shape"):
+        marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"one_way_shape": "smooth"})
+    # at a noise that leaves bumps in the denoised bins, the law's bins are unimodal; its
+    # atoms and the one-way grouping (as measured) are untouched
+    rng = np.random.default_rng(42)
+    X = np.clip(rng.normal(size=(400, 3)) / 3, -1, 1)
+    noisy = marginal_tree.measure(X, 1.0, 1e-6, bins=12, bound_atoms=True, pair_bins=3)
+    plain_tree = marginal_tree.TreeMeasurements.from_dict(
+        noisy.to_dict() | {"one_way_shape": "free"}
+    )
+    np.testing.assert_array_equal(noisy.group, plain_tree.group)
+    free_p = noisy.one_way.marginals(noisy.one_way_threshold)
+    shaped_p = marginal_tree.shaped_marginals(free_p, noisy.one_way.calibration.stddev)
+    np.testing.assert_array_equal(shaped_p[:, [0, -1]], free_p[:, [0, -1]])
+    bumpy = 0
+    for shaped_row, free_row in zip(shaped_p, free_p, strict=True):
+        for values, shaped in ((shaped_row, True), (free_row, False)):
+            steps = np.sign(np.diff(values[1:-1]).round(12))
+            rises_again = bool(np.any(np.diff(steps[steps != 0]) > 0))
+            assert not (shaped and rises_again)
+            bumpy += rises_again and not shaped
+    assert bumpy >= 1  # what the shape changes
+    # the law's fine marginal is the shaped one, rescaled inside each group to the coarse
+    # marginal of every measurement (module doc, "Post-processing")
+    law = noisy.coarse_model.p
+    for i in range(3):
+        for k in range(noisy.pair_bins):
+            inside = noisy.group[i] == k
+            if shaped_p[i, inside].sum() > 0:
+                np.testing.assert_allclose(
+                    law[i, inside] * shaped_p[i, inside].sum(),
+                    shaped_p[i, inside] * law[i, inside].sum(),
+                    atol=1e-12,
+                )
+    assert not np.allclose(noisy.expectations(expansion), plain_tree.expectations(expansion))
+    # without atoms the bound mass sits in the edge bins, and the law keeps its free shape
+    rng = np.random.default_rng(40)
+    X = np.clip(rng.normal(size=(2000, 3)) / 3, -1, 1)
+    no_atoms = marginal_tree.measure(X, 2.0, 1e-6, bins=6, bound_atoms=False, pair_bins=3)
+    assert no_atoms.one_way_shape == "unimodal"
+    np.testing.assert_array_equal(
+        no_atoms.coarse_model.p,
+        marginal_tree.TreeMeasurements.from_dict(
+            no_atoms.to_dict() | {"one_way_shape": "free"}
+        ).coarse_model.p,
+    )
+
+
+def test_shaped_marginals_denoise_a_unimodal_law_and_keep_two_clear_modes() -> None:
+    """On noisy histograms of a unimodal law (discretised normal between two atoms, the
+    tree's threshold and projection applied first), the unimodal projection of the bins
+    is nearer the truth than the denoised law itself (200 replicates, fixed seed: the
+    total L1 error 0.82 of the denoised law's at this noise, 0.94 at a quarter of it); a
+    law with two modes far above the noise keeps them."""
+    rng = np.random.default_rng(41)
+    centres = np.linspace(-1, 1, 21)[:-1] + 0.05
+    bins = np.exp(-((centres - 0.2) ** 2) / (2 * 0.3**2))
+    truth = np.concatenate([[0.05], 0.9 * bins / bins.sum(), [0.05]])
+    scale = 0.02
+    free_error = shaped_error = 0.0
+    for _ in range(200):
+        noisy = truth + rng.normal(0.0, scale, size=truth.size)
+        p = marginals.denoise(noisy, scale, marginal_tree.ONE_WAY_THRESHOLD)[None, :]
+        shaped = marginal_tree.shaped_marginals(p, scale)
+        np.testing.assert_array_equal(shaped[0, [0, -1]], p[0, [0, -1]])
+        assert shaped.sum() == pytest.approx(1.0)
+        free_error += np.abs(p[0] - truth).sum()
+        shaped_error += np.abs(shaped[0] - truth).sum()
+    assert shaped_error < 0.87 * free_error
+    two_modes = np.concatenate([[0.0], [0.3, 0.15, 0.0, 0.0, 0.15, 0.4], [0.0]])[None, :]
+    np.testing.assert_array_equal(marginal_tree.shaped_marginals(two_modes, scale), two_modes)
+    # where the noise could hide the valley, the bins are made unimodal
+    shallow = marginal_tree.shaped_marginals(two_modes, 0.3)
+    assert not np.array_equal(shallow, two_modes)
+    assert shallow.sum() == pytest.approx(1.0)
+    # a spike of five noise standard deviations two empty cells from the mode is a mode:
+    # pooled with them it moves by 16.7 variances on 2 degrees of freedom (a test on all
+    # 6 bins' degrees of freedom would let it go, at 22.5); at 4 standard deviations (10.7
+    # variances) the noise could have made it, and it is pooled
+    spike = np.array([[0.0, 0.5, 0.3, 0.0, 0.0, 0.2, 0.0, 0.0]])
+    np.testing.assert_array_equal(marginal_tree.shaped_marginals(spike, 0.04), spike)
+    pooled = marginal_tree.shaped_marginals(spike, 0.05)
+    np.testing.assert_allclose(pooled[0, 3:6], 0.2 / 3)
+
+
+def test_pooled_degrees_count_the_cells_each_pooled_run_took() -> None:
+    values = np.array([0.5, 0.3, 0.0, 0.0, 0.2, 0.0])
+    fit, _ = marginals.unimodal_projection(values)
+    assert marginal_tree.pooled_degrees(values, fit) == 2  # one run of 3 cells
+    assert marginal_tree.pooled_degrees(values, values) == 0
+    fit = np.array([0.2, 0.2, 0.1, 0.1, 0.1, 0.0])  # runs of 2 and 3 moved cells
+    assert marginal_tree.pooled_degrees(np.array([0.3, 0.1, 0.0, 0.2, 0.1, 0.0]), fit) == 3
+    # equal cells the fit did not move take nothing
+    assert marginal_tree.pooled_degrees(np.array([0.0, 0.0, 0.4]), np.array([0.0, 0.0, 0.4])) == 0
+
+
 def test_edges_are_fitted_at_once_as_one_by_one() -> None:
     """The batched copula fit and rake (leading axes: edges) give each edge the table it
     gets alone."""

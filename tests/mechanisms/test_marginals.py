@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 from scipy import integrate
+from scipy.optimize import lsq_linear
 
 from app.mechanisms import chebyshev, marginals, noise
 from app.mechanisms.data import as_source
@@ -59,6 +60,53 @@ def test_projection_onto_the_simplex_meets_the_kkt_conditions() -> None:
         assert np.ptp(theta) < 1e-9  # one threshold on the support
         assert np.all(v[p == 0] <= theta[0] + 1e-9)  # and nothing above it left out
     np.testing.assert_allclose(marginals.project_to_simplex([0.2, 0.3, 0.5]), [0.2, 0.3, 0.5])
+
+
+def _nearest_with_split(v: np.ndarray, k: int) -> float:
+    """Brute force: ``min ||v - x||^2`` over ``x`` non-decreasing on ``[:k]`` and
+    non-increasing on ``[k:]``, as bounded least squares in the free levels and the
+    non-negative steps (scipy's bounded-variable least squares)."""
+    L = v.size
+    columns, lower = [], []
+    for start, stop, sign in ((0, k, 1.0), (k, L, -1.0)):
+        if start == stop:
+            continue
+        level = np.zeros(L)
+        level[start:stop] = 1.0
+        columns.append(level)
+        lower.append(-np.inf)
+        for j in range(start + 1, stop):
+            step = np.zeros(L)
+            step[j:stop] = sign
+            columns.append(step)
+            lower.append(0.0)
+    A = np.column_stack(columns)
+    fit = lsq_linear(A, v, bounds=(lower, np.inf), method="bvls", tol=1e-14)
+    return float(np.sum((A @ fit.x - v) ** 2))
+
+
+def test_unimodal_projection_is_the_nearest_unimodal_vector_brute_force() -> None:
+    rng = np.random.default_rng(5)
+    for trial in range(120):
+        L = 1 + trial % 8
+        v = rng.normal(size=L) + (rng.uniform(size=L) if trial % 2 else 0.0)
+        fit, distance = marginals.unimodal_projection(v)
+        best = min(_nearest_with_split(v, k) for k in range(L + 1))
+        assert distance == pytest.approx(best, abs=1e-9)
+        assert distance == pytest.approx(float(np.sum((fit - v) ** 2)), abs=1e-12)
+        steps = np.sign(np.diff(fit).round(12))
+        assert not np.any(np.diff(steps[steps != 0]) > 0)  # never falls, then rises
+        assert fit.sum() == pytest.approx(v.sum(), abs=1e-12)
+    law = rng.dirichlet(np.ones(9)) - 0.02
+    fit, _ = marginals.unimodal_projection(np.maximum(law, 0.0))
+    assert np.all(fit >= 0.0)
+    peak = np.array([0.0, 0.1, 0.3, 0.3, 0.2, 0.1, 0.0])  # already unimodal: kept
+    fit, distance = marginals.unimodal_projection(peak)
+    np.testing.assert_array_equal(fit, peak)
+    assert distance == 0.0
+    np.testing.assert_allclose(marginals.unimodal_projection([1.0, 0.0, 1.0])[0], [1, 0.5, 0.5])
+    with pytest.raises(MechanismError, match="finite"):
+        marginals.unimodal_projection([0.1, np.nan])
 
 
 @pytest.mark.parametrize(("delta", "metric"), [(0.0, "l1"), (1e-9, "l2")])
