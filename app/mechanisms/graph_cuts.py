@@ -7,7 +7,8 @@ its vertex-pair bits ``x_{ij} = [{i, j} in E]``, one row per unordered pair ``i 
 (the undirected form of the paper's ``|V|^2`` rows: an edge is one bit, so a
 neighbouring graph differs in exactly one row). Mechanism E with ``l = 1`` flips every
 bit independently with probability ``p = e^-eps / (1 + e^-eps) = 1 / (1 + e^eps)`` and
-releases the noisy graph as an edge list.
+releases the noisy graph: its packed pair bits (:func:`release_pair_bits`, the form the
+service stores) or its edge list (:func:`release`).
 
 Privacy (edge-level epsilon-DP)
 -------------------------------
@@ -51,7 +52,7 @@ the skewness ``(1 - 2p) / sqrt(v)`` is then at most 0.05. The normal interval al
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from functools import cached_property
@@ -72,7 +73,8 @@ MAX_VERTICES = 20_000
 #: exact (module docstring); above it, normal.
 EXACT_INTERVAL_VARIANCE = 400.0
 
-#: Vertex pairs perturbed per block (bounds the working memory to ~100 MB).
+#: Vertex pairs perturbed per block (a multiple of 8, so a block is whole bytes of the
+#: packed pair bits; its working memory is ~40 MB of random words and bits).
 _BLOCK_PAIRS = 1 << 22
 
 _DIGITS = 60
@@ -110,7 +112,7 @@ def _row_starts(n_vertices: int) -> NDArray[np.int64]:
     return i * (2 * n_vertices - i - 1) // 2
 
 
-def _pair_index(u: NDArray[np.int64], v: NDArray[np.int64], n_vertices: int) -> NDArray[np.int64]:
+def pair_index(u: NDArray[np.int64], v: NDArray[np.int64], n_vertices: int) -> NDArray[np.int64]:
     """Upper-triangle index of pairs ``u < v``."""
     return u * (2 * n_vertices - u - 1) // 2 + (v - u - 1)
 
@@ -136,34 +138,68 @@ def _check_edges(edges: ArrayLike, n_vertices: int) -> NDArray[np.int64]:
         raise MechanismError(f"edges has {loops} self-loops; a pair needs two vertices")
     u = array.min(axis=1)
     v = array.max(axis=1)
-    index = np.sort(_pair_index(u, v, n_vertices))
+    index = np.sort(pair_index(u, v, n_vertices))
     duplicates = int(np.count_nonzero(np.diff(index) == 0))
     if duplicates:
-        raise MechanismError(
-            f"edges has {duplicates} duplicate edges (an undirected edge listed twice, "
-            "in either orientation)"
-        )
+        raise MechanismError(_duplicates_message(duplicates))
     return index
 
 
-def _perturb(true_index: NDArray[np.int64], n_vertices: int, threshold: int) -> NDArray[np.int32]:
-    """Flip every pair bit w.p. ``threshold / 2^64``; return the noisy edges ``u < v``."""
-    starts = _row_starts(n_vertices)
-    pieces: list[NDArray[np.int64]] = []
-    row = 0
-    while row < n_vertices - 1:
-        end_row = int(np.searchsorted(starts, starts[row] + _BLOCK_PAIRS, side="right")) - 1
-        end_row = min(max(end_row, row + 1), n_vertices - 1)
-        lo, hi = int(starts[row]), int(starts[end_row])
-        bits = secure_random.bernoulli(hi - lo, threshold)
-        a, b = np.searchsorted(true_index, [lo, hi])
-        bits[true_index[a:b] - lo] ^= True
-        pieces.append(np.flatnonzero(bits) + lo)
-        row = end_row
-    position = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
-    u = np.searchsorted(starts, position, side="right") - 1
-    v = position - starts[u] + u + 1
-    return np.stack([u, v], axis=1).astype(np.int32)
+def pair_bytes(n_vertices: int) -> int:
+    """Bytes of a graph's packed pair bits: ``ceil(|V| (|V| - 1) / 16)``, 25 MB at 20,000
+    vertices."""
+    return (n_vertices * (n_vertices - 1) // 2 + 7) // 8
+
+
+def add_pairs(bits: NDArray[np.uint8], index: NDArray[np.int64]) -> None:
+    """Set, in place, the bits of the pairs ``index`` (upper-triangle order,
+    :func:`pair_index`) in the packed pair bits ``bits`` (``np.packbits`` order: pair
+    ``k`` is bit ``7 - k mod 8`` of byte ``k // 8``); a pair listed twice is set once."""
+    shifts = (index & 7).astype(np.uint8)
+    np.bitwise_or.at(bits, index >> 3, np.right_shift(np.uint8(0x80), shifts))
+
+
+def pair_count(bits: NDArray[np.uint8]) -> int:
+    """Number of set pair bits (edges) in packed pair bits."""
+    return int(np.bitwise_count(bits).sum(dtype=np.int64))
+
+
+def pair_bits_of(edge_blocks: Iterable[ArrayLike], n_vertices: int) -> NDArray[np.uint8]:
+    """The graph's pair bits ``x_ij`` packed (:func:`add_pairs`' order), from its edges in
+    blocks of ``(k, 2)`` vertex ids in either orientation. Each block is checked as
+    :func:`release` checks an edge list, and no edge may appear twice across blocks either
+    (messages give counts, never vertex ids). Holds the bits (:func:`pair_bytes`) and one
+    block, never the whole edge list."""
+    count = _check_vertices(n_vertices)
+    bits = np.zeros(pair_bytes(count), dtype=np.uint8)
+    listed = 0
+    for block in edge_blocks:
+        index = _check_edges(block, count)
+        add_pairs(bits, index)
+        listed += index.size
+    duplicates = listed - pair_count(bits)
+    if duplicates:
+        raise MechanismError(_duplicates_message(duplicates))
+    return bits
+
+
+def _duplicates_message(duplicates: int) -> str:
+    return (
+        f"edges has {duplicates} duplicate edges (an undirected edge listed twice, "
+        "in either orientation)"
+    )
+
+
+def _perturb(true_bits: NDArray[np.uint8], n_vertices: int, threshold: int) -> NDArray[np.uint8]:
+    """``y = x XOR b`` on the packed pair bits: each ``b_ij`` is 1 w.p. ``threshold / 2^64``
+    (:func:`secure_random.bernoulli`), :data:`_BLOCK_PAIRS` pairs (whole bytes) at a time.
+    The padding bits after the last pair stay 0. A new array."""
+    noisy = np.array(true_bits, dtype=np.uint8, copy=True)
+    pairs = n_vertices * (n_vertices - 1) // 2
+    for lo in range(0, pairs, _BLOCK_PAIRS):
+        hi = min(lo + _BLOCK_PAIRS, pairs)
+        noisy[lo // 8 : (hi + 7) // 8] ^= np.packbits(secure_random.bernoulli(hi - lo, threshold))
+    return noisy
 
 
 def _as_mask(vertices: VertexSet, n_vertices: int, name: str) -> NDArray[np.bool_]:
@@ -188,10 +224,9 @@ def _as_mask(vertices: VertexSet, n_vertices: int, name: str) -> NDArray[np.bool
     return mask
 
 
-class _CutEstimator:
-    """Estimator (34), its error and interval, from the noisy cut counts a subclass gives
-    (:meth:`_noisy_counts`); the counts are exact integers, so every answer depends only
-    on them, ``|S|``, ``|T|`` and ``p``."""
+class _NoisyGraph:
+    """The public parameters of a released noisy graph: ``|V|``, epsilon, the flip
+    threshold ``T`` and the privacy cost they give."""
 
     n_vertices: int
     epsilon: float
@@ -223,6 +258,12 @@ class _CutEstimator:
     def epsilon_effective(self) -> float:
         """``ln((1 - p) / p)`` of the rounded sampler (<= :attr:`epsilon`)."""
         return effective_epsilon(self.flip_threshold)
+
+
+class _CutEstimator(_NoisyGraph):
+    """Estimator (34), its error and interval, from the noisy cut counts a subclass gives
+    (:meth:`_noisy_counts`); the counts are exact integers, so every answer depends only
+    on them, ``|S|``, ``|T|`` and ``p``."""
 
     def _masks(self, S: VertexSet, T: VertexSet) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
         s = _as_mask(S, self.n_vertices, "S")
@@ -321,7 +362,7 @@ class GraphRelease(_CutEstimator):
         u, v = edges[:, 0].astype(np.int64), edges[:, 1].astype(np.int64)
         if np.count_nonzero((u < 0) | (v >= count) | (u >= v)):
             raise MechanismError(f"released edges must satisfy 0 <= u < v < {count}")
-        if np.count_nonzero(np.diff(_pair_index(u, v, count)) <= 0):
+        if np.count_nonzero(np.diff(pair_index(u, v, count)) <= 0):
             raise MechanismError("released edges must be sorted and distinct")
         edges.setflags(write=False)
         object.__setattr__(self, "edges", edges)
@@ -547,13 +588,54 @@ def cut_interval(noisy: int, pairs: int, p: float, level: float = 0.95) -> tuple
     return float(e_lo), float(max(e_hi, e_lo))
 
 
+@dataclass(frozen=True, eq=False)
+class PairBitsRelease(_NoisyGraph):
+    """The noisy graph in its stored form: the pair bits ``y_ij`` packed
+    (:func:`add_pairs`' order, :func:`pair_bytes` bytes) and the public parameters.
+    :meth:`PackedGraphRelease.from_pair_bits` answers cuts from them and
+    :func:`pair_bits_to_edges` lists their edges."""
+
+    bits: NDArray[np.uint8]
+    n_vertices: int
+    epsilon: float
+    flip_threshold: int
+    privacy_cost: PrivacyCost = field(init=False)
+
+    def __post_init__(self) -> None:
+        count = self._check_public_parameters()
+        object.__setattr__(self, "bits", _check_pair_bits(self.bits, count))
+
+
+def release_pair_bits(
+    edge_blocks: Iterable[ArrayLike], n_vertices: int, epsilon: float
+) -> PairBitsRelease:
+    """Mechanism E (module docstring) on the graph whose edges come in blocks
+    (:func:`pair_bits_of`): every pair bit flipped w.p. ``1/(1 + e^eps)`` (rounded up to
+    ``T / 2^64``). Its working memory is the true and the noisy pair bits (50 MB at 20,000
+    vertices) and one block: the edges, true or released (about ``p |V|^2 / 2``, 9.5e7 at
+    20,000 vertices and epsilon 0.1), are never held as a list."""
+    check_budget(epsilon, 0.0)
+    count = _check_vertices(n_vertices)
+    true_bits = pair_bits_of(edge_blocks, count)
+    threshold = flip_threshold(epsilon)
+    if effective_epsilon(threshold) > epsilon:  # pragma: no cover - guarded by rounding
+        raise RuntimeError("the rounded flip probability would exceed epsilon")
+    return PairBitsRelease(
+        bits=_perturb(true_bits, count, threshold),
+        n_vertices=count,
+        epsilon=float(epsilon),
+        flip_threshold=threshold,
+    )
+
+
 def release(
     edges: ArrayLike,
     n_vertices: int,
     epsilon: float,
     rng: np.random.Generator | None = None,
 ) -> GraphRelease:
-    """Release an undirected graph with every vertex-pair bit flipped w.p. ``1/(1 + e^eps)``.
+    """Release an undirected graph with every vertex-pair bit flipped w.p. ``1/(1 + e^eps)``
+    (:func:`release_pair_bits`), as an edge list.
 
     ``edges`` is a ``(k, 2)`` integer array of vertex ids in ``[0, n_vertices)``, each
     undirected edge once, no self-loops. ``rng`` is accepted for the library's uniform
@@ -561,13 +643,11 @@ def release(
     post-processed.
     """
     del rng
-    check_budget(epsilon, 0.0)
-    count = _check_vertices(n_vertices)
-    true_index = _check_edges(edges, count)
-    threshold = flip_threshold(epsilon)
-    if effective_epsilon(threshold) > epsilon:  # pragma: no cover - guarded by rounding
-        raise RuntimeError("the rounded flip probability would exceed epsilon")
-    noisy = _perturb(true_index, count, threshold)
+    noisy = release_pair_bits([edges], n_vertices, epsilon)
+    blocks = list(pair_bits_to_edges(noisy.bits, noisy.n_vertices))
     return GraphRelease(
-        edges=noisy, n_vertices=count, epsilon=float(epsilon), flip_threshold=threshold
+        edges=np.concatenate(blocks),
+        n_vertices=noisy.n_vertices,
+        epsilon=noisy.epsilon,
+        flip_threshold=noisy.flip_threshold,
     )

@@ -263,11 +263,8 @@ def test_release_interval_is_exact_for_small_cuts_and_normal_beyond() -> None:
 
 
 def _packed(released: gc.GraphRelease) -> "gc.PackedGraphRelease":
-    from app.releases.adapters.graph_cuts import pairs_to_bits
-
-    bits = pairs_to_bits(released.edges, released.n_vertices)
     return gc.PackedGraphRelease.from_pair_bits(
-        bits, released.n_vertices, released.epsilon, released.flip_threshold
+        _bits(released), released.n_vertices, released.epsilon, released.flip_threshold
     )
 
 
@@ -309,9 +306,7 @@ def test_packed_release_answers_as_the_edge_list(n_vertices: int) -> None:
 
 
 def _bits(released: gc.GraphRelease) -> np.ndarray:
-    from app.releases.adapters.graph_cuts import pairs_to_bits
-
-    return pairs_to_bits(released.edges, released.n_vertices)
+    return gc.pair_bits_of([released.edges], released.n_vertices)
 
 
 def test_packed_release_rejects_a_matrix_of_the_wrong_shape() -> None:
@@ -413,3 +408,95 @@ def test_synthesize_writes_every_noisy_edge_in_blocks(
     written = np.column_stack([table["u"].to_numpy(), table["v"].to_numpy()])
     assert np.array_equal(written, released.edges)
     assert done.summary == {"noisy_edges": released.edges.shape[0]}
+
+
+def test_pair_bits_of_streams_blocks_and_refuses_an_edge_listed_twice_across_them() -> None:
+    """The pair bits from edges in blocks (either orientation) are those of the whole
+    edge list, bit for bit; an edge listed twice is refused with its count whether the two
+    copies share a block or not, and the block checks of an edge list hold."""
+    n = 61
+    edges = random_graph(n, 400, seed=9)
+    flipped = edges[:, ::-1].copy()
+    whole = gc.pair_bits_of([edges], n)
+    blocks = gc.pair_bits_of([edges[:150], flipped[150:300], edges[300:]], n)
+    np.testing.assert_array_equal(blocks, whole)
+    assert gc.pair_count(whole) == 400
+    adjacency = dense(edges, n)
+    rows, cols = np.triu_indices(n, k=1)
+    np.testing.assert_array_equal(np.unpackbits(whole)[: rows.size], adjacency[rows, cols])
+    assert not np.unpackbits(whole)[rows.size :].any()  # the padding
+    with pytest.raises(MechanismError, match="2 duplicate edges"):
+        gc.pair_bits_of([edges[:200], flipped[100:102], edges[200:]], n)
+    with pytest.raises(MechanismError, match="1 duplicate edges"):
+        gc.pair_bits_of([np.vstack([edges[:5], flipped[:1]])], n)
+    with pytest.raises(MechanismError, match="self-loops"):
+        gc.pair_bits_of([edges[:5], np.array([[3, 3]])], n)
+
+
+def test_released_pair_bits_flip_each_pair_and_keep_the_padding() -> None:
+    """The stored form: at a huge epsilon (flip probability 2^-63) the noisy pair bits are
+    the true ones; at a small one about half of the pairs are flipped, the padding bits
+    after the last pair stay 0 (a bit there would be read as no pair, but the stored bytes
+    must not depend on where a block ended), and the cost is the requested epsilon."""
+    n = 5  # 10 pairs: 2 bytes, the last 6 bits padding
+    edges = np.array([[0, 1], [2, 4], [3, 4]])
+    exact = gc.release_pair_bits([edges], n, 60.0)
+    assert exact.flip_threshold == 2  # ceil(p 2^64) + 1
+    np.testing.assert_array_equal(exact.bits, gc.pair_bits_of([edges], n))
+    assert exact.privacy_cost.epsilon == 60.0
+    flips = 0
+    for _ in range(200):
+        noisy = gc.release_pair_bits([edges], n, 0.01)
+        assert noisy.bits[-1] & 0x3F == 0
+        flips += int(np.bitwise_count(noisy.bits ^ exact.bits).sum())
+    # 2000 pair draws at p = 0.4975: mean 995, sd 22; the bound is 9 sd
+    assert abs(flips - 995) < 200
+
+
+def test_measure_streams_the_stored_edges_into_pair_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resource audit: the measure concatenated every stored edge as int64, checked and
+    sorted it, and perturbed it into an int64 list of every released edge (about 56 bytes
+    each: GBs at 20,000 vertices and a small epsilon) before packing it into pair bits. It
+    now reads the stored edges a batch at a time into the pair bits and flips them there:
+    its memory is the two pair bit arrays, a block of random words and one batch, whatever
+    the number of true or released edges."""
+    import tracemalloc
+
+    import pyarrow as pa
+
+    from app.releases.adapters.graph_cuts import GraphCuts
+    from app.releases.payloads import unpack
+
+    monkeypatch.setattr(gc, "_BLOCK_PAIRS", 1 << 16)
+    n = 2000
+    iu = np.triu_indices(n, k=1)
+    keep = np.random.default_rng(3).random(iu[0].size) < 0.5  # half of the 2e6 pairs
+    u, v = iu[0][keep].astype(np.int32), iu[1][keep].astype(np.int32)
+    batches = [
+        pa.RecordBatch.from_arrays(
+            [pa.array(u[i : i + 50_000]), pa.array(v[i : i + 50_000])], ["u", "v"]
+        )
+        for i in range(0, u.size, 50_000)
+    ]
+
+    class Source:
+        def codes(self) -> list[pa.RecordBatch]:
+            return batches
+
+    class Info:
+        n_vertices = n
+
+    adapter = GraphCuts()
+    params = adapter.parse_params({})
+    tracemalloc.start()
+    try:
+        measured = adapter.measure(Source(), Info(), 60.0, 0.0, params)  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    pairs = unpack(measured.payload)["pairs"]
+    expected = gc.pair_bits_of([np.column_stack([u, v])], n)
+    np.testing.assert_array_equal(pairs, expected)  # epsilon 60: flip probability 2^-63
+    assert measured.privacy_cost.epsilon == 60.0
+    bits = gc.pair_bytes(n)  # 250 KB; the 1e6 true edges are 16 MB as int64 pairs
+    assert peak <= 4 * bits + 4 * 1024 * 1024, peak

@@ -23,7 +23,6 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from scipy.special import expit
 
@@ -74,20 +73,6 @@ _QUERIES: TypeAdapter[list[Annotated[CutQuery, Field(discriminator="type")]]] = 
 )
 
 
-def _row_starts(n: int) -> NDArray[np.int64]:
-    """Index of pair ``(u, u+1)`` in the row-major upper triangle, for every ``u``."""
-    u = np.arange(n, dtype=np.int64)
-    return u * (2 * n - u - 1) // 2
-
-
-def pairs_to_bits(edges: NDArray[np.int32], n: int) -> NDArray[np.uint8]:
-    starts = _row_starts(n)
-    u, v = edges[:, 0].astype(np.int64), edges[:, 1].astype(np.int64)
-    bitmap = np.zeros(n * (n - 1) // 2, dtype=bool)
-    bitmap[starts[u] + (v - u - 1)] = True
-    return np.packbits(bitmap)
-
-
 class GraphCuts(registry.Mechanism):
     name: ClassVar[str] = "graph_cuts"
     description: ClassVar[str] = (
@@ -129,19 +114,19 @@ class GraphCuts(registry.Mechanism):
         params: BaseModel,
     ) -> Measured:
         assert info.n_vertices is not None
-        parts = [
-            np.column_stack([batch.column("u").to_numpy(), batch.column("v").to_numpy()]).astype(
-                np.int64
-            )
+        # the stored edges a batch at a time, straight into pair bits: neither the true nor
+        # the released edges are held as a list (9.5e7 released edges at 20,000 vertices
+        # and epsilon 0.1 took GBs as int64 arrays)
+        edge_blocks = (
+            np.column_stack([batch.column("u").to_numpy(), batch.column("v").to_numpy()])
             for batch in source.codes()
-        ]
-        edges = np.concatenate(parts) if parts else np.empty((0, 2), dtype=np.int64)
-        release = gc.release(edges, info.n_vertices, epsilon)
+        )
+        release = gc.release_pair_bits(edge_blocks, info.n_vertices, epsilon)
         payload = {
             "n_vertices": release.n_vertices,
             "epsilon": release.epsilon,
             "flip_threshold": release.flip_threshold,
-            "pairs": pairs_to_bits(release.edges, release.n_vertices),
+            "pairs": release.bits,
         }
         return Measured(
             payload=pack(payload),
