@@ -440,9 +440,10 @@ def test_0009_downgrade_refuses_while_a_datasets_data_are_deleted(empty_database
         datasets = meta.tables["datasets"]
         with engine.begin() as connection:
             connection.execute(update(datasets).values(data_deleted_at=datetime.now(UTC)))
+        head = migrations.current_revision(url)
         with pytest.raises(RuntimeError, match="the data of 1 datasets were deleted"):
             migrations.downgrade(url, "0008")
-        assert migrations.current_revision(url) == "0009"
+        assert migrations.current_revision(url) == head
         with engine.begin() as connection:
             connection.execute(update(datasets).values(data_deleted_at=None))
     finally:
@@ -455,9 +456,53 @@ def test_0009_downgrade_refuses_while_a_datasets_data_are_deleted(empty_database
         assert "data_deleted_at" not in columns
     finally:
         engine.dispose()
-    migrations.upgrade(url)
+    migrations.upgrade(url, "0009")
     assert migrations.current_revision(url) == "0009"
     assert _scalar(url, "datasets", "data_deleted_at") is None
+
+
+#: The indexes 0010 adds, one per list endpoint's page order, by table.
+PAGE_ORDER_INDEXES = {
+    "users": ("ix_users_created_at_id", ["created_at", "id"]),
+    "datasets": ("ix_datasets_owner_id_created_at_id", ["owner_id", "created_at", "id"]),
+    "grants": ("ix_grants_dataset_id_created_at_user_id", ["dataset_id", "created_at", "user_id"]),
+    "releases": ("ix_releases_dataset_id_created_at_id", ["dataset_id", "created_at", "id"]),
+    "ledger_entries": ("ix_ledger_entries_dataset_id_id", ["dataset_id", "id"]),
+}
+
+
+def _indexes(url: str) -> dict[str, dict[str, list[str]]]:
+    """Index name -> columns, by table (reflected)."""
+    engine = make_engine(url)
+    try:
+        inspector = inspect(engine)
+        return {
+            table: {str(i["name"]): list(i["column_names"]) for i in inspector.get_indexes(table)}
+            for table in PAGE_ORDER_INDEXES
+        }
+    finally:
+        engine.dispose()
+
+
+def test_0010_adds_the_page_order_indexes_and_its_downgrade_drops_them(
+    empty_database: str,
+) -> None:
+    """0010 adds one index per list order (app.core.pagination), over rows already there,
+    and its downgrade drops exactly those, leaving the rows."""
+    url = empty_database
+    release = uuid.uuid4()
+    _releases_at(url, "0009", {release: {"mechanism": "m", "params": {}}})
+    before = _indexes(url)
+    for table, (name, _columns) in PAGE_ORDER_INDEXES.items():
+        assert name not in before[table]
+    migrations.upgrade(url, "0010")
+    after = _indexes(url)
+    for table, (name, columns) in PAGE_ORDER_INDEXES.items():
+        assert after[table][name] == columns
+        assert {k: v for k, v in after[table].items() if k != name} == before[table]
+    migrations.downgrade(url, "0009")
+    assert _indexes(url) == before
+    assert set(_release_column(url, "mechanism")) == {release}
 
 
 def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> None:

@@ -24,6 +24,14 @@ from app.core.errors import (
     UnsupportedMediaType,
     error_responses,
 )
+from app.core.pagination import (
+    DEFAULT_LIMIT,
+    NEXT_LINK,
+    AfterId,
+    AfterIntId,
+    Limit,
+    link_next,
+)
 from app.datasets import service
 from app.datasets.schemas import (
     UPLOAD_DECLARATIONS,
@@ -111,9 +119,20 @@ async def create_dataset(
         raise
 
 
-@router.get("/datasets", response_model=list[DatasetOut])
-def list_datasets(user: CurrentUser, session: SessionDep) -> list[DatasetOut]:
-    return service.list_datasets(session, user)
+@router.get("/datasets", response_model=list[DatasetOut], responses=NEXT_LINK)
+def list_datasets(
+    user: CurrentUser,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    after_id: AfterId = None,
+) -> list[DatasetOut]:
+    """The datasets the caller may see, oldest first, a page at a time (``Link`` header:
+    the next page)."""
+    page = service.list_datasets(session, user, limit, after_id)
+    link_next(request, response, "after_id", page)
+    return page.items
 
 
 @router.get(
@@ -149,32 +168,65 @@ def delete_data(
 
 
 @router.get(
-    "/datasets/{dataset_id}/budget", response_model=BudgetOut, responses=error_responses(NotFound)
+    "/datasets/{dataset_id}/budget",
+    response_model=BudgetOut,
+    responses={**NEXT_LINK, **error_responses(NotFound)},
 )
-def get_budget(dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> BudgetOut:
-    """Totals, spent, reserved, remaining, and every ledger entry."""
-    return service.get_budget(session, user, dataset_id)
+def get_budget(
+    dataset_id: uuid.UUID,
+    user: CurrentUser,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    after_id: AfterIntId = None,
+) -> BudgetOut:
+    """Totals, spent, reserved and remaining over every ledger entry, and a page of the
+    entries, oldest first (``Link`` header: the next page)."""
+    budget, page = service.get_budget(session, user, dataset_id, limit, after_id)
+    link_next(request, response, "after_id", page)
+    return budget
 
 
 @router.patch(
     "/datasets/{dataset_id}/budget",
     response_model=BudgetOut,
-    responses=error_responses(NotFound, Forbidden, Conflict),
+    responses={**NEXT_LINK, **error_responses(NotFound, Forbidden, Conflict)},
 )
 def update_budget(
-    dataset_id: uuid.UUID, body: BudgetUpdate, user: CurrentUser, session: SessionDep
+    dataset_id: uuid.UUID,
+    body: BudgetUpdate,
+    user: CurrentUser,
+    session: SessionDep,
+    request: Request,
+    response: Response,
 ) -> BudgetOut:
-    """Change the totals: up freely, down never below spent + reserved."""
-    return service.update_budget(session, user, dataset_id, body.epsilon, body.delta)
+    """Change the totals: up freely, down never below spent + reserved. Answers as the
+    budget's first page (``Link`` header: the URL of the next one, for a GET)."""
+    budget, page = service.update_budget(session, user, dataset_id, body.epsilon, body.delta)
+    link_next(request, response, "after_id", page)
+    return budget
 
 
 @router.get(
     "/datasets/{dataset_id}/grants",
     response_model=list[GrantOut],
-    responses=error_responses(NotFound, Forbidden),
+    responses={**NEXT_LINK, **error_responses(NotFound, Forbidden)},
 )
-def list_grants(dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> list[GrantOut]:
-    return [GrantOut.model_validate(g) for g in service.list_grants(session, user, dataset_id)]
+def list_grants(
+    dataset_id: uuid.UUID,
+    user: CurrentUser,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    after_id: AfterId = None,
+) -> list[GrantOut]:
+    """The dataset's grants, oldest first, a page at a time; ``after_id`` is the last
+    grant's ``user_id`` (``Link`` header: the next page)."""
+    page = service.list_grants(session, user, dataset_id, limit, after_id)
+    link_next(request, response, "after_id", page)
+    return [GrantOut.model_validate(g) for g in page.items]
 
 
 @router.post(

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement, exists, false, select
 from sqlalchemy.orm import Session
 
+from app.core import pagination
 from app.core.audit import record
 from app.core.db import on_commit
 from app.core.errors import (
@@ -29,6 +30,7 @@ from app.core.errors import (
     NotFound,
     describe_errors,
 )
+from app.core.pagination import DEFAULT_LIMIT, Page
 from app.core.security import ensure_key_active
 from app.core.services import Services
 from app.datasets.graphs import validate_graph_and_store
@@ -300,29 +302,36 @@ def to_out(session: Session, dataset: Dataset, viewer: User) -> DatasetOut:
     return DatasetOut.model_validate(data)
 
 
-def list_datasets(session: Session, user: User) -> list[DatasetOut]:
-    if user.role == Role.curator:
-        stmt = select(Dataset).where(Dataset.owner_id == user.id)
-    elif user.role == Role.analyst:
-        stmt = (
-            select(Dataset)
-            .join(Grant, Grant.dataset_id == Dataset.id)
-            .where(Grant.user_id == user.id)
-        )
-    else:
-        return []
-    return [to_out(session, d, user) for d in session.scalars(stmt.order_by(Dataset.created_at))]
+def list_datasets(
+    session: Session, user: User, limit: int, after_id: uuid.UUID | None
+) -> Page[DatasetOut]:
+    """A page of the datasets ``user`` may see (a curator's own, an analyst's granted;
+    none for an admin), oldest first; ``after_id`` must be one of them."""
+    stmt = select(Dataset).where(visible_to(user))
+    page: Page[Dataset] = pagination.by_time(
+        session, stmt, Dataset.created_at, Dataset.id, limit, after_id, lambda d: d.id
+    )
+    return page.map(lambda d: to_out(session, d, user))
 
 
 def get_dataset(session: Session, user: User, dataset_id: uuid.UUID) -> DatasetOut:
     return to_out(session, visible_dataset(session, user, dataset_id), user)
 
 
-def get_budget(session: Session, user: User, dataset_id: uuid.UUID) -> BudgetOut:
+def get_budget(
+    session: Session,
+    user: User,
+    dataset_id: uuid.UUID,
+    limit: int = DEFAULT_LIMIT,
+    after_id: int | None = None,
+) -> tuple[BudgetOut, Page[LedgerEntryOut]]:
+    """The budget: totals over *every* ledger entry, and one page of the entries (oldest
+    first, past ``after_id``). Returns the body (its ``entries`` are the page) and the
+    page, whose cursor the route announces."""
     dataset = visible_dataset(session, user, dataset_id)
     summary = budget_summary(ledger.balance(session, dataset))
-    entries = [
-        LedgerEntryOut(
+    page = ledger.entries(session, dataset.id, limit, after_id).map(
+        lambda e: LedgerEntryOut(
             id=e.id,
             kind=e.kind,
             release_id=e.release_id,
@@ -331,9 +340,8 @@ def get_budget(session: Session, user: User, dataset_id: uuid.UUID) -> BudgetOut
             actor=e.actor,
             created_at=e.created_at,
         )
-        for e in ledger.entries(session, dataset.id)
-    ]
-    return BudgetOut(**summary.model_dump(), entries=entries)
+    )
+    return BudgetOut(**summary.model_dump(), entries=page.items), page
 
 
 def update_budget(
@@ -342,7 +350,7 @@ def update_budget(
     dataset_id: uuid.UUID,
     epsilon: float | None,
     delta: float | None,
-) -> BudgetOut:
+) -> tuple[BudgetOut, Page[LedgerEntryOut]]:
     owned_dataset(session, user, dataset_id)
     ledger.set_totals(
         session,
@@ -362,12 +370,21 @@ def update_budget(
     return get_budget(session, user, dataset_id)
 
 
-def list_grants(session: Session, user: User, dataset_id: uuid.UUID) -> list[Grant]:
+def list_grants(
+    session: Session, user: User, dataset_id: uuid.UUID, limit: int, after_id: uuid.UUID | None
+) -> Page[Grant]:
+    """A page of the dataset's grants (its curator only), oldest first; a grant is named
+    by its analyst's id, so ``after_id`` is the ``user_id`` of the previous page's last
+    grant (a grant revoked since is no longer in the list: 422, list again)."""
     owned_dataset(session, user, dataset_id)
-    return list(
-        session.scalars(
-            select(Grant).where(Grant.dataset_id == dataset_id).order_by(Grant.created_at)
-        )
+    return pagination.by_time(
+        session,
+        select(Grant).where(Grant.dataset_id == dataset_id),
+        Grant.created_at,
+        Grant.user_id,
+        limit,
+        after_id,
+        lambda g: g.user_id,
     )
 
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.core import pagination
 from app.core.db import uses_row_locks
 from app.core.errors import BudgetExhausted, Conflict, InvalidRequest, NotFound
+from app.core.pagination import Page
 from app.ledger.units import delta_value, epsilon_value
 from app.models import Dataset, LedgerEntry
 
@@ -234,9 +236,16 @@ def set_totals(
     return dataset, balance(session, dataset)
 
 
-def entries(session: Session, dataset_id: uuid.UUID) -> list[LedgerEntry]:
-    return list(
-        session.scalars(
-            select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.id)
-        )
+def entries(
+    session: Session, dataset_id: uuid.UUID, limit: int, after_id: int | None
+) -> Page[LedgerEntry]:
+    """A page of the dataset's entries in the order they were written (by id), past
+    ``after_id`` (index ``ix_ledger_entries_dataset_id_id``)."""
+    return pagination.by_id(
+        session,
+        select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id),
+        LedgerEntry.id,
+        limit,
+        after_id,
+        lambda e: e.id,
     )

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, CheckConstraint, ForeignKey, Integer, String
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.models.base import Base, new_id, utcnow
@@ -22,6 +22,8 @@ class Dataset(Base):
         CheckConstraint("kind IN ('table', 'graph')", name="kind"),
         CheckConstraint("epsilon_total > 0", name="epsilon_total_positive"),
         CheckConstraint("delta_total >= 0", name="delta_total_nonnegative"),
+        # a curator's dataset list in page order (app.core.pagination)
+        Index("ix_datasets_owner_id_created_at_id", "owner_id", "created_at", "id"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -51,6 +53,10 @@ class Grant(Base):
     """An analyst's read access to one dataset and its releases."""
 
     __tablename__ = "grants"
+    __table_args__ = (
+        # a dataset's grant list in page order (app.core.pagination)
+        Index("ix_grants_dataset_id_created_at_user_id", "dataset_id", "created_at", "user_id"),
+    )
 
     dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
     user_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("users.id"), primary_key=True, index=True)

@@ -42,6 +42,9 @@ class LedgerEntry(Base):
             sqlite_where=text("kind IN ('commit', 'refund')"),
             postgresql_where=text("kind IN ('commit', 'refund')"),
         ),
+        # a dataset's entries in page order (app.core.pagination); SQLite's index on
+        # dataset_id alone would do (its rows end with the rowid), PostgreSQL's would not
+        Index("ix_ledger_entries_dataset_id_id", "dataset_id", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)

@@ -51,6 +51,8 @@ class Release(Base):
             postgresql_where=text("idempotency_key IS NOT NULL"),
         ),
         Index("ix_releases_status_lease", "status", "lease_expires_at"),
+        # a dataset's release list in page order (app.core.pagination)
+        Index("ix_releases_dataset_id_created_at_id", "dataset_id", "created_at", "id"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)

@@ -24,6 +24,7 @@ from app.core.errors import (
     Unauthorized,
     error_responses,
 )
+from app.core.pagination import DEFAULT_LIMIT, NEXT_LINK, AfterId, Limit, link_next
 from app.releases import downloads, service
 from app.releases.schemas import PreviewOut, ReleaseCreate, ReleaseOut, ResynthesizeRequest
 
@@ -96,12 +97,22 @@ async def create_release(
 @router.get(
     "/datasets/{dataset_id}/releases",
     response_model=list[ReleaseOut],
-    responses=error_responses(NotFound),
+    responses={**NEXT_LINK, **error_responses(NotFound)},
 )
 def list_releases(
-    dataset_id: uuid.UUID, user: CurrentUser, session: SessionDep
+    dataset_id: uuid.UUID,
+    user: CurrentUser,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    after_id: AfterId = None,
 ) -> list[ReleaseOut]:
-    return service.list_releases(session, user, dataset_id)
+    """The dataset's releases, oldest first, a page at a time (``Link`` header: the next
+    page)."""
+    page = service.list_releases(session, user, dataset_id, limit, after_id)
+    link_next(request, response, "after_id", page)
+    return page.items
 
 
 @router.post(

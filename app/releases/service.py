@@ -16,9 +16,11 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.core import pagination
 from app.core.audit import record
 from app.core.db import on_commit, uses_row_locks
 from app.core.errors import Conflict, InvalidRequest, NotFound
+from app.core.pagination import Page
 from app.core.security import ensure_key_active
 from app.core.services import Services
 from app.datasets.service import delta_warnings, owned_dataset, visible_dataset, visible_to
@@ -469,12 +471,22 @@ def lock_release(session: Session, release_id: uuid.UUID) -> Release | None:
     return session.scalars(stmt).one_or_none()
 
 
-def list_releases(session: Session, user: User, dataset_id: uuid.UUID) -> list[ReleaseOut]:
+def list_releases(
+    session: Session, user: User, dataset_id: uuid.UUID, limit: int, after_id: uuid.UUID | None
+) -> Page[ReleaseOut]:
+    """A page of the dataset's releases (404 if the dataset is invisible), oldest first;
+    ``after_id`` must be one of them."""
     visible_dataset(session, user, dataset_id)
-    rows = session.scalars(
-        select(Release).where(Release.dataset_id == dataset_id).order_by(Release.created_at)
+    page: Page[Release] = pagination.by_time(
+        session,
+        select(Release).where(Release.dataset_id == dataset_id),
+        Release.created_at,
+        Release.id,
+        limit,
+        after_id,
+        lambda r: r.id,
     )
-    return [to_out(session, r) for r in rows]
+    return page.map(lambda r: to_out(session, r))
 
 
 def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> ReleaseOut:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from app.core.deps import AdminUser, CurrentUser, SessionDep
 from app.core.errors import Forbidden, NotFound, Unauthorized, error_responses
+from app.core.pagination import DEFAULT_LIMIT, MAX_INT_ID, NEXT_LINK, AfterId, Limit, link_next
 from app.models import Role
 from app.users import service
 from app.users.schemas import (
@@ -43,9 +44,21 @@ def create_user(body: UserCreate, admin: AdminUser, session: SessionDep) -> User
     )
 
 
-@router.get("/users", response_model=list[UserOut], responses=error_responses(Forbidden))
-def list_users(_admin: AdminUser, session: SessionDep) -> list[UserOut]:
-    return [UserOut.model_validate(u) for u in service.list_users(session)]
+@router.get(
+    "/users", response_model=list[UserOut], responses={**NEXT_LINK, **error_responses(Forbidden)}
+)
+def list_users(
+    _admin: AdminUser,
+    session: SessionDep,
+    request: Request,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    after_id: AfterId = None,
+) -> list[UserOut]:
+    """The users, oldest first, a page at a time (``Link`` header: the next page)."""
+    page = service.list_users(session, limit, after_id)
+    link_next(request, response, "after_id", page)
+    return [UserOut.model_validate(u) for u in page.items]
 
 
 @router.get("/users/me", response_model=Me)
@@ -77,13 +90,29 @@ def revoke_key(key_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> Res
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/audit", response_model=list[AuditEventOut], responses=error_responses(Forbidden))
+@router.get(
+    "/audit",
+    response_model=list[AuditEventOut],
+    responses={**NEXT_LINK, **error_responses(Forbidden)},
+)
 def audit(
     user: CurrentUser,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_id: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    request: Request,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    before_id: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_INT_ID,
+            description="the id of the last event of the previous page: this page has "
+            'the older ones (the Link header\'s rel="next" URL sets it)',
+        ),
+    ] = None,
 ) -> list[AuditEventOut]:
-    """The audit log, newest first (admins only)."""
-    events = service.audit_events(session, user, limit, before_id)
-    return [AuditEventOut.model_validate(e) for e in events]
+    """The audit log, newest first, a page at a time (admins only; ``Link`` header: the
+    next page)."""
+    page = service.audit_events(session, user, limit, before_id)
+    link_next(request, response, "before_id", page)
+    return [AuditEventOut.model_validate(e) for e in page.items]

@@ -7,8 +7,10 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.core import pagination
 from app.core.audit import record
 from app.core.errors import Forbidden, NotFound
+from app.core.pagination import Page
 from app.core.security import display_prefix, generate_api_key, hash_api_key
 from app.models import ApiKey, AuditEvent, Role, User
 from app.models.base import utcnow
@@ -42,8 +44,11 @@ def get_user(session: Session, user_id: uuid.UUID) -> User:
     return user
 
 
-def list_users(session: Session) -> list[User]:
-    return list(session.scalars(select(User).order_by(User.created_at)))
+def list_users(session: Session, limit: int, after_id: uuid.UUID | None) -> Page[User]:
+    """A page of the users, oldest first (admins only: the route checks the role)."""
+    return pagination.by_time(
+        session, select(User), User.created_at, User.id, limit, after_id, lambda u: u.id
+    )
 
 
 def create_key(
@@ -75,10 +80,16 @@ def revoke_key(session: Session, key_id: uuid.UUID, actor: User) -> ApiKey:
 
 def audit_events(
     session: Session, actor: User, limit: int, before_id: int | None
-) -> list[AuditEvent]:
+) -> Page[AuditEvent]:
+    """A page of the audit log, newest first, below ``before_id`` (admins only)."""
     if actor.role != Role.admin:
         raise Forbidden("the audit log is for admins")
-    stmt = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
-    if before_id is not None:
-        stmt = stmt.where(AuditEvent.id < before_id)
-    return list(session.scalars(stmt))
+    return pagination.by_id(
+        session,
+        select(AuditEvent),
+        AuditEvent.id,
+        limit,
+        before_id,
+        lambda e: e.id,
+        newest_first=True,
+    )
