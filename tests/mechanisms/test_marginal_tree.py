@@ -624,12 +624,15 @@ def test_temper_is_recorded_and_version_four_records_answer_untempered() -> None
     np.testing.assert_allclose(legacy.expectations(expansion), untempered.expectations(expansion))
     assert not np.allclose(tree.expectations(expansion), untempered.expectations(expansion))
     # the tempered law keeps the one-column marginals as well as the fitted one does (a
-    # coarse cell the threshold emptied can keep the rake from reaching them exactly)
+    # coarse cell the threshold emptied can keep the rake from reaching them exactly, and
+    # there its TEMPER_RAKE_ITERATIONS passes converge slowly: 3.2e-4 past the fitted
+    # table's gap failed CI once with a margin of 1e-6, in fewer than 1 of 200 releases;
+    # one pass leaves 8e-4 to 9e-3, no rake 0.6 to 1.3)
     model, fitted = tree.model, untempered.model
     for (i, j), table, before in zip(model.edges, model.joint, fitted.joint, strict=True):
         for axis, p in ((1, model.p[i]), (0, model.p[j])):
             reached = np.abs(before.sum(axis=axis) - p).max()
-            assert np.abs(table.sum(axis=axis) - p).max() <= reached + 1e-6
+            assert np.abs(table.sum(axis=axis) - p).max() <= reached + 5e-4
     with pytest.raises(MechanismError, match="temper"):
         marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"temper": 0.5})
 
