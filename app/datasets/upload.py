@@ -27,7 +27,7 @@ MAX_FIELDS = 8
 FILE_FIELD = "file"
 
 #: Received files validated and stored at once. Each check reads the whole file and
-#: writes it encrypted, for minutes (a graph's edges are held in memory), on threads
+#: writes it encrypted, for minutes (a graph's edge set as 25 MB of pair bits), on threads
 #: counted apart from the request threadpool (:mod:`app.core.threads`): uploads beyond
 #: the limit wait, holding their spooled file and nothing else.
 MAX_CONCURRENT_UPLOAD_CHECKS = 4
