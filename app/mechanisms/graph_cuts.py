@@ -457,14 +457,21 @@ def pair_bits_to_rows(bits: NDArray[np.uint8], n_vertices: int) -> NDArray[np.ui
 
 
 def pair_bits_to_edges(bits: NDArray[np.uint8], n_vertices: int) -> Iterator[NDArray[np.int32]]:
-    """The released edges ``(u, v)``, ``u < v``, in pair order, as ``(k, 2)`` int32 blocks
-    of rows of about :data:`_BLOCK_BITS` pairs (for writing them out without the whole
-    edge list in memory)."""
+    """The released edges ``(u, v)``, ``u < v``, in pair order, as ``(k, 2)`` int32 blocks,
+    one per :data:`_BLOCK_BITS` pairs (whole bytes; for writing them out without the whole
+    edge list in memory): the set bits' positions ``k``, ``u`` the last row whose
+    :func:`_row_starts` is at most ``k`` and ``v = k - start(u) + u + 1``."""
     count = _check_vertices(n_vertices)
     bits = _check_pair_bits(bits, count)
-    for r0, r1 in _row_blocks(count):
-        u, v = np.nonzero(_upper_rows(bits, count, r0, r1))
-        yield np.column_stack([u + r0, v]).astype(np.int32)
+    starts = _row_starts(count)
+    pairs = int(starts[-1])
+    for lo in range(0, pairs, _BLOCK_BITS):
+        hi = min(lo + _BLOCK_BITS, pairs)
+        position = np.flatnonzero(np.unpackbits(bits[lo // 8 : (hi + 7) // 8], count=hi - lo))
+        position += lo
+        u = np.searchsorted(starts, position, side="right") - 1
+        v = position - starts[u] + u + 1
+        yield np.column_stack([u, v]).astype(np.int32)
 
 
 #: Matrix rows read per step of a cut (bounds its working memory to ~3 x 4 MB).
