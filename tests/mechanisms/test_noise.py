@@ -289,7 +289,10 @@ def test_gaussian_noise_has_the_calibrated_law() -> None:
 
 
 def test_noisy_moments_are_centred_on_the_exact_moments() -> None:
-    """4-sigma band on the mean noise over R = 500 coordinates (false failure 6e-5)."""
+    """6-sigma band on the mean noise over R = 500 coordinates: false failure 2e-9 (the
+    mean of 500 Laplace draws is normal to within Monte Carlo error out to 4 sigma, 6.2e-5
+    in 5e5 means against 6.3e-5). It was 4 sigma, 6e-5 per run; 6 sigma still rejects a
+    bias of 0.27 standard deviations per coordinate."""
     X = np.random.default_rng(11).uniform(-1, 1, size=(200, 3))
     index_set = total_degree(3, 500)
     exact = moments(X, index_set)
@@ -299,7 +302,7 @@ def test_noisy_moments_are_centred_on_the_exact_moments() -> None:
     )
     errors = released.values - exact
     stddev = released.calibration.stddev
-    assert abs(errors.mean()) < 4 * stddev / math.sqrt(500)
+    assert abs(errors.mean()) < 6 * stddev / math.sqrt(500)
     assert np.all(errors != 0.0)
     assert released.privacy_cost.epsilon <= 50.0
     assert [p.step for p in released.privacy_cost.parts] == ["moments"]
