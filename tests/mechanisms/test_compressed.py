@@ -142,7 +142,11 @@ def test_pca_close_to_true_pca_for_large_m() -> None:
     result = released.pca(1)
     error = np.linalg.norm(projector(true_top) - result.projector)
     assert error < 0.05
-    assert result.explained_variance[0] == pytest.approx(values[-1], rel=0.05)
+    # the top eigenvalue of a Wishart(m) / m estimate has relative sd sqrt(2 / m) = 0.018
+    # (4000 numpy Wishart draws of this setting: 0.0183; 12 releases: 0.022). The 0.05
+    # this had was 2.7 sd: 26 of the 4000 simulated runs failed it (0.65 %). 6 sd: 2e-9;
+    # Phi with variance 1.2 instead of 1 is still rejected
+    assert result.explained_variance[0] == pytest.approx(values[-1], rel=6 * math.sqrt(2 / 6000))
     assert 0 < result.explained_variance_ratio[0] <= 1
     # Proposition 3.4 with the true A: ||P(A) - P(A + B)||_F <= ||B||_F / delta_1
     B = released.covariance - sigma
