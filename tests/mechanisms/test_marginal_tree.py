@@ -637,6 +637,12 @@ def test_temper_is_recorded_and_version_four_records_answer_untempered() -> None
         marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"temper": 0.5})
 
 
+def _rises_again(values: np.ndarray) -> bool:
+    """Whether ``values`` fall and then rise again (not unimodal)."""
+    steps = np.sign(np.diff(values).round(12))
+    return bool(np.any(np.diff(steps[steps != 0]) > 0))
+
+
 def test_one_way_shape_is_recorded_and_version_five_records_answer_free() -> None:
     tree = _small_tree(38, "equal")
     assert tree.one_way_shape == "unimodal"
@@ -652,24 +658,26 @@ def test_one_way_shape_is_recorded_and_version_five_records_answer_free() -> Non
     with pytest.raises(MechanismError, match="one_way_shape"):
         marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"one_way_shape": "smooth"})
     # at a noise that leaves bumps in the denoised bins, the law's bins are unimodal; its
-    # atoms and the one-way grouping (as measured) are untouched
+    # atoms and the one-way grouping (as measured) are untouched. The noise is OpenDP's,
+    # unseeded, and 1 release in 200 (simulated) had no bump in any column, which failed
+    # this test: releases are drawn until one has a bump (all 5 bump-free: ~3e-12)
     rng = np.random.default_rng(42)
     X = np.clip(rng.normal(size=(400, 3)) / 3, -1, 1)
-    noisy = marginal_tree.measure(X, 1.0, 1e-6, bins=12, bound_atoms=True, pair_bins=3)
+    for _ in range(5):
+        noisy = marginal_tree.measure(X, 1.0, 1e-6, bins=12, bound_atoms=True, pair_bins=3)
+        free_p = noisy.one_way.marginals(noisy.one_way_threshold)
+        if any(_rises_again(row[1:-1]) for row in free_p):
+            break
     plain_tree = marginal_tree.TreeMeasurements.from_dict(
         noisy.to_dict() | {"one_way_shape": "free"}
     )
     np.testing.assert_array_equal(noisy.group, plain_tree.group)
-    free_p = noisy.one_way.marginals(noisy.one_way_threshold)
     shaped_p = marginal_tree.shaped_marginals(free_p, noisy.one_way.calibration.stddev)
     np.testing.assert_array_equal(shaped_p[:, [0, -1]], free_p[:, [0, -1]])
     bumpy = 0
     for shaped_row, free_row in zip(shaped_p, free_p, strict=True):
-        for values, shaped in ((shaped_row, True), (free_row, False)):
-            steps = np.sign(np.diff(values[1:-1]).round(12))
-            rises_again = bool(np.any(np.diff(steps[steps != 0]) > 0))
-            assert not (shaped and rises_again)
-            bumpy += rises_again and not shaped
+        assert not _rises_again(shaped_row[1:-1])
+        bumpy += _rises_again(free_row[1:-1])
     assert bumpy >= 1  # what the shape changes
     # the law's fine marginal is the shaped one, rescaled inside each group to the coarse
     # marginal of every measurement (module doc, "Post-processing")
