@@ -368,9 +368,13 @@ def test_thresholds_cut_the_mass_the_law_puts_where_the_data_has_none() -> None:
     """On sparse data (4 columns, each on 2-4 values, n = 2000, epsilon = 1), the mass the
     tree law gives to fine cells and pair-table cells that the exact data leaves empty,
     summed over 20 releases, with the version-3 thresholds against the same releases
-    read as version 2 (paired): about 0.6x (one-way) and 0.35x (tables) here; asserted
-    < 0.85x and < 0.6x. (Dropping small real cells costs some L1 distance to the exact
-    tables; the smooth-query gain is measured in ``bench/results/smooth_marginals.md``.)"""
+    read as version 2 (paired): 0.68x (one-way, sd 0.054 over 20 releases) and 0.25x
+    (tables, sd 0.053) over 120 simulated releases; asserted < 0.95x (5 sd, normal tail
+    3e-7; none of 2e5 bootstrap resamples of 20 reached it) and < 0.6x (6.7 sd). The
+    noise is OpenDP's, unseeded: the 0.85x this had was 3.1 sd, failed by 4.7e-4 of the
+    bootstrap resamples. Unthresholded one-way cells read exactly 1x. (Dropping small real
+    cells costs some L1 distance to the exact tables; the smooth-query gain is measured in
+    ``bench/results/smooth_marginals.md``.)"""
     rng = np.random.default_rng(16)
     n = 2000
     z = rng.choice([-1.0, -0.5, 0.3, 0.9], size=n, p=[0.5, 0.3, 0.15, 0.05])
@@ -400,7 +404,7 @@ def test_thresholds_cut_the_mass_the_law_puts_where_the_data_has_none() -> None:
                 for joint, (i, j) in zip(model.joint, tree.edges, strict=True)
             )
     ratio = spurious["v3"] / spurious["v2"]
-    assert ratio[0] < 0.85
+    assert ratio[0] < 0.95
     assert ratio[1] < 0.6
 
 
