@@ -548,10 +548,17 @@ def fit_statistic(
     if kind == "discrete":
         return lambda V: V[:, 0]
     if kind == "laplace":
+        # |v - m0| - |v - m1| is the clipped line below, computed so that it is exactly
+        # constant beyond the medians: as a difference of absolute values its rounding
+        # there varied with v, and events chosen among those ulps (e.g. ``s >= 1.894`` of
+        # a maximum ~1.9) told the datasets apart by the rounding pattern of their values,
+        # not by the noise law (numpy Laplace at the true epsilon 1: the "95 %" bound
+        # exceeded 1 in 32 % of 1500 runs; at the halved noise it fell to 0.28)
         m0, m1 = np.median(cal0, axis=0), np.median(cal1, axis=0)
         spread = np.concatenate([np.abs(cal0 - m0), np.abs(cal1 - m1)]).mean(axis=0)
         b = np.where(spread > 0, spread, np.inf)
-        return lambda V: ((np.abs(V - m0) - np.abs(V - m1)) / b).sum(axis=1)
+        gap, middle, sign = np.abs(m1 - m0), (m0 + m1) / 2, np.sign(m1 - m0)
+        return lambda V: (np.clip(V - middle, -gap / 2, gap / 2) * (2 * sign / b)).sum(axis=1)
     mu0, mu1 = cal0.mean(axis=0), cal1.mean(axis=0)
     var = np.concatenate([cal0 - mu0, cal1 - mu1]).var(axis=0)
     weight = np.where(var > 0, (mu1 - mu0) / np.where(var > 0, var, 1.0), 0.0)

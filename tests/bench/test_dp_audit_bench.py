@@ -11,6 +11,7 @@ with the true sensitivity).
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.mechanisms import noise
@@ -53,3 +54,22 @@ def test_a_stored_field_that_follows_the_changed_row_is_flagged(
     result = dp_audit.audit(case, scale=200 / case.trials)
     assert result["deterministic_differences"] == [".resolved.edges"]
     assert result["violation"]
+
+
+def test_the_laplace_statistic_is_exactly_constant_beyond_the_medians() -> None:
+    """Beyond both medians the log-likelihood ratio of two Laplace laws is constant, and so
+    must the computed statistic be, to the last bit: as a difference of absolute values its
+    rounding varied with the value, and the event choice picked events among those ulps
+    that told the datasets apart by their values' rounding, not by the noise law."""
+    rng = np.random.default_rng(0)
+    cal0, cal1 = rng.laplace(0.1, 0.05, (500, 1)), rng.laplace(0.2, 0.05, (500, 1))
+    statistic = dp_audit.fit_statistic("laplace", cal0, cal1)
+    m0, m1 = float(np.median(cal0)), float(np.median(cal1))
+    below = statistic(m0 - rng.uniform(0.0, 1.0, (1000, 1)))
+    above = statistic(m1 + rng.uniform(0.0, 1.0, (1000, 1)))
+    assert np.unique(below).size == np.unique(above).size == 1
+    assert above[0] == -below[0] > 0
+    between = statistic(np.linspace(m0, m1, 50)[:, None])
+    assert np.all(np.diff(between) > 0)
+    assert between[0] == pytest.approx(below[0], rel=1e-12)  # continuous at the medians
+    assert between[-1] == pytest.approx(above[0], rel=1e-12)
