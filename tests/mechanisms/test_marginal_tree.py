@@ -6,6 +6,7 @@ import math
 import numpy as np
 import opendp.prelude as dp
 import pytest
+from scipy.special import chdtri
 
 from app.mechanisms import marginal_tree, marginals, noise
 from app.mechanisms.chebyshev import gaussian_expansion
@@ -661,28 +662,40 @@ def test_one_way_shape_is_recorded_and_version_five_records_answer_free() -> Non
     np.testing.assert_allclose(legacy.expectations(expansion), free.expectations(expansion))
     with pytest.raises(MechanismError, match="one_way_shape"):
         marginal_tree.TreeMeasurements.from_dict(tree.to_dict() | {"one_way_shape": "smooth"})
-    # at a noise that leaves bumps in the denoised bins, the law's bins are unimodal; its
-    # atoms and the one-way grouping (as measured) are untouched. The noise is OpenDP's,
-    # unseeded, and 1 release in 200 (simulated) had no bump in any column, which failed
-    # this test: releases are drawn until one has a bump (all 5 bump-free: ~3e-12)
+    # at a noise that leaves bumps in the denoised bins, the law's bins are unimodal unless
+    # the unimodal fit moves them by more than the noise explains (then the column keeps its
+    # free bins: a mode the noise cannot hide); its atoms and the one-way grouping (as
+    # measured) are untouched. The noise is OpenDP's, unseeded: releases are drawn until one
+    # has a bump that the shape removes (298 of 300 simulated releases had one; all 5
+    # without: ~1e-11). A kept bump is no failure: 10 of those 300 releases had one, and
+    # asserting every column unimodal failed CI about one run in 30.
     rng = np.random.default_rng(42)
     X = np.clip(rng.normal(size=(400, 3)) / 3, -1, 1)
     for _ in range(5):
         noisy = marginal_tree.measure(X, 1.0, 1e-6, bins=12, bound_atoms=True, pair_bins=3)
         free_p = noisy.one_way.marginals(noisy.one_way_threshold)
-        if any(_rises_again(row[1:-1]) for row in free_p):
+        scale = noisy.one_way.calibration.stddev
+        shaped_p = marginal_tree.shaped_marginals(free_p, scale)
+        removed = [
+            _rises_again(free_row[1:-1]) and not _rises_again(shaped_row[1:-1])
+            for shaped_row, free_row in zip(shaped_p, free_p, strict=True)
+        ]
+        if any(removed):
             break
     plain_tree = marginal_tree.TreeMeasurements.from_dict(
         noisy.to_dict() | {"one_way_shape": "free"}
     )
     np.testing.assert_array_equal(noisy.group, plain_tree.group)
-    shaped_p = marginal_tree.shaped_marginals(free_p, noisy.one_way.calibration.stddev)
     np.testing.assert_array_equal(shaped_p[:, [0, -1]], free_p[:, [0, -1]])
-    bumpy = 0
     for shaped_row, free_row in zip(shaped_p, free_p, strict=True):
-        assert not _rises_again(shaped_row[1:-1])
-        bumpy += _rises_again(free_row[1:-1])
-    assert bumpy >= 1  # what the shape changes
+        if _rises_again(shaped_row[1:-1]):  # kept: the fit would move more than the noise
+            np.testing.assert_array_equal(shaped_row, free_row)
+            fit, distance = marginals.unimodal_projection(free_row[1:-1])
+            k = marginal_tree.pooled_degrees(free_row[1:-1], fit)
+            limit = chdtri(k, 1.0 - marginal_tree.SHAPE_TEST_LEVEL) * scale**2
+            assert k > 0
+            assert distance > limit
+    assert sum(removed) >= 1  # what the shape changes
     # the law's fine marginal is the shaped one, rescaled inside each group to the coarse
     # marginal of every measurement (module doc, "Post-processing")
     law = noisy.coarse_model.p
