@@ -12,6 +12,7 @@ same 422.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +20,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select, update
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app.core.services import Services
+from app.models import Dataset, Grant, Release, User
 from tests.conftest import Caller, make_user
 from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.releases.helpers import request_release, run_all
@@ -331,3 +335,31 @@ def test_pages_show_only_what_the_caller_may_see(world: World) -> None:
     assert [g["user_id"] for g in page.json()] == [str(world.analysts[1].id)]
     gone = client.get(f"{grants}?after_id={reader.id}", headers=owner.headers)
     assert (gone.status_code, gone.json()["error"]["code"]) == (422, "invalid_request")
+
+
+def test_items_created_at_the_same_instant_are_paged_by_id(world: World) -> None:
+    """Ties on ``created_at`` are broken by the id, in the order and in the cursor: every
+    user, dataset, release and grant of the world is given one and the same
+    ``created_at``, and each list still pages every item once, in id order, whatever the
+    limit (a cursor on ``created_at`` alone would skip the rest of a tie; an order on it
+    alone would leave the tie's order to the database)."""
+    services: Services = world.client.app.state.services  # type: ignore[attr-defined]
+    with services.db.transaction() as session:
+        instant = session.scalars(select(User.created_at).limit(1)).one()
+        for model in (User, Dataset, Release, Grant):
+            session.execute(update(model).values(created_at=instant))
+    owner, reader, d0 = world.owner, world.analysts[0], world.datasets[0]
+    users = [world.admin.id, owner.id, world.other.id, *(a.id for a in world.analysts)]
+
+    def by_id(ids: list[Any]) -> list[str]:
+        return [str(i) for i in sorted(uuid.UUID(str(i)) for i in ids)]
+
+    for limit in (1, 2, 3):
+        assert_paged(world, world.admin, "/v1/users", by_id(users), limit)
+        assert_paged(world, owner, "/v1/datasets", by_id(world.datasets), limit)
+        granted = [d0, world.datasets[1], world.datasets[3]]
+        assert_paged(world, reader, "/v1/datasets", by_id(granted), limit)
+        url = f"/v1/datasets/{d0}/releases"
+        assert_paged(world, owner, url, by_id(world.releases), limit)
+        grantees = by_id([a.id for a in world.analysts])
+        assert_paged(world, owner, f"/v1/datasets/{d0}/grants", grantees, limit, key="user_id")
