@@ -73,3 +73,44 @@ def test_curator_raises_and_lowers_totals(
     assert "epsilon (1e-13) must lie in [1e-12, 1e+06]" in message, message
     events = client.get("/v1/audit", headers=admin.headers).json()
     assert [e["action"] for e in events].count("dataset.budget_update") == 2
+
+
+def test_patch_answers_the_first_page_and_links_the_next(
+    client: TestClient, curator: Caller
+) -> None:
+    """PATCH answers as the budget's first page (100 entries by default) and, like GET,
+    names the next page in its ``Link`` header, which a GET then reads."""
+    dataset_id = uuid.UUID(upload(client, curator, csv_bytes()).json()["id"])
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    with services.db.transaction() as session:
+        for _ in range(101):
+            release = Release(
+                dataset_id=dataset_id,
+                mechanism="test",
+                epsilon=0,
+                delta=0,
+                params={},
+                created_by=curator.id,
+            )
+            session.add(release)
+            session.flush()
+            ledger.reserve(
+                session,
+                dataset_id,
+                release.id,
+                epsilon_units(0.001, charge=True),
+                0,
+                ledger.Actor.user(curator.id),
+            )
+    url = f"/v1/datasets/{dataset_id}/budget"
+    patched = client.patch(url, headers=curator.headers, json={"epsilon": 2})
+    assert patched.status_code == 200, patched.text
+    entries = patched.json()["entries"]
+    assert len(entries) == 100
+    assert patched.json()["epsilon_reserved"] == 0.101  # totals over every entry
+    assert "next" in patched.links, patched.headers
+    rest = client.get(patched.links["next"]["url"], headers=curator.headers)
+    assert rest.status_code == 200, rest.text
+    assert len(rest.json()["entries"]) == 1
+    assert rest.json()["entries"][0]["id"] > entries[-1]["id"]
+    assert "link" not in rest.headers
