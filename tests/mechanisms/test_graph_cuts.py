@@ -430,6 +430,8 @@ def test_pair_bits_of_streams_blocks_and_refuses_an_edge_listed_twice_across_the
         gc.pair_bits_of([edges[:200], flipped[100:102], edges[200:]], n)
     with pytest.raises(MechanismError, match="1 duplicate edges"):
         gc.pair_bits_of([np.vstack([edges[:5], flipped[:1]])], n)
+    with pytest.raises(MechanismError, match="1 duplicate edges"):  # one, across blocks
+        gc.pair_bits_of([edges[:200], flipped[7:8], edges[200:]], n)
     with pytest.raises(MechanismError, match="self-loops"):
         gc.pair_bits_of([edges[:5], np.array([[3, 3]])], n)
 
@@ -501,3 +503,33 @@ def test_measure_streams_the_stored_edges_into_pair_bits(monkeypatch: pytest.Mon
     assert measured.privacy_cost.epsilon == 60.0
     bits = gc.pair_bytes(n)  # 250 KB; the 1e6 true edges are 16 MB as int64 pairs
     assert peak <= 4 * bits + 4 * 1024 * 1024, peak
+
+
+@pytest.mark.parametrize("n", [5, 9, 4039])
+def test_certain_flips_flip_every_pair_once_and_never_the_padding(n: int) -> None:
+    """``_perturb`` at ``T = 2^64`` (every coin 1) is the complement of every pair bit,
+    each pair flipped exactly once, also where a block of :data:`_BLOCK_PAIRS` ends
+    (4039 vertices: 8.2e6 pairs, two blocks at the real block size), and the padding
+    bits after the last pair stay 0; at ``T = 0`` the bits are unchanged."""
+    pairs = n * (n - 1) // 2
+    assert gc._BLOCK_PAIRS % 8 == 0  # blocks are whole bytes
+    edges = random_graph(n, min(pairs // 3, 5000), seed=4)
+    true_bits = gc.pair_bits_of([edges], n)
+    flipped = gc._perturb(true_bits, n, secure_random.TWO_64)
+    assert flipped.shape == true_bits.shape
+    unpacked = np.unpackbits(flipped)
+    np.testing.assert_array_equal(unpacked[:pairs], 1 - np.unpackbits(true_bits)[:pairs])
+    assert not unpacked[pairs:].any()
+    assert gc.pair_count(flipped) == pairs - edges.shape[0]
+    np.testing.assert_array_equal(gc._perturb(true_bits, n, 0), true_bits)
+
+
+def test_stored_flip_threshold_must_lie_in_zero_to_half() -> None:
+    """A release's ``flip_threshold`` ``T`` (flip probability ``T / 2^64``) lies in
+    ``(0, 2^63]``: ``2^63`` (probability 1/2) is accepted, 0 and ``2^63 + 1`` refused."""
+    bits = np.zeros(gc.pair_bytes(5), np.uint8)
+    half = gc.PairBitsRelease(bits=bits, n_vertices=5, epsilon=1.0, flip_threshold=1 << 63)
+    assert half.flip_probability == 0.5
+    for threshold in (0, (1 << 63) + 1):
+        with pytest.raises(MechanismError, match=r"flip_threshold must lie in \(0, 2\^63\]"):
+            gc.PairBitsRelease(bits=bits, n_vertices=5, epsilon=1.0, flip_threshold=threshold)
