@@ -245,3 +245,39 @@ def test_graph_validation_memory_does_not_grow_with_the_edges(tmp_path: Path) ->
     order = np.lexsort((high, low))
     np.testing.assert_array_equal(table["u"].to_numpy(), low[order])
     np.testing.assert_array_equal(table["v"].to_numpy(), high[order])
+
+
+def test_refused_rows_are_not_counted_as_repeated_edges(
+    client: TestClient, curator: Caller
+) -> None:
+    """Repeated edges are the *valid* rows listed less the distinct pairs: rows refused
+    for another reason (out of range, self-loop, not an integer) are counted under that
+    reason only, and a repeat among the valid rows still counts once per extra listing."""
+    content = b"0 1\n1 2\n7 1\n3 3\nx 2\n2 1\n"
+    response = upload_graph(client, curator, content)
+    assert response.status_code == 422, response.text
+    problems = response.json()["error"]["problems"]
+    assert sorted((p["problem"], p["rows"]) for p in problems) == [
+        ("ids outside 0..5 (the declared vertex count)", 1),
+        ("ids that are not non-negative integers", 1),
+        ("repeated edges (in either orientation)", 1),
+        ("self-loops", 1),
+    ]
+    response = upload_graph(client, curator, b"0 1\n7 1\n3 3\n")
+    assert response.status_code == 422, response.text
+    assert [p["problem"] for p in response.json()["error"]["problems"]] == [
+        "ids outside 0..5 (the declared vertex count)",
+        "self-loops",
+    ]
+    assert_nothing_stored(client)
+
+
+def test_a_header_without_edges_is_refused_as_no_edges(client: TestClient, curator: Caller) -> None:
+    """A file whose only line is a header has rows to read but no edge: the same 422 as a
+    file of comments, nothing stored."""
+    response = upload_graph(client, curator, b"source,target\n")
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["problems"] == [
+        {"column": None, "problem": "the file has no edges", "rows": None}
+    ]
+    assert_nothing_stored(client)
