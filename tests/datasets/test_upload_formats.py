@@ -835,3 +835,110 @@ def test_a_header_longer_than_a_read_block_is_named_as_such(
     response = upload(client, curator, b"x,c,b", with_columns(*COLUMNS))
     [found] = problems_of(response)
     assert found["problem"] == "the file has no data rows (it is a single line)"
+
+
+def test_a_cell_of_exactly_the_limit_is_not_refused_for_its_length(
+    client: TestClient, curator: Caller
+) -> None:
+    """MAX_CELL_BYTES is the longest cell allowed: a 1024-byte cell is judged as a cell
+    (here: no declared category), a 1025-byte one refused for its length."""
+    for size, problem in ((1024, "values that are not declared categories"), (1025, None)):
+        labels = ["C" * size] + ["A"] * 9
+        csv = "x,c,b\n" + "".join(f"1,{label},1\n" for label in labels)
+        response = upload(client, curator, csv.encode(), with_columns(*COLUMNS))
+        found = problems_of(response)
+        if problem is None:
+            assert found == [{"column": "c", "problem": "cells longer than 1024 bytes", "rows": 1}]
+        else:
+            assert [p["column"] for p in found] == ["c"], found
+            assert "longer than" not in found[0]["problem"], found
+    assert_nothing_stored(client)
+
+
+def _footer_problems(table: pa.Table, declared: list[str], limit: int, monkeypatch: Any) -> Any:
+    """What _check_parquet_sizes finds in ``table`` (one row group, no dictionaries) with
+    MAX_ROW_GROUP_TEXT_BYTES at ``limit``."""
+    monkeypatch.setattr(validation, "MAX_ROW_GROUP_TEXT_BYTES", limit)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, use_dictionary=False, compression="none")
+    sink.seek(0)
+    problems = validation.Problems()
+    validation._check_parquet_sizes(sink, declared, problems)
+    return list(problems.counts)
+
+
+def _text_bytes(table: pa.Table, names: list[str]) -> int:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, use_dictionary=False, compression="none")
+    group = pq.ParquetFile(io.BytesIO(sink.getvalue())).metadata.row_group(0)
+    return sum(
+        group.column(i).total_uncompressed_size
+        for i in range(group.num_columns)
+        if group.column(i).path_in_schema.split(".")[0] in names
+    )
+
+
+def test_the_row_group_text_bound_sums_the_declared_text_columns_up_to_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The footer check: a row group's declared text columns (strings, fixed-size binary,
+    a struct's text leaves) are summed, encoded, and the sum may reach
+    MAX_ROW_GROUP_TEXT_BYTES but not pass it; undeclared columns and numbers do not
+    count."""
+    rows = 1000
+    table = pa.table(
+        {
+            "x": pa.array([1.0] * rows),
+            "c": pa.array(["AB"] * rows),
+            "d": pa.array(["CD"] * rows),
+            "f": pa.array([b"0123"] * rows, pa.binary(4)),
+            "s": pa.array([{"t": "EF"}] * rows),
+            "u": pa.array(["undeclared" * 10] * rows),
+        }
+    )
+    both = _text_bytes(table, ["c", "d"])
+    one = _text_bytes(table, ["c"])
+    assert 0 < one < both
+    # the sum of the two columns, at the limit and one byte past it
+    assert _footer_problems(table, ["x", "c", "d"], both, monkeypatch) == []
+    [problem] = _footer_problems(table, ["x", "c", "d"], both - 1, monkeypatch)
+    assert problem[1].startswith("1 row group(s) of the file hold more than")
+    # each column alone is within the limit: a sum, not the largest column
+    assert _footer_problems(table, ["x", "c", "d"], max(one, both - one), monkeypatch) != []
+    # an undeclared text column does not count, however large
+    assert "u" in table.column_names
+    assert _footer_problems(table, ["x", "c", "d"], both, monkeypatch) == []
+    # fixed-size binary and a struct's text leaves count
+    for name in ("f", "s"):
+        size = _text_bytes(table, [name])
+        assert size > 0
+        assert _footer_problems(table, [name], size, monkeypatch) == []
+        assert _footer_problems(table, [name], size - 1, monkeypatch) != []
+
+
+def test_byte_sizes_are_named_in_the_largest_unit_that_divides_them() -> None:
+    assert validation._byte_size(4 << 20) == "4 MiB"
+    assert validation._byte_size(1 << 20) == "1 MiB"
+    assert validation._byte_size(1 << 10) == "1 KiB"
+    assert validation._byte_size(64 << 10) == "64 KiB"
+    assert validation._byte_size((1 << 20) + (1 << 10)) == "1025 KiB"
+    assert validation._byte_size(1000) == "1000 bytes"
+    assert validation._byte_size(1025) == "1025 bytes"
+
+
+def test_a_single_line_of_exactly_a_read_block_is_a_header_without_rows(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file without a line end that fits the CSV reader's block is one line, a header
+    and no rows; only one longer than the block is named as a first line too long."""
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 64 << 10)
+    for size, problem in (
+        (64 << 10, "the file has no data rows (it is a single line)"),
+        ((64 << 10) + 1, "the first line is longer than 64 KiB"),
+    ):
+        content = b"x,c,b," + b"N" * (size - 6)
+        assert len(content) == size
+        response = upload(client, curator, content, with_columns(*COLUMNS))
+        [found] = problems_of(response)
+        assert found["problem"].startswith(problem), found
+    assert_nothing_stored(client)
