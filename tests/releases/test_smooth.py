@@ -1380,3 +1380,50 @@ def test_a_refused_batch_names_its_first_refused_query(refused: set[int], expect
     assert refusal(MechanismError("too big"), list(range(9)), batch_level).message == (
         "queries: too big"
     )
+
+
+def test_largest_basis_size_is_the_largest_within_the_measure_work_limit() -> None:
+    """measure_work is n R weighted by max(1, R / MEASURE_WORK_SIZE), and
+    largest_basis_size(n) the largest R whose work is within MAX_MEASURE_WORK: R + 1 is
+    not, on either side of R = MEASURE_WORK_SIZE."""
+    work = smooth_synopsis_adapter.measure_work
+    assert work(10**6, 100) == 1e8  # at most MEASURE_WORK_SIZE moments: n R
+    assert work(10**6, 10_000) == 1e10
+    assert work(10**5, 10**5) == 1e11  # beyond it weighted by R / 10^4
+    limit = smooth_synopsis_adapter.MAX_MEASURE_WORK
+    for n in (1, 7, 500, 10**4, 99_999, 10**5, 123_457, 10**6, 9_999_999, 10**7, 10**7 + 1):
+        size = smooth_synopsis_adapter.largest_basis_size(n)
+        assert work(n, size) <= limit < work(n, size + 1), n
+
+
+def test_synopsis_work_bounds_at_their_edges(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A basis_size whose measure is exactly at the work limit is accepted; a table on
+    which not even one moment fits is refused as too large; and answers are computed in
+    blocks of at least one query even when R exceeds ANSWER_BLOCK_ENTRIES."""
+    dataset_id, _ = _dataset(client, curator)  # n = 500
+    monkeypatch.setattr(smooth_synopsis_adapter, "MAX_MEASURE_WORK", 500 * 8)
+    body: dict[str, Any] = {"mechanism": "smooth_synopsis", "epsilon": 1}
+    at_limit = request_release(client, curator, dataset_id, {**body, "params": {"basis_size": 8}})
+    assert at_limit.status_code == 202, at_limit.text
+    monkeypatch.setattr(smooth_synopsis_adapter, "MAX_MEASURE_WORK", 499)
+    too_large = request_release(client, curator, dataset_id, body)
+    assert too_large.status_code == 422, too_large.text
+    assert "the table is too large for smooth_synopsis" in too_large.json()["error"]["message"]
+    monkeypatch.undo()
+
+    release_id = request_release(
+        client, curator, dataset_id, {**body, "params": {"co_spread": False}}
+    ).json()["id"]
+    run_all(client, release_id)
+    query = {"type": "product", "factors": {"x": {"type": "gaussian", "center": 0.1, "sigma": 3}}}
+    url = f"/v1/releases/{release_id}/answers"
+    whole = client.post(url, headers=curator.headers, json={"queries": [query] * 3})
+    assert whole.status_code == 200, whole.text
+    monkeypatch.setattr(smooth_synopsis_adapter, "ANSWER_BLOCK_ENTRIES", 5)  # R = 12
+    one_by_one = client.post(url, headers=curator.headers, json={"queries": [query] * 3})
+    assert one_by_one.status_code == 200, one_by_one.text
+    assert [a["value"] for a in one_by_one.json()["answers"]] == pytest.approx(
+        [a["value"] for a in whole.json()["answers"]], rel=1e-9
+    )
