@@ -798,3 +798,35 @@ def test_answers_in_progress_leave_sessions_to_other_requests(
         "answer",
         lambda: _answers(client, curator, release_id, query).status_code,
     )
+
+
+def test_cut_work_counts_the_smaller_side_of_the_largest_cut_in_the_batch(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's work is its queries times the work of its largest cut: 2 min(|S|, |T|)
+    rows of ceil(|V|/8) bytes plus |V| plus QUERY_OVERHEAD (set to 0 here so that the
+    rows count). At 300 vertices (38-byte rows) a cut of 5 against 100 vertices is 2 * 5
+    * 38 + 300 = 680 units, whichever side is the smaller and wherever it is in the
+    batch; the limit is reached, not passed."""
+    from app.releases.adapters import graph_cuts as adapter
+
+    n = 300
+    content = ("\n".join(f"{v} {v + 1}" for v in range(n - 1)) + "\n").encode()
+    _, release_id = _graph_release(client, curator, content, n, 0.5)
+    small = {"type": "cut", "S": [0], "T": [1]}
+    five = list(range(5))
+    hundred = list(range(100, 200))
+    large = [{"type": "cut", "S": five, "T": hundred}, {"type": "cut", "S": hundred, "T": five}]
+    batch = [small, *large, *large, *large]  # 7 queries, the small one first
+    per_query = 2 * 5 * ((n + 7) // 8) + n
+    assert per_query == 680
+    monkeypatch.setattr(adapter, "QUERY_OVERHEAD", 0)
+    monkeypatch.setattr(adapter, "MAX_CUT_WORK", 7 * per_query)
+    answered = _answers(client, curator, release_id, batch)
+    assert answered.status_code == 200, answered.text
+    monkeypatch.setattr(adapter, "MAX_CUT_WORK", 7 * per_query - 1)
+    refused = _answers(client, curator, release_id, batch)
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert "at most 6 per request" in message, message
+    assert "up to 10 rows of 38 bytes of the noisy adjacency" in message, message
