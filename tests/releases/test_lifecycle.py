@@ -251,6 +251,42 @@ def test_an_idempotent_retry_finds_a_release_recorded_before_a_parameter_existed
     assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
 
 
+def test_an_idempotent_retry_does_not_match_a_release_whose_parameter_was_since_removed(
+    client: TestClient, curator: Caller
+) -> None:
+    """The other side of the retry rule: a release recorded with a parameter today's
+    model no longer takes (its hash is this request's with its stored parameters, but
+    they do not parse) was not recorded for this request: its key is 409, nothing
+    charged again."""
+    import hashlib
+    import json
+
+    dataset_id = dataset(client, curator)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 0.2, "params": {"smoothness": 4}}
+    first = request_release(client, curator, dataset_id, body, key="since-removed")
+    assert first.status_code == 202, first.text
+    with services_of(client).db.transaction() as session:  # as a later code recorded it
+        release = session.get(Release, uuid.UUID(first.json()["id"]))
+        assert release is not None
+        stored = {**release.params, "a_parameter_since_removed": 1}
+        canonical = {
+            "dataset": dataset_id,
+            "mechanism": "smooth_synopsis",
+            "epsilon": repr(0.2),
+            "delta": repr(0.0),
+            "columns": release.columns,
+            "params": stored,
+        }
+        release.params = stored
+        release.request_hash = hashlib.sha256(
+            json.dumps(canonical, sort_keys=True).encode()
+        ).hexdigest()
+    again = request_release(client, curator, dataset_id, body, key="since-removed")
+    assert again.status_code == 409, again.text
+    assert again.json()["error"]["code"] == "idempotency_key_reused"
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
+
+
 def test_cancel_before_measuring_refunds(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator)
     release_id = request_release(client, curator, dataset_id).json()["id"]
