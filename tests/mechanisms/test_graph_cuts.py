@@ -6,6 +6,7 @@ False-failure rates: z-tests at 5 sigma (~6e-7), unbiasedness at 4 standard erro
 import math
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -553,3 +554,28 @@ def test_packed_cuts_read_every_row_in_any_block_size(
         S, T = perm[:a], perm[a:]
         assert packed.noisy_cut(S, T) == int(noisy[np.ix_(S, T)].sum()), a
         assert packed.noisy_cut(T, S) == int(noisy[np.ix_(S, T)].sum()), a
+
+
+def test_pair_bits_must_be_the_graphs_bytes_as_uint8() -> None:
+    """Stored pair bits are exactly pair_bytes(|V|) bytes of uint8: the right length in
+    another dtype (whose items are not 8 pair bits each) is refused."""
+    for bits in (np.zeros(2, np.int64), np.zeros(2, np.bool_), np.zeros(3, np.uint8)):
+        with pytest.raises(MechanismError, match="pair bits must be 2 bytes for 5 vertices"):
+            gc.PairBitsRelease(bits=bits, n_vertices=5, epsilon=1.0, flip_threshold=2)
+        with pytest.raises(MechanismError, match="pair bits must be 2 bytes"):
+            list(gc.pair_bits_to_edges(bits, 5))
+
+
+def test_a_bad_epsilon_is_refused_before_any_edge_is_read() -> None:
+    """release_pair_bits checks its public parameters before it reads the edge blocks (a
+    stored graph may be GBs): a refused epsilon consumes none of them."""
+
+    def blocks() -> Any:
+        raise AssertionError("an edge block was read")
+        yield np.array([[0, 1]])  # pragma: no cover
+
+    for epsilon in (0.0, -1.0, float("nan")):
+        with pytest.raises(MechanismError, match="epsilon"):
+            gc.release_pair_bits(blocks(), 5, epsilon)
+    with pytest.raises(MechanismError, match="n_vertices"):
+        gc.release_pair_bits(blocks(), 1, 1.0)
