@@ -942,3 +942,25 @@ def test_a_single_line_of_exactly_a_read_block_is_a_header_without_rows(
         [found] = problems_of(response)
         assert found["problem"].startswith(problem), found
     assert_nothing_stored(client)
+
+
+def test_cell_lengths_are_measured_for_every_text_and_bytes_type() -> None:
+    """_cell_lengths gives the byte length of each cell of every Arrow text or bytes type
+    (the Parquet reader hands dictionaries of string or binary, but the check takes any),
+    through a dictionary without expanding it, nulls kept; None for fixed-width types."""
+    cells = ["A" * 2000, None, "Bé"]
+    types = [pa.string(), pa.large_string(), pa.string_view()]
+    types += [pa.binary(), pa.large_binary(), pa.binary_view()]
+    for arrow_type in types:
+        values = [
+            None if c is None else c.encode() if "binary" in str(arrow_type) else c for c in cells
+        ]
+        lengths = validation._cell_lengths(pa.array(values, arrow_type))
+        assert lengths is not None, arrow_type
+        assert lengths.to_pylist() == [2000, None, 3], arrow_type
+        encoded = pa.array(values, arrow_type).dictionary_encode()
+        lengths = validation._cell_lengths(encoded)
+        assert lengths is not None, arrow_type
+        assert lengths.to_pylist() == [2000, None, 3], arrow_type
+    assert validation._cell_lengths(pa.array([1.5, 2.0])) is None
+    assert validation._cell_lengths(pa.array([1, 2]).dictionary_encode()) is None
