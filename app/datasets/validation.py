@@ -547,6 +547,15 @@ def _open(
     return names, parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=present)
 
 
+def _in_declared(path: str, declared: set[str]) -> bool:
+    """Whether the Parquet leaf ``path`` (its field names joined by dots) is a declared
+    column or inside one. A declared name may hold dots itself ("c.x", whose leaf path is
+    "c.x"), so every dot-separated prefix of the path is a candidate, not the first part
+    alone."""
+    parts = path.split(".")
+    return any(".".join(parts[:k]) in declared for k in range(1, len(parts) + 1))
+
+
 def _check_parquet_sizes(reader: Any, declared: list[str], problems: Problems) -> None:
     """Refuse, from the footer and before any page is decoded, a row group whose declared
     text columns hold more than :data:`MAX_ROW_GROUP_TEXT_BYTES` encoded."""
@@ -559,7 +568,7 @@ def _check_parquet_sizes(reader: Any, declared: list[str], problems: Problems) -
         for position in range(group.num_columns):
             chunk = group.column(position)
             # a nested column's chunks count as its own: their leaves may be text
-            if chunk.path_in_schema.split(".", 1)[0] in declared_set and chunk.physical_type in (
+            if _in_declared(chunk.path_in_schema, declared_set) and chunk.physical_type in (
                 "BYTE_ARRAY",
                 "FIXED_LEN_BYTE_ARRAY",
             ):

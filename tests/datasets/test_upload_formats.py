@@ -964,3 +964,36 @@ def test_cell_lengths_are_measured_for_every_text_and_bytes_type() -> None:
         assert lengths.to_pylist() == [2000, None, 3], arrow_type
     assert validation._cell_lengths(pa.array([1.5, 2.0])) is None
     assert validation._cell_lengths(pa.array([1, 2]).dictionary_encode()) is None
+
+
+def test_a_declared_column_with_a_dot_in_its_name_counts_toward_the_row_group_bound(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column name may hold a dot ("c.x"), and Parquet names a leaf by its path, dots
+    and all: the footer check matched a leaf to a declared column by the path's first
+    dot-separated part ("c"), so a declared "c.x" of any size escaped
+    MAX_ROW_GROUP_TEXT_BYTES (the bound against Parquet text bombs). It counts, as a
+    struct's leaves ("s.t" of a declared "s") still do."""
+    monkeypatch.setattr(validation, "MAX_ROW_GROUP_TEXT_BYTES", 1 << 20)
+    rows = 400_000  # 2 MB of text (a length and a letter a cell)
+    columns = [COLUMNS[0], {**COLUMNS[1], "name": "c.x"}, {**COLUMNS[2], "name": "b.y.z"}]
+    table = pa.table(
+        {
+            "x": pa.array([1.0] * rows),
+            "c.x": pa.array(["A", "B"] * (rows // 2)),
+            "b.y.z": pa.array([True] * rows),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, use_dictionary=False, row_group_size=rows)
+    response = upload(client, curator, sink.getvalue(), with_columns(*columns), "d.parquet")
+    [found] = problems_of(response)
+    assert found["problem"].startswith(
+        "1 row group(s) of the file hold more than 1 MiB of text in the declared columns"
+    )
+    assert_nothing_stored(client)
+    # within the limit, the dotted names are read and stored as declared
+    sink = io.BytesIO()
+    pq.write_table(table, sink, use_dictionary=False, row_group_size=rows // 4)
+    response = upload(client, curator, sink.getvalue(), with_columns(*columns), "d.parquet")
+    assert response.status_code == 201, response.text
