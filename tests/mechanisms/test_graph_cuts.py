@@ -3,6 +3,7 @@
 False-failure rates: z-tests at 5 sigma (~6e-7), unbiasedness at 4 standard errors (~6e-5).
 """
 
+import json
 import math
 from decimal import Decimal
 from pathlib import Path
@@ -410,6 +411,32 @@ def test_synthesize_writes_every_noisy_edge_in_blocks(
     written = np.column_stack([table["u"].to_numpy(), table["v"].to_numpy()])
     assert np.array_equal(written, released.edges)
     assert done.summary == {"noisy_edges": released.edges.shape[0]}
+    # release.json: the public parameters as the release states them
+    described = json.loads((tmp_path / "release.json").read_text())
+    assert described["n_vertices"] == n
+    assert described["epsilon"] == released.epsilon
+    assert described["flip_probability"] == released.flip_probability
+    assert described["epsilon_effective"] == released.epsilon_effective
+    # at epsilon 40 the flip coin's rounding shows: T = 79, epsilon_effective 39.99...
+    tiny = gc.release(np.array([[0, 1]]), 5, 40.0)
+    GraphCuts().synthesize(
+        pack(
+            {
+                "n_vertices": 5,
+                "epsilon": 40.0,
+                "flip_threshold": tiny.flip_threshold,
+                "pairs": _bits(tiny),
+            }
+        ),
+        None,
+        None,
+        np.random.default_rng(0),
+        tmp_path,
+        lambda _: None,  # type: ignore[arg-type]
+    )
+    described = json.loads((tmp_path / "release.json").read_text())
+    assert described["flip_probability"] == tiny.flip_threshold / 2**64
+    assert described["epsilon_effective"] == tiny.epsilon_effective < 40.0
 
 
 def test_pair_bits_of_streams_blocks_and_refuses_an_edge_listed_twice_across_them() -> None:
