@@ -14,28 +14,37 @@ from tests.conftest import Caller
 from tests.datasets.helpers import csv_bytes, upload
 
 
-def test_budget_shows_totals_and_entries(client: TestClient, curator: Caller) -> None:
-    dataset_id = uuid.UUID(upload(client, curator, csv_bytes()).json()["id"])
+def _reserve(
+    client: TestClient, curator: Caller, dataset_id: uuid.UUID, epsilon: float, count: int = 1
+) -> None:
+    """``count`` reservations of ``epsilon`` on the dataset, each for a placeholder release
+    of the curator's (the ledger's own entries, as a release request writes them)."""
     services: Services = client.app.state.services  # type: ignore[attr-defined]
     with services.db.transaction() as session:
-        release = Release(
-            dataset_id=dataset_id,
-            mechanism="test",
-            epsilon=0,
-            delta=0,
-            params={},
-            created_by=curator.id,
-        )
-        session.add(release)
-        session.flush()
-        ledger.reserve(
-            session,
-            dataset_id,
-            release.id,
-            epsilon_units(0.3, charge=True),
-            0,
-            ledger.Actor.user(curator.id),
-        )
+        for _ in range(count):
+            release = Release(
+                dataset_id=dataset_id,
+                mechanism="test",
+                epsilon=0,
+                delta=0,
+                params={},
+                created_by=curator.id,
+            )
+            session.add(release)
+            session.flush()
+            ledger.reserve(
+                session,
+                dataset_id,
+                release.id,
+                epsilon_units(epsilon, charge=True),
+                0,
+                ledger.Actor.user(curator.id),
+            )
+
+
+def test_budget_shows_totals_and_entries(client: TestClient, curator: Caller) -> None:
+    dataset_id = uuid.UUID(upload(client, curator, csv_bytes()).json()["id"])
+    _reserve(client, curator, dataset_id, 0.3)
     body = client.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
     assert body["epsilon_total"] == 1.0
     assert body["epsilon_reserved"] == 0.3
@@ -81,27 +90,7 @@ def test_patch_answers_the_first_page_and_links_the_next(
     """PATCH answers as the budget's first page (100 entries by default) and, like GET,
     names the next page in its ``Link`` header, which a GET then reads."""
     dataset_id = uuid.UUID(upload(client, curator, csv_bytes()).json()["id"])
-    services: Services = client.app.state.services  # type: ignore[attr-defined]
-    with services.db.transaction() as session:
-        for _ in range(101):
-            release = Release(
-                dataset_id=dataset_id,
-                mechanism="test",
-                epsilon=0,
-                delta=0,
-                params={},
-                created_by=curator.id,
-            )
-            session.add(release)
-            session.flush()
-            ledger.reserve(
-                session,
-                dataset_id,
-                release.id,
-                epsilon_units(0.001, charge=True),
-                0,
-                ledger.Actor.user(curator.id),
-            )
+    _reserve(client, curator, dataset_id, 0.001, count=101)
     url = f"/v1/datasets/{dataset_id}/budget"
     patched = client.patch(url, headers=curator.headers, json={"epsilon": 2})
     assert patched.status_code == 200, patched.text

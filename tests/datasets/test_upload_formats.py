@@ -784,31 +784,54 @@ def test_parquet_text_is_read_as_dictionaries() -> None:
     assert [pa.types.is_dictionary(t) for t in batch.schema.types] == [False, True, True]
 
 
+@pytest.mark.parametrize(
+    "names",
+    [pytest.param(("x", "c", "b"), id="plain"), pytest.param(("x", "c.x", "b.y.z"), id="dotted")],
+)
 def test_a_row_group_with_too_much_text_is_refused_from_the_footer(
-    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    names: tuple[str, str, str],
 ) -> None:
     """Distinct long strings compress to a few bytes a page and a batch decodes all it
     holds before a cell can be measured (a 100 KB file took 5 GiB): a row group with more
     text in the declared columns than MAX_ROW_GROUP_TEXT_BYTES is refused from its footer,
-    before a page is read (resource-exhaustion audit). Numbers do not count."""
+    before a page is read (resource-exhaustion audit). Numbers do not count.
+
+    ``dotted``: a column name may hold a dot ("c.x"), and Parquet names a leaf by its path,
+    dots and all. The footer check matched a leaf to a declared column by the path's first
+    dot-separated part ("c"), so a declared "c.x" of any size escaped the bound. It counts,
+    as a struct's leaves ("s.t" of a declared "s") still do."""
     monkeypatch.setattr(validation, "MAX_ROW_GROUP_TEXT_BYTES", 1 << 20)
     rows = 400_000  # 2 MB of text (a length and a letter a cell), 3.2 MB of numbers
-    table = _typed(
-        pa.array([1.0] * rows), pa.array(["A", "B"] * (rows // 2)), pa.array([True] * rows)
+    columns = [{**column, "name": name} for column, name in zip(COLUMNS, names, strict=True)]
+    table = pa.table(
+        dict(
+            zip(
+                names,
+                [
+                    pa.array([1.0] * rows),
+                    pa.array(["A", "B"] * (rows // 2)),
+                    pa.array([True] * rows),
+                ],
+                strict=True,
+            )
+        )
     )
     sink = io.BytesIO()
     pq.write_table(table, sink, use_dictionary=False, row_group_size=rows)
-    response = upload(client, curator, sink.getvalue(), with_columns(*COLUMNS), "d.parquet")
+    response = upload(client, curator, sink.getvalue(), with_columns(*columns), "d.parquet")
     [found] = problems_of(response)
     assert found["problem"].startswith(
         "1 row group(s) of the file hold more than 1 MiB of text in the declared columns: "
         "write it with smaller row groups"
     )
     assert_nothing_stored(client)
-    # the same table in row groups within the limit is stored
+    # the same table in row groups within the limit is stored, its names as declared
     sink = io.BytesIO()
     pq.write_table(table, sink, use_dictionary=False, row_group_size=rows // 4)
-    response = upload(client, curator, sink.getvalue(), with_columns(*COLUMNS), "d.parquet")
+    response = upload(client, curator, sink.getvalue(), with_columns(*columns), "d.parquet")
     assert response.status_code == 201, response.text
 
 
@@ -964,36 +987,3 @@ def test_cell_lengths_are_measured_for_every_text_and_bytes_type() -> None:
         assert lengths.to_pylist() == [2000, None, 3], arrow_type
     assert validation._cell_lengths(pa.array([1.5, 2.0])) is None
     assert validation._cell_lengths(pa.array([1, 2]).dictionary_encode()) is None
-
-
-def test_a_declared_column_with_a_dot_in_its_name_counts_toward_the_row_group_bound(
-    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A column name may hold a dot ("c.x"), and Parquet names a leaf by its path, dots
-    and all: the footer check matched a leaf to a declared column by the path's first
-    dot-separated part ("c"), so a declared "c.x" of any size escaped
-    MAX_ROW_GROUP_TEXT_BYTES (the bound against Parquet text bombs). It counts, as a
-    struct's leaves ("s.t" of a declared "s") still do."""
-    monkeypatch.setattr(validation, "MAX_ROW_GROUP_TEXT_BYTES", 1 << 20)
-    rows = 400_000  # 2 MB of text (a length and a letter a cell)
-    columns = [COLUMNS[0], {**COLUMNS[1], "name": "c.x"}, {**COLUMNS[2], "name": "b.y.z"}]
-    table = pa.table(
-        {
-            "x": pa.array([1.0] * rows),
-            "c.x": pa.array(["A", "B"] * (rows // 2)),
-            "b.y.z": pa.array([True] * rows),
-        }
-    )
-    sink = io.BytesIO()
-    pq.write_table(table, sink, use_dictionary=False, row_group_size=rows)
-    response = upload(client, curator, sink.getvalue(), with_columns(*columns), "d.parquet")
-    [found] = problems_of(response)
-    assert found["problem"].startswith(
-        "1 row group(s) of the file hold more than 1 MiB of text in the declared columns"
-    )
-    assert_nothing_stored(client)
-    # within the limit, the dotted names are read and stored as declared
-    sink = io.BytesIO()
-    pq.write_table(table, sink, use_dictionary=False, row_group_size=rows // 4)
-    response = upload(client, curator, sink.getvalue(), with_columns(*columns), "d.parquet")
-    assert response.status_code == 201, response.text

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
+import json
 import threading
 import time
 import uuid
@@ -204,6 +206,24 @@ def test_idempotent_retries_race(client: TestClient, curator: Caller) -> None:
     assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
 
 
+def _record_as(release: Release, dataset_id: str, params: dict[str, Any]) -> None:
+    """Rewrite a smooth_synopsis release (epsilon 0.2, delta 0) as code that dumped its
+    parameters as ``params`` recorded it: those parameters and the request hash over them
+    (the canonical form of ``app.releases.service``, written out here as stored data)."""
+    canonical = {
+        "dataset": dataset_id,
+        "mechanism": "smooth_synopsis",
+        "epsilon": repr(0.2),
+        "delta": repr(0.0),
+        "columns": release.columns,
+        "params": params,
+    }
+    release.params = params
+    release.request_hash = hashlib.sha256(
+        json.dumps(canonical, sort_keys=True).encode()
+    ).hexdigest()
+
+
 def test_an_idempotent_retry_finds_a_release_recorded_before_a_parameter_existed(
     client: TestClient, curator: Caller
 ) -> None:
@@ -212,9 +232,6 @@ def test_an_idempotent_retry_finds_a_release_recorded_before_a_parameter_existed
     retried with its key after the upgrade got 409 idempotency_key_reused (found by
     retrying, at head, a request recorded by the service at d652c5d, revision 0003); it
     gets that release again (200, charged once), and another body with the key still 409."""
-    import hashlib
-    import json
-
     dataset_id = dataset(client, curator)
     body = {"mechanism": "smooth_synopsis", "epsilon": 0.2, "params": {"smoothness": 4}}
     first = request_release(client, curator, dataset_id, body, key="before-co-spread")
@@ -224,19 +241,9 @@ def test_an_idempotent_retry_finds_a_release_recorded_before_a_parameter_existed
         release = session.get(Release, release_id)
         assert release is not None
         assert "co_spread" in release.params
-        earlier = {k: v for k, v in release.params.items() if k != "co_spread"}
-        canonical = {
-            "dataset": dataset_id,
-            "mechanism": "smooth_synopsis",
-            "epsilon": repr(0.2),
-            "delta": repr(0.0),
-            "columns": release.columns,
-            "params": earlier,
-        }
-        release.params = earlier
-        release.request_hash = hashlib.sha256(
-            json.dumps(canonical, sort_keys=True).encode()
-        ).hexdigest()
+        _record_as(
+            release, dataset_id, {k: v for k, v in release.params.items() if k != "co_spread"}
+        )
     again = request_release(client, curator, dataset_id, body, key="before-co-spread")
     assert again.status_code == 200, again.text
     assert again.json()["id"] == str(release_id)
@@ -258,9 +265,6 @@ def test_an_idempotent_retry_does_not_match_a_release_whose_parameter_was_since_
     model no longer takes (its hash is this request's with its stored parameters, but
     they do not parse) was not recorded for this request: its key is 409, nothing
     charged again."""
-    import hashlib
-    import json
-
     dataset_id = dataset(client, curator)
     body = {"mechanism": "smooth_synopsis", "epsilon": 0.2, "params": {"smoothness": 4}}
     first = request_release(client, curator, dataset_id, body, key="since-removed")
@@ -268,19 +272,7 @@ def test_an_idempotent_retry_does_not_match_a_release_whose_parameter_was_since_
     with services_of(client).db.transaction() as session:  # as a later code recorded it
         release = session.get(Release, uuid.UUID(first.json()["id"]))
         assert release is not None
-        stored = {**release.params, "a_parameter_since_removed": 1}
-        canonical = {
-            "dataset": dataset_id,
-            "mechanism": "smooth_synopsis",
-            "epsilon": repr(0.2),
-            "delta": repr(0.0),
-            "columns": release.columns,
-            "params": stored,
-        }
-        release.params = stored
-        release.request_hash = hashlib.sha256(
-            json.dumps(canonical, sort_keys=True).encode()
-        ).hexdigest()
+        _record_as(release, dataset_id, {**release.params, "a_parameter_since_removed": 1})
     again = request_release(client, curator, dataset_id, body, key="since-removed")
     assert again.status_code == 409, again.text
     assert again.json()["error"]["code"] == "idempotency_key_reused"
