@@ -56,7 +56,13 @@ from numpy.typing import NDArray
 from app.mechanisms import marginal_tree, noise
 from app.mechanisms.queries import GaussianMixture, GaussianMixtureBatch
 from bench._common import RESULTS, Run
-from bench.smooth_marginals import FAMILY_KEYS, JOINT_SIGMAS, _ratios, _scored_families
+from bench.smooth_marginals import (
+    FAMILY_KEYS,
+    JOINT_SIGMAS,
+    _ratios,
+    _scored_families,
+    joint_queries_and_rows,
+)
 from bench.smooth_synthetic import DATA_DIR, QUERY_SEED, load_datasets
 
 EPSILON = 1.0
@@ -73,16 +79,7 @@ def mean_noise_scale(n: int, d: int, epsilon: float, delta: float) -> float:
     """``s = (2 sqrt(d) / n) / sqrt(2 rho)``: the Gaussian mechanism's standard deviation for
     the mean vector of ``n`` rows in ``[-1, 1]^d`` under replace-one neighbours (L2
     sensitivity ``2 sqrt(d) / n``), at the whole ``rho`` of ``(epsilon, delta)``."""
-    rho = noise.rho_budget(epsilon, delta)
-    return 2.0 * math.sqrt(d) / n / math.sqrt(2.0 * rho)
-
-
-def centre_rows(n: int, count: int, sigma: float) -> NDArray[np.int64]:
-    """``(count, J)``: the rows :func:`bench.smooth_marginals.joint_queries` drew each
-    query's centres at (its first draw from the same seed)."""
-    rng = np.random.default_rng(QUERY_SEED + int(sigma))
-    rows: NDArray[np.int64] = rng.integers(0, n, size=(count, 10))
-    return rows
+    return noise.gaussian_scale_for_rho(2.0 * math.sqrt(d) / n, noise.rho_budget(epsilon, delta))
 
 
 def leave_out_answers(
@@ -97,9 +94,9 @@ def leave_out_answers(
     for q in range(batch.centers.shape[0]):
         f = GaussianMixture(centers=batch.centers[q], weights=batch.weights[q], sigma=batch.sigma)
         values = f.evaluate(X)
-        own = values[np.unique(rows[q])].sum()
-        answers[q] = (values.sum() - own) / (n - np.unique(rows[q]).size)
-        shares[q] = own / values.sum()
+        own = np.unique(rows[q])
+        answers[q] = (values.sum() - values[own].sum()) / (n - own.size)
+        shares[q] = values[own].sum() / values.sum()
     return answers, shares
 
 
@@ -163,8 +160,10 @@ def run(
         left_out: dict[str, float] = {}
         own_share: dict[str, float] = {}
         for key, sigma in zip(ROW_KEYS, JOINT_SIGMAS, strict=True):
-            rows = centre_rows(n, n_queries, sigma)
-            answers, shares = leave_out_answers(X, batches[key], rows)
+            batch, rows = joint_queries_and_rows(X, n_queries, float(sigma), QUERY_SEED + sigma)
+            # the family scored above (bench.smooth_marginals seeds it the same way)
+            np.testing.assert_array_equal(batch.centers, batches[key].centers)
+            answers, shares = leave_out_answers(X, batch, rows)
             left_out[key] = float(np.max(np.abs(answers - truth[key]) / truth[key]) / base[key])
             own_share[key] = float(np.median(shares))
         entry: dict[str, Any] = {

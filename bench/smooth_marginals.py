@@ -104,13 +104,22 @@ def replace_one_epsilon(method: str, epsilon: float = 1.0, delta: float = DELTA)
     return float(brentq(lambda e: noise.rho_budget(e, delta) - target, 1e-3, epsilon, xtol=1e-6))
 
 
-def joint_queries(X: np.ndarray, count: int, sigma: float, seed: int) -> GaussianMixtureBatch:
-    """Kernels centred at real rows plus N(0, 0.1^2) jitter (evaluation, not a release)."""
+def joint_queries_and_rows(
+    X: np.ndarray, count: int, sigma: float, seed: int
+) -> tuple[GaussianMixtureBatch, np.ndarray]:
+    """Kernels centred at real rows plus N(0, 0.1^2) jitter (evaluation, not a release),
+    and the ``(count, 10)`` rows their centres were drawn at."""
     rng = np.random.default_rng(seed)
     n, d = X.shape
-    centers = X[rng.integers(0, n, size=(count, 10))] + rng.normal(0.0, 0.1, (count, 10, d))
+    rows = rng.integers(0, n, size=(count, 10))
+    centers = X[rows] + rng.normal(0.0, 0.1, (count, 10, d))
     weights = rng.uniform(0.0, 1.0, size=(count, 10))
-    return GaussianMixtureBatch(centers=centers, weights=weights, sigma=sigma)
+    return GaussianMixtureBatch(centers=centers, weights=weights, sigma=sigma), rows
+
+
+def joint_queries(X: np.ndarray, count: int, sigma: float, seed: int) -> GaussianMixtureBatch:
+    """Kernels centred at real rows plus N(0, 0.1^2) jitter (evaluation, not a release)."""
+    return joint_queries_and_rows(X, count, sigma, seed)[0]
 
 
 def _families(X: np.ndarray, n_queries: int) -> dict[str, GaussianMixtureBatch]:

@@ -11,7 +11,12 @@ import pytest
 from app.mechanisms import noise
 from app.mechanisms.queries import GaussianMixtureBatch
 from bench import noise_floor as bench
-from bench.smooth_marginals import FAMILY_KEYS, _scored_families, joint_queries
+from bench.smooth_marginals import (
+    FAMILY_KEYS,
+    _scored_families,
+    joint_queries,
+    joint_queries_and_rows,
+)
 from bench.smooth_synthetic import QUERY_SEED
 
 
@@ -40,7 +45,7 @@ def test_mean_noise_scale_is_the_gaussian_scale_of_the_worst_replaced_row() -> N
 def test_centre_rows_are_the_rows_joint_queries_drew() -> None:
     X = np.random.default_rng(3).uniform(-1, 1, size=(50, 4))
     for sigma in (1, 2):
-        rows = bench.centre_rows(50, 30, sigma)
+        _, rows = joint_queries_and_rows(X, 30, float(sigma), QUERY_SEED + sigma)
         rng = np.random.default_rng(QUERY_SEED + sigma)
         rng.integers(0, 50, size=(30, 10))
         jitter = rng.normal(0.0, 0.1, (30, 10, 4))
