@@ -343,6 +343,8 @@ class Conjunction(RowFunction):
                 )
             if isinstance(raw_values, int | np.integer):
                 chosen = frozenset({_as_int(raw_values, "a conjunction value")})
+            elif isinstance(raw_values, range):  # a run of cells: plain ints already
+                chosen = frozenset(raw_values)
             else:
                 values = list(raw_values)
                 if all(type(v) is int for v in values):  # what _as_int accepts as it is
@@ -792,10 +794,11 @@ def _group_sums(
       (b_g - mu_g)^2)``.
 
     Each is one numpy reduction over the entries or the groups. ``phi_{g(e)}(cell_e)`` is
-    evaluated for every entry at once: for the conjunctions by :func:`_conjunctions_at`,
-    for other row functions once per distinct function on the entries of its groups. The
-    only Python loops are over the query itself (a conjunction's terms, each distinct
-    other function), never over entries.
+    evaluated for every entry at once: for the conjunctions by :func:`_conjunctions_at`
+    over the distinct conjunction objects (groups that share one share its terms), for
+    other row functions once per distinct function on the entries of its groups. The only
+    Python loops are over the query itself (the groups, a distinct conjunction's terms,
+    each distinct other function), never over entries.
     """
     n_groups = len(functions)
     group = np.repeat(np.arange(n_groups, dtype=np.int64), np.diff(starts))
@@ -814,14 +817,22 @@ def _group_sums(
     conjunctions = np.flatnonzero(is_conjunction)
     if conjunctions.size:
         assert domain is not None  # each conjunction's domain is the release's (checked)
-        local = np.cumsum(is_conjunction) - 1  # a group's index among the conjunctions
+        # each distinct conjunction object once (a by_public query often gives many
+        # public values the same one): a group's index among the distinct conjunctions
+        seen: dict[int, int] = {}
+        distinct_conjunctions: list[Conjunction] = []
+        local = np.full(n_groups, -1, dtype=np.int64)
+        for g in conjunctions.tolist():
+            conjunction = cast(Conjunction, functions[g])
+            k = seen.setdefault(id(conjunction), len(distinct_conjunctions))
+            if k == len(distinct_conjunctions):
+                distinct_conjunctions.append(conjunction)
+            local[g] = k
         entries = np.flatnonzero(is_conjunction[group])
-        mu_c, phi[entries] = _conjunctions_at(
-            [cast(Conjunction, functions[g]) for g in conjunctions.tolist()],
-            domain,
-            local[group[entries]],
-            cells[entries],
+        mu_distinct, phi[entries] = _conjunctions_at(
+            distinct_conjunctions, domain, local[group[entries]], cells[entries]
         )
+        mu_c = mu_distinct[local[conjunctions]]
         mu[conjunctions] = mu_c
         spread[conjunctions] = np.maximum(mu_c - mu_c**2, 0.0)  # mean_square = mean
         low[conjunctions] = 0.0

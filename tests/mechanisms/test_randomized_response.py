@@ -417,6 +417,8 @@ def test_queries_reject() -> None:
         ({0: []}, "no allowed value"),
         ({0: [-1]}, "outside its 2 categories"),
         ({1: [0, 3]}, "outside its 3 categories"),
+        ({1: range(1, 4)}, "outside its 3 categories"),
+        ({1: range(2, 2)}, "no allowed value"),
         ({0: [True]}, "value must be an integer"),
         ({0: [0.0]}, "value must be an integer"),
         ({0: "0"}, "value must be an integer"),
@@ -434,6 +436,7 @@ def test_conjunction_takes_numpy_integers() -> None:
     assert Conjunction(domain, {1: np.array([0, 2])}).terms == plain.terms
     assert Conjunction(domain, {np.int64(1): (np.int32(2), 0)}).terms == plain.terms
     assert plain.terms == {1: frozenset({0, 2})}
+    assert Conjunction(domain, {1: range(1, 3)}).terms == {1: frozenset({1, 2})}
 
 
 def test_helpers_reject() -> None:

@@ -257,6 +257,38 @@ def test_group_sums_with_empty_groups() -> None:
     assert (got.low, got.high) == (-5.0, 7.0)
 
 
+def test_groups_that_share_a_conjunction_read_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups whose row function is the same :class:`Conjunction` object (a ``by_public``
+    query whose values select the same cells) are evaluated through one entry of
+    ``_conjunctions_at`` each, and every group still gets its own rows' values: the sums
+    equal the per-group loop's, ``phi`` exactly, with the groups interleaved and a table
+    among them."""
+    domain = Domain((3, 4, 5))
+    rng = np.random.default_rng(31)
+    a, b, c = (random_conjunction(rng, domain) for _ in range(3))
+    assert len({tuple(f.term_sets.items()) for f in (a, b, c)}) == 3
+    functions: list[rr.RowFunction] = [a, b, a, Table(np.linspace(0, 1, 60)), c, b, a, c]
+    sizes = rng.integers(1, 12, size=len(functions))
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    cells = np.concatenate([np.sort(rng.choice(60, size=k, replace=False)) for k in sizes])
+    counts = rng.integers(1, 9, size=cells.size)
+    passed: list[int] = []
+    conjunctions_at = rr._conjunctions_at
+
+    def spy(conjunctions, *args):  # type: ignore[no-untyped-def]
+        passed.append(len(conjunctions))
+        return conjunctions_at(conjunctions, *args)
+
+    monkeypatch.setattr(rr, "_conjunctions_at", spy)
+    want = rr._Sums()
+    for g, function in enumerate(functions):
+        entries = slice(starts[g], starts[g + 1])
+        _add_group(want, function, cells[entries], counts[entries])
+    got = rr._group_sums(cells, counts, starts, functions, domain)
+    assert passed == [3]
+    assert_sums_match(got, want, exact_phi=True)
+
+
 @pytest.mark.parametrize(
     "cardinalities",
     [(3, 2, 8, 5), (3, 7, 11, 13, 6)],  # the second: products that round by their order

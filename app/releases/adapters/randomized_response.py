@@ -18,7 +18,7 @@ import bisect
 import json
 import math
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -50,14 +50,18 @@ MAX_TABLE_DOMAIN = 100_000
 #: released rows counted by (public value, code) (``RRRelease.cell_counts``, counted once
 #: per loaded release, every group in one numpy pass): 50 to 100 ns an entry. A release
 #: with a public column is also charged for a ``by_public`` query's own size, one
-#: condition per public value, parsed in Python into a row function: about 25 us a
-#: public value (``bench/results/rr_by_public.md``: 2.6 s for one answer over 10^5
-#: public values at 10^6 rows, 2.4 s at 2 10^5 rows; (seconds / 100 ns - entries) /
-#: public values = 232 to 248 on this 2-core machine under load 3.8, 212 to 260 in a
-#: run under load 2.5). This bounds one request to about 15 s (12 to 14 s in those
-#: runs); the counts are of released values only.
+#: condition per public value, parsed in Python into cells; values whose cells coincide
+#: share one conjunction, the others each cost one more. ``bench/results/rr_by_public.md``
+#: times two queries: one whose 10^5 values select a few hundred distinct conjunctions
+#: (1.8 s an answer at 10^6 rows; 4.3 s before values shared them,
+#: ``rr_by_public_before.md``) and one whose values mostly select their own (5.0 s at
+#: 10^5 values and 10^6 rows, 3.7 s at 2 10^5 rows, 0.69 s at 10^4 values over 9 10^5
+#: entries, where each entry also costs more); the slower needs (seconds / 100 ns -
+#: entries) / public values = 370 to 593, so a value is charged 600. This bounds one
+#: request to about 15 s (7 to 14 s in that run; at the former 250, 25 to 33 s); the
+#: counts are of released values only.
 MAX_ANSWER_WORK = 15 * 10**7
-PUBLIC_VALUE_WORK = 250
+PUBLIC_VALUE_WORK = 600
 #: The measure holds the n released rows (codes read, their concatenation, the perturbed
 #: copy), about :data:`MEASURE_ROW_BYTES` a row, and a public column's values as Python
 #: strings and a fixed-width copy, about :data:`PUBLIC_ROW_BYTES` more (peak RSS of the
@@ -479,11 +483,12 @@ class RandomizedResponse(registry.Mechanism):
         where: Mapping[str, Condition],
         columns: _Columns,
         answered: dict[str, list[float]] | None = None,
-    ) -> dict[int, list[int]]:
-        """The cells of each condition. A continuous column's ``between`` takes the cells
+    ) -> dict[int, tuple[int, ...] | range]:
+        """The cells of each condition (hashable: a tuple, or the run of a continuous
+        column's cells as a ``range``). A continuous column's ``between`` takes the cells
         whose midpoint lies in the range; the range those cells cover (original units) is
         written into ``answered``: that is what the answer estimates, not the range asked."""
-        terms: dict[int, list[int]] = {}
+        terms: dict[int, tuple[int, ...] | range] = {}
         for name, condition in where.items():
             j = columns.index.get(name)
             if j is None:
@@ -508,11 +513,11 @@ class RandomizedResponse(registry.Mechanism):
                 missing = [v for v, text in zip(values, asked, strict=True) if text not in labels]
                 if missing or isinstance(condition, dict):
                     raise InvalidRequest(f"column {name!r} has no category {missing}")
-                cells = [labels[text] for text in asked]
+                cells: tuple[int, ...] | range = tuple(labels[text] for text in asked)
             elif column.kind == "binary":
                 if isinstance(condition, dict) or any(v not in (0, 1, True, False) for v in values):
                     raise InvalidRequest(f"column {name!r} is binary: use 0, 1, false or true")
-                cells = [1 if v in (1, True) else 0 for v in values]
+                cells = tuple(1 if v in (1, True) else 0 for v in values)
             else:
                 if not (isinstance(condition, dict) and set(condition) == {"between"}):
                     raise InvalidRequest(
@@ -530,7 +535,7 @@ class RandomizedResponse(registry.Mechanism):
                 end = bisect.bisect_right(midpoints, high)
                 if first >= end:
                     raise InvalidRequest(f"no cell of column {name!r} lies in [{low}, {high}]")
-                cells = list(range(first, end))
+                cells = range(first, end)
                 if answered is not None:  # the run's outer edges
                     edges = columns.edges[j]
                     answered[name] = [edges[first], edges[end]]
@@ -588,15 +593,17 @@ class RandomizedResponse(registry.Mechanism):
                         raise InvalidRequest(
                             f"values not in the released public column: {unknown[:10]}"
                         )
-                    row_query = rr.Heterogeneous(
-                        {
-                            codes[key]: rr.Conjunction(
-                                domain,
-                                self._terms(where, columns, answered.setdefault(key, {})),
-                            )
-                            for key, where in query.by_public.items()
-                        }
-                    )
+                    # one conjunction per distinct set of cells, shared by every public
+                    # value whose condition selects it (the mechanism reads each once)
+                    built: dict[Hashable, rr.Conjunction] = {}
+                    functions: dict[int, rr.Conjunction] = {}
+                    for key, where in query.by_public.items():
+                        terms = self._terms(where, columns, answered.setdefault(key, {}))
+                        same = tuple((j, cells) for j, cells in terms.items())
+                        if (conjunction := built.get(same)) is None:
+                            conjunction = built[same] = rr.Conjunction(domain, terms)
+                        functions[codes[key]] = conjunction
+                    row_query = rr.Heterogeneous(functions)
                 value, stderr, bound = release.answer(row_query, proper=query.estimator == "proper")
             except MechanismError as exc:
                 raise InvalidRequest(f"queries.{position}: {exc}") from None
