@@ -4,11 +4,31 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
 
-from app.releases import adapters
+from app.releases import adapters, registry
+
+
+def _object(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    return handler(value)
+
+
+#: ``params`` as the body carries it: any JSON object, validated by the release type
+#: named in ``mechanism`` against its own model (``Mechanism.parse_params``: an unknown or
+#: ill-typed parameter is that type's 422 ``invalid_request``, naming the mechanism). The
+#: OpenAPI schema shows every release type's model (``Mechanism.Params``), so that a
+#: generated client can build and check them; a schema only.
+Params = Annotated[
+    dict[str, Any],
+    WrapValidator(
+        _object,
+        json_schema_input_type=Union[  # noqa: UP007
+            tuple(registry.REGISTRY[name].Params for name in adapters.__all__)
+        ],
+    ),
+]
 
 ReleaseStatus = Literal["queued", "measuring", "synthesizing", "succeeded", "failed", "cancelled"]
 
@@ -43,9 +63,10 @@ class ReleaseCreate(BaseModel):
     epsilon: float | None = Field(default=None, strict=True)
     delta: float = Field(default=0.0, strict=True)
     columns: list[str] | None = Field(default=None, min_length=1)
-    params: dict[str, Any] = Field(
+    params: Params = Field(
         default_factory=dict,
-        description="the mechanism's own parameters (README, Releases); an unknown one is a 422",
+        description="the mechanism's own parameters (README, Releases), one of the "
+        "models shown, the one of the mechanism named; an unknown one is a 422",
     )
 
 
@@ -56,7 +77,11 @@ class ResynthesizeRequest(BaseModel):
         extra="forbid", json_schema_extra={"examples": [{"params": {"grid_size": 2000}}]}
     )
 
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(
+        default_factory=dict,
+        description="post-processing parameters of the release's mechanism (README, "
+        "Re-synthesis); a parameter of the measurement, or an unknown one, is a 422",
+    )
 
 
 class ArtifactOut(BaseModel):

@@ -21,10 +21,10 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from app.core.errors import InvalidRequest
-from app.core.types import Integer
+from app.core.types import Integer, integral_number
 from app.mechanisms import compressed as cp
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -42,8 +42,8 @@ class CompressedParams(BaseModel):
         description="Delta_max of paper 002 (eq. 5-6), declared by the curator; in (0, 1) "
         "(Theorem 3.2)",
     )
-    m: Integer | None = Field(
-        default=None, ge=1, description="rows of Phi X; default: the smallest m paper 002 allows"
+    m: Annotated[int, Field(ge=1), BeforeValidator(integral_number)] | None = Field(
+        default=None, description="rows of Phi X; default: the smallest m paper 002 allows"
     )
     reference: list[list[float]] | None = Field(
         default=None,

@@ -27,10 +27,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from app.core.errors import InvalidRequest
-from app.core.types import Integer
+from app.core.types import integral_number
 from app.mechanisms import randomized_response as rr
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -80,7 +80,7 @@ Z_95 = 1.959963984540054
 class RRParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    bits: Annotated[Integer | None, Field(ge=1, le=16)] = Field(
+    bits: Annotated[int, Field(ge=1, le=16), BeforeValidator(integral_number)] | None = Field(
         default=None,
         description="cells per continuous column = 2^bits; default: paper 004 §V-A "
         "(2^{2k} ~ sqrt(n))",

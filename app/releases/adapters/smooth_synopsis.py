@@ -16,13 +16,13 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.core.errors import InvalidRequest
-from app.core.types import Integer
+from app.core.types import integral_number
 from app.mechanisms import smooth_synopsis as sy
 from app.mechanisms.basis import IndexSet
 from app.mechanisms.errors import MechanismError
@@ -35,10 +35,14 @@ from app.storage.source import EncryptedTableSource
 class SynopsisParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    smoothness: Integer = Field(default=4, ge=1, le=100, description="K of paper 001")
+    smoothness: Annotated[int, Field(ge=1, le=100), BeforeValidator(integral_number)] = Field(
+        default=4, description="K of paper 001"
+    )
     basis: Literal["auto", "nominal", "paper", "total_degree", "full_tensor"] = "auto"
-    basis_size: Integer | None = Field(default=None, ge=1)
-    max_basis_size: Integer = Field(default=sy.DEFAULT_MAX_BASIS_SIZE, ge=1, le=200_000)
+    basis_size: Annotated[int, Field(ge=1), BeforeValidator(integral_number)] | None = None
+    max_basis_size: Annotated[int, Field(ge=1, le=200_000), BeforeValidator(integral_number)] = (
+        sy.DEFAULT_MAX_BASIS_SIZE
+    )
     noise_mechanism: Literal["laplace", "gaussian"] | None = None
     co_spread: bool = Field(
         default=True,

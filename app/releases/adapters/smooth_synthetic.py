@@ -72,17 +72,17 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from app.core.errors import InvalidRequest
-from app.core.types import Integer
+from app.core.types import integral_number
 from app.mechanisms import bootstrap, marginal_tree, marginals, noise
 from app.mechanisms import smooth_synthetic as ss
 from app.mechanisms.chebyshev import separable_blocks
@@ -180,10 +180,8 @@ class SyntheticParams(BaseModel):
     #: Whether ``method`` came from :func:`default_method` rather than the request.
     _method_defaulted: bool = PrivateAttr(default=False)
     # marginals and tree
-    bins: Integer | None = Field(
+    bins: Annotated[int, Field(ge=2, le=4096), BeforeValidator(integral_number)] | None = Field(
         default=None,
-        ge=2,
-        le=4096,
         description="bins per column (None: from n, d, epsilon, delta; marginals, tree)",
     )
     bound_atoms: bool | None = Field(
@@ -192,10 +190,8 @@ class SyntheticParams(BaseModel):
         "low; marginals, tree)",
     )
     # tree only
-    pair_bins: Integer | None = Field(
+    pair_bins: Annotated[int, Field(ge=2, le=16), BeforeValidator(integral_number)] | None = Field(
         default=None,
-        ge=2,
-        le=16,
         description="coarse groups per column in the two-way tables (None: "
         f"{marginal_tree.DEFAULT_PAIR_BINS}; tree only)",
     )
@@ -209,25 +205,32 @@ class SyntheticParams(BaseModel):
         "average cell's mass, else 'equal'; tree only",
     )
     # moments only
-    smoothness: Integer = Field(default=4, ge=1, le=100, description="K of paper 000")
+    smoothness: Annotated[int, Field(ge=1, le=100), BeforeValidator(integral_number)] = Field(
+        default=4, description="K of paper 000"
+    )
     grid: Literal["hypercube", "pca_ellipsoid", "full"] = "hypercube"
-    basis_size: Integer | None = Field(default=None, ge=1, le=ss.MAX_BASIS_SIZE)
+    basis_size: (
+        Annotated[int, Field(ge=1, le=ss.MAX_BASIS_SIZE), BeforeValidator(integral_number)] | None
+    ) = None
     basis_rule: Literal["paper_min_d", "paper"] = "paper_min_d"
     noise_mechanism: Literal["laplace", "gaussian", "laplace_approx"] | None = None
     pca_share: float = Field(default=0.2, gt=0, lt=1)
-    pca_rank: Integer | None = Field(default=None, ge=1)
-    pca_iterations: Integer | None = Field(default=None, ge=1, le=100)
+    pca_rank: Annotated[int, Field(ge=1), BeforeValidator(integral_number)] | None = None
+    pca_iterations: Annotated[int, Field(ge=1, le=100), BeforeValidator(integral_number)] | None = (
+        None
+    )
     pca_noise: Literal["laplace", "gaussian"] | None = None
     centre_share: float = Field(default=0.05, gt=0, lt=1)
     # post-processing (grid_size, sample_size: every method; solver, ellipsoid_radius: moments)
-    grid_size: Integer | None = Field(
-        default=None, ge=1, le=1_000_000, description="support size C (every method)"
-    )
+    grid_size: (
+        Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(integral_number)] | None
+    ) = Field(default=None, description="support size C (every method)")
     solver: Literal["simplex", "ipm"] = "simplex"
-    sample_size: Integer | None = Field(
+    sample_size: (
+        Annotated[int, Field(ge=1, le=ss.MAX_DEFAULT_SAMPLE_SIZE), BeforeValidator(integral_number)]
+        | None
+    ) = Field(
         default=None,
-        ge=1,
-        le=ss.MAX_DEFAULT_SAMPLE_SIZE,
         description="synthetic rows m (every method)",
     )
     ellipsoid_radius: Literal["paper", "matched"] = "paper"
