@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import BaseModel, ConfigDict, Field, WrapValidator
 
+from app.core.types import validated_as_declared
 from app.releases import adapters, registry
 
 MAX_QUERIES = 100_000
@@ -32,13 +33,11 @@ def _published_forms() -> tuple[type[BaseModel], ...]:
 QueryForm = Annotated[Union[_published_forms()], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 
 
-def _object(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    return handler(value)
-
-
 #: A query as the body carries it: any JSON object (checked as before, by the release
 #: type); the OpenAPI schema shows :data:`QueryForm`.
-Query = Annotated[dict[str, Any], WrapValidator(_object, json_schema_input_type=QueryForm)]
+Query = Annotated[
+    dict[str, Any], WrapValidator(validated_as_declared, json_schema_input_type=QueryForm)
+]
 
 
 class AnswerRequest(BaseModel):

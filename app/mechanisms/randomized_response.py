@@ -818,19 +818,14 @@ def _group_sums(
     if conjunctions.size:
         assert domain is not None  # each conjunction's domain is the release's (checked)
         # each distinct conjunction object once (a by_public query often gives many
-        # public values the same one): a group's index among the distinct conjunctions
-        seen: dict[int, int] = {}
-        distinct_conjunctions: list[Conjunction] = []
-        local = np.full(n_groups, -1, dtype=np.int64)
-        for g in conjunctions.tolist():
-            conjunction = cast(Conjunction, functions[g])
-            k = seen.setdefault(id(conjunction), len(distinct_conjunctions))
-            if k == len(distinct_conjunctions):
-                distinct_conjunctions.append(conjunction)
-            local[g] = k
+        # public values the same one)
+        distinct_conjunctions, local = _distinct_functions(functions, conjunctions)
         entries = np.flatnonzero(is_conjunction[group])
         mu_distinct, phi[entries] = _conjunctions_at(
-            distinct_conjunctions, domain, local[group[entries]], cells[entries]
+            cast(list[Conjunction], distinct_conjunctions),
+            domain,
+            local[group[entries]],
+            cells[entries],
         )
         mu_c = mu_distinct[local[conjunctions]]
         mu[conjunctions] = mu_c
@@ -840,15 +835,7 @@ def _group_sums(
 
     others = np.flatnonzero(~is_conjunction)
     if others.size:
-        index: dict[int, int] = {}
-        distinct: list[RowFunction] = []
-        which = np.full(n_groups, -1, dtype=np.int64)  # a group's distinct function
-        for g in others.tolist():
-            function = functions[g]
-            k = index.setdefault(id(function), len(distinct))
-            if k == len(distinct):
-                distinct.append(function)
-            which[g] = k
+        distinct, which = _distinct_functions(functions, others)
         scalars = np.array([(f.mean, f.spread, f.low, f.high) for f in distinct])
         mu[others], spread[others], low[others], high[others] = scalars[which[others]].T
         two_valued = all(f.two_valued for f in distinct)
@@ -875,6 +862,24 @@ def _group_sums(
         pairs={(float(a), float(b)) for a, b in np.unique(np.column_stack([low, high]), axis=0)},
         two_valued=two_valued,
     )
+
+
+def _distinct_functions(
+    functions: list[RowFunction], groups: NDArray[np.int64]
+) -> tuple[list[RowFunction], NDArray[np.int64]]:
+    """``(distinct, which)``: the distinct row-function objects (by identity) of
+    ``functions[g]`` for ``g`` in ``groups``, in order of first use, and ``which[g]`` the
+    index of group ``g``'s among them (``-1`` for a group not in ``groups``)."""
+    index: dict[int, int] = {}
+    distinct: list[RowFunction] = []
+    which = np.full(len(functions), -1, dtype=np.int64)
+    for g in groups.tolist():
+        function = functions[g]
+        k = index.setdefault(id(function), len(distinct))
+        if k == len(distinct):
+            distinct.append(function)
+        which[g] = k
+    return distinct, which
 
 
 def _conjunctions_at(

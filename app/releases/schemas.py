@@ -6,14 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import BaseModel, ConfigDict, Field, WrapValidator
 
+from app.core.types import validated_as_declared
 from app.releases import adapters, registry
-
-
-def _object(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    return handler(value)
-
 
 #: ``params`` as the body carries it: any JSON object, validated by the release type
 #: named in ``mechanism`` against its own model (``Mechanism.parse_params``: an unknown or
@@ -23,7 +19,7 @@ def _object(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 Params = Annotated[
     dict[str, Any],
     WrapValidator(
-        _object,
+        validated_as_declared,
         json_schema_input_type=Union[  # noqa: UP007
             tuple(registry.REGISTRY[name].Params for name in adapters.__all__)
         ],

@@ -599,7 +599,7 @@ class RandomizedResponse(registry.Mechanism):
                     functions: dict[int, rr.Conjunction] = {}
                     for key, where in query.by_public.items():
                         terms = self._terms(where, columns, answered.setdefault(key, {}))
-                        same = tuple((j, cells) for j, cells in terms.items())
+                        same = tuple(terms.items())
                         if (conjunction := built.get(same)) is None:
                             conjunction = built[same] = rr.Conjunction(domain, terms)
                         functions[codes[key]] = conjunction
