@@ -8,7 +8,13 @@
   queue in DATA_DIR.
 - ``CURATOR_DATA_KEY`` (default: generated once into ``<DATA_DIR>/data.key``, mode 0600):
   the Fernet key that protects raw files at rest.
+- ``CURATOR_PREVIOUS_DATA_KEYS`` (default unset): comma-separated Fernet keys that still
+  open files written under an earlier ``CURATOR_DATA_KEY``, until ``curator
+  rotate-data-key`` has re-encrypted them.
 - ``CURATOR_MAX_UPLOAD_BYTES`` (default 1 GiB): larger uploads get 413.
+- ``CURATOR_MAX_JSON_BYTES`` (default 64 MiB): larger bodies on every other route get 413.
+- ``CURATOR_ANSWER_CACHE_BYTES`` (default 2 GiB): memory each API process keeps of decoded
+  releases for answers.
 - ``CURATOR_LOG_LEVEL`` (default ``INFO``).
 - ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
 - ``CURATOR_LEASE_SECONDS`` (default 60): how long a worker holds a release stage without

@@ -75,3 +75,15 @@ def test_bad_values_are_refused_with_their_name(
     monkeypatch.setenv(f"CURATOR_{name}", value)
     with pytest.raises(ConfigError, match=fragment):
         load_settings()
+
+
+def test_every_setting_is_documented_in_the_readme_and_the_module() -> None:
+    """Each field of :class:`Settings` is an environment variable a deployer sets: the
+    README's Configuration table and this module's docstring both name it."""
+    import app.config
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for field in Settings.model_fields:
+        variable = f"CURATOR_{field.upper()}"
+        assert f"| `{variable}` |" in readme, variable
+        assert f"``{variable}``" in (app.config.__doc__ or ""), variable

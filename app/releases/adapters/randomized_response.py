@@ -70,7 +70,7 @@ PUBLIC_VALUE_WORK = 600
 #: request over :data:`MAX_MEASURE_BYTES` is refused: rows cost a few bits of a Parquet
 #: file (5 10^7 of them took 187 KB), and 10^9 would have taken some 57 GB of the
 #: worker's memory. The limit is smooth_synthetic's memory limit; it admits 6.7 10^7 rows,
-#: 1.7 10^7 with a public column (the benchmarks go to 10^7).
+#: 1.3 10^7 with a public column (the benchmarks go to 10^7).
 MEASURE_ROW_BYTES = 64
 PUBLIC_ROW_BYTES = 256
 MAX_MEASURE_BYTES = 4 << 30
