@@ -169,9 +169,12 @@ def noise_calibration(
     )
 
 
+@functools.lru_cache(maxsize=256)
 def noise_stddev(n: int, d: int, epsilon: float, delta: float) -> float:
     """Standard deviation of the noise on one frequency (the scale does not depend on the
-    number of cells)."""
+    number of cells). A function of public numbers only, kept for the last 256 of them:
+    :func:`resolve` asks for it twice, and OpenDP's conversion takes about a second at
+    large ``delta``."""
     return noise_calibration(n, d, epsilon, delta).stddev
 
 

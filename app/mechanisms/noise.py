@@ -107,6 +107,7 @@ Time: OpenDP samples about 45 us per Laplace value and 110 us per Gaussian value
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -433,9 +434,12 @@ def sample(calibration: NoiseCalibration, values: ArrayLike) -> NDArray[np.float
     return np.asarray(meas(vector), dtype=np.float64)
 
 
+@functools.lru_cache(maxsize=256)
 def rho_budget(epsilon: float, delta: float) -> float:
     """The largest ``rho`` whose zCDP guarantee converts (OpenDP's
-    ``make_zCDP_to_approxDP`` at ``delta``) to at most ``epsilon``."""
+    ``make_zCDP_to_approxDP`` at ``delta``) to at most ``epsilon``. A function of public
+    numbers only, kept for the last 256 of them (a tree's plan and its record ask for it
+    more than once, and the search takes about a second at large ``delta``)."""
     _check_request("gaussian", 1.0, epsilon, delta, 1, 1)
     unit = dp.m.make_gaussian(
         dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=1.0

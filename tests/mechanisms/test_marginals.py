@@ -344,3 +344,36 @@ def test_gaussian_product_queries_are_the_exact_integral_under_the_marginal_law(
     for positions, expansion in chebyshev.separable_blocks(closures, 3):
         former[positions] = measured.expectations(expansion)
     np.testing.assert_allclose(values, former, rtol=0, atol=1e-12)
+
+
+def test_resolve_calibrates_once_per_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resolve`` reads the per-frequency noise for the bins and for the atoms; OpenDP's
+    calibration behind it (about a second at large delta) runs once per ``(n, d, epsilon,
+    delta)``, and a bad budget is refused every time, not cached."""
+    calls: list[tuple[float, float]] = []
+    calibrate = noise.calibrate
+
+    def counted(*args: object, **kwargs: object) -> noise.NoiseCalibration:
+        calls.append((kwargs["epsilon"], kwargs["delta"]))  # type: ignore[arg-type]
+        return calibrate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(noise, "calibrate", counted)
+    marginals.noise_stddev.cache_clear()
+    first = marginals.resolve(777, 7, 0.7, 1e-7)
+    assert calls == [(0.7, 1e-7)]
+    assert marginals.resolve(777, 7, 0.7, 1e-7) == first
+    assert calls == [(0.7, 1e-7)]
+    marginals.noise_stddev.cache_clear()
+    assert (
+        marginals.noise_stddev(777, 7, 0.7, 1e-7)
+        == calibrate(
+            "gaussian",
+            sensitivity=marginals.histogram_sensitivity(777, 7)["l2"],
+            epsilon=0.7,
+            delta=1e-7,
+            dimension=7,
+        ).stddev
+    )
+    for _ in range(2):
+        with pytest.raises(MechanismError):
+            marginals.noise_stddev(777, 7, -1.0, 1e-7)

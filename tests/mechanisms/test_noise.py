@@ -194,6 +194,19 @@ def test_rho_budget_at_the_corners_of_the_accepted_range(epsilon: float, delta: 
         )
 
 
+def test_rho_budget_is_searched_once_per_budget() -> None:
+    """The search (about a second at large delta) runs once for a budget: a tree's plan and
+    its preview ask again. An invalid budget is refused every time, not remembered."""
+    noise.rho_budget.cache_clear()
+    rho = noise.rho_budget(0.3, 1e-8)
+    assert noise.rho_budget(0.3, 1e-8) == rho
+    assert noise.rho_budget.cache_info().hits == 1
+    for _ in range(2):
+        with pytest.raises(MechanismError):
+            noise.rho_budget(0.0, 1e-8)
+    assert noise.rho_budget.cache_info().currsize == 1
+
+
 def test_gaussian_compositions_add_in_zcdp() -> None:
     one = noise.calibrate("gaussian", sensitivity=0.1, epsilon=0.5, delta=1e-9, dimension=8)
     ten = noise.calibrate(
