@@ -108,6 +108,12 @@ MAX_DRAWS = 20
 
 #: Entries of ``Phi`` drawn per block (bounds working memory to ~32 MB).
 _BLOCK_ENTRIES = 1 << 22
+#: Largest ``m n`` (entries of one ``Phi``) a release may draw. Each entry is a normal from
+#: OpenDP's CSPRNG: 36-65 ns here (2 cores; ``n = 10^5``, ``m = 500, 2000``), so a draw at
+#: this bound takes 3-5.5 minutes (a second draw has probability ``<= 1/n^2``). It admits
+#: the smallest ``m`` (:func:`min_rows`: 390 at ``n = 10^7``, ``p = 10``) up to ``10^7``
+#: rows; without it ``m = 999 999`` on ``10^6`` rows was accepted, some 10 hours a draw.
+MAX_PROJECTION_ENTRIES = 5 * 10**9
 
 ReferenceKind = Literal["declared", "data"]
 
@@ -115,6 +121,24 @@ ReferenceKind = Literal["declared", "data"]
 def min_rows(n: int, p: int) -> int:
     """Smallest ``m`` allowed by Lemma 4.4: ``ceil(2 (C1 + C2) ln(2 n p))``."""
     return math.ceil(2.0 * (C1 + C2) * math.log(2.0 * n * p))
+
+
+def check_projection_size(n: int, p: int, m: int) -> None:
+    """Refuse an ``m`` whose ``Phi`` (``m x n``) has more than :data:`MAX_PROJECTION_ENTRIES`
+    entries, naming the largest ``m`` for this ``n`` (public values only: a caller checks
+    it before reading any data)."""
+    if m * n <= MAX_PROJECTION_ENTRIES:
+        return
+    largest = MAX_PROJECTION_ENTRIES // n
+    if largest < min_rows(n, p):
+        raise MechanismError(
+            f"a compressed release of {n} rows would draw at least {min_rows(n, p)} x {n} "
+            f"normals, more than the {MAX_PROJECTION_ENTRIES:,} this service draws for one"
+        )
+    raise MechanismError(
+        f"m ({m}) times n ({n}) is over the {MAX_PROJECTION_ENTRIES:,} entries of Phi one "
+        f"release may draw (minutes of work): m may be at most {largest} here"
+    )
 
 
 def truncation_radius(n: int, p: int, m: int, delta_max: float) -> float:
@@ -404,6 +428,7 @@ def release(
         )
     if m >= n:
         raise MechanismError(f"m ({m}) must be smaller than n ({n}): the release compresses rows")
+    check_projection_size(n, p, m)
     sigma, scale = _normalised_covariance(source)
     if reference is None:
         sigma_1 = sigma

@@ -250,6 +250,27 @@ def test_release_rejects(kwargs: dict[str, object], match: str) -> None:
         cp.release(correlated(2000, 8), **arguments)  # type: ignore[arg-type]
 
 
+def test_release_refuses_a_phi_too_large_to_draw_before_reading_the_data(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``m n`` over ``MAX_PROJECTION_ENTRIES`` is refused from public values, before a row
+    is read (the source here fails on any read); the message names the largest ``m``."""
+
+    class Unreadable:
+        n_rows, n_cols = 2000, 8
+
+        def batches(self) -> object:
+            raise AssertionError("the data were read")
+
+    monkeypatch.setattr(cp, "MAX_PROJECTION_ENTRIES", 2000 * 400)
+    with pytest.raises(MechanismError, match="m may be at most 400"):
+        cp.release(Unreadable(), m=401, delta_max=0.05)  # type: ignore[arg-type]
+    cp.check_projection_size(2000, 8, 400)
+    monkeypatch.setattr(cp, "MAX_PROJECTION_ENTRIES", 2000 * (cp.min_rows(2000, 8) - 1))
+    with pytest.raises(MechanismError, match="at least 212 x 2000"):
+        cp.check_projection_size(2000, 8, 400)
+
+
 def test_release_rejects_bad_data() -> None:
     with pytest.raises(MechanismError, match="outside \\[-1, 1\\]"):
         cp.release(correlated(2000, 9) * 3, m=400, delta_max=0.05)

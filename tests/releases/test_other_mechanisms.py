@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
+from app.mechanisms import compressed as cp
 from app.releases import stages
 from app.releases.adapters import randomized_response as rr_adapter
 from tests.conftest import Caller
@@ -650,6 +651,41 @@ def test_a_malformed_reference_is_refused_before_anything_is_reserved(
     assert budget(client, curator, dataset_id)["entries"] == []
     near = {"delta_max": 0.5, "reference": [[1.0, 0.0], [0.0, 1.0]]}
     kept = request_release(client, curator, dataset_id, {**base, "params": near})
+    assert kept.status_code == 202, kept.text
+
+
+def test_an_m_whose_phi_is_too_large_to_draw_is_refused_before_anything_is_reserved(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Phi`` has ``m n`` entries, each a CSPRNG normal (36-65 ns here): ``m = 999 999``
+    on ``10^6`` rows was accepted and would have drawn for some 10 hours. Over
+    ``MAX_PROJECTION_ENTRIES`` the preview and the request are 422s naming the largest
+    ``m``; at it, the request goes ahead."""
+    dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    monkeypatch.setattr(cp, "MAX_PROJECTION_ENTRIES", 300 * 600)
+    base = {"mechanism": "compressed", "columns": ["age", "weight"]}
+    for path in ("preview", "releases"):
+        refused = client.post(
+            f"/v1/datasets/{dataset_id}/{path}",
+            headers=curator.headers,
+            json={**base, "params": {"delta_max": 0.5, "m": 301}},
+        )
+        assert refused.status_code == 422, refused.text
+        assert "m may be at most 300" in refused.json()["error"]["message"], refused.text
+    assert client.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json() == []
+    assert budget(client, curator, dataset_id)["entries"] == []
+    monkeypatch.setattr(cp, "MAX_PROJECTION_ENTRIES", 158 * 600)  # below the smallest m, 159
+    refused = client.post(
+        f"/v1/datasets/{dataset_id}/preview",
+        headers=curator.headers,
+        json={**base, "params": {"delta_max": 0.5}},
+    )
+    assert refused.status_code == 422, refused.text
+    assert "a compressed release of 600 rows" in refused.json()["error"]["message"]
+    monkeypatch.setattr(cp, "MAX_PROJECTION_ENTRIES", 300 * 600)
+    kept = request_release(
+        client, curator, dataset_id, {**base, "params": {"delta_max": 0.5, "m": 300}}
+    )
     assert kept.status_code == 202, kept.text
 
 

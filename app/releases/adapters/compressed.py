@@ -125,6 +125,7 @@ class Compressed(registry.Mechanism):
                 f"m ({m}) must be below n ({info.n_rows}): compression needs m < n "
                 f"(the smallest allowed m here is {floor})"
             )
+        cp.check_projection_size(info.n_rows, info.d, m)
         if params.reference is not None and (
             len(params.reference) != info.d or any(len(r) != info.d for r in params.reference)
         ):
