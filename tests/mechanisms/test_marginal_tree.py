@@ -845,3 +845,64 @@ def test_measure_streams_the_pair_tables_it_used_to_read_from_all_the_codes(
     np.testing.assert_array_equal(seen["max"][0], scores)  # the first round sees every pair
     exact = [marginal_tree.pair_table(codes, i, j, tree.pair_bins) for i, j in tree.edges]
     np.testing.assert_array_equal(seen["noise"][1], np.stack(exact).ravel())
+
+
+def _union_find_tree(
+    pairs: list[tuple[int, int]], scores: np.ndarray, d: int, pick: object
+) -> list[tuple[int, int]]:
+    """The selection as first written (a union-find scanned pair by pair each round): the
+    reference :func:`marginal_tree.spanning_tree` must match pick for pick."""
+    component = list(range(d))
+
+    def find(a: int) -> int:
+        while component[a] != a:
+            component[a] = component[component[a]]
+            a = component[a]
+        return a
+
+    edges = []
+    for _ in range(d - 1):
+        open_pairs = [k for k, (i, j) in enumerate(pairs) if find(i) != find(j)]
+        chosen = open_pairs[pick([float(v) for v in scores[open_pairs]])]  # type: ignore[operator]
+        i, j = pairs[chosen]
+        component[find(i)] = find(j)
+        edges.append((i, j))
+    return edges
+
+
+class _RandomPick:
+    """A stand-in for the noisy max: a seeded random position, recording what it was
+    offered."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.offered: list[list[float]] = []
+
+    def __call__(self, scores: object) -> int:
+        self.offered.append([float(x) for x in scores])  # type: ignore[attr-defined]
+        return int(self.rng.integers(len(self.offered[-1])))
+
+
+@pytest.mark.parametrize("d", [2, 3, 7, 12])
+def test_spanning_tree_offers_the_same_open_pairs_and_picks_as_a_union_find(d: int) -> None:
+    """Every round offers ``pick`` the same scores in the same order as the union-find it
+    replaced, so the same picks give the same tree: the argmax (the exact tree) and
+    positions drawn at random (a stand-in for the noisy max), on tied scores too."""
+    rng = np.random.default_rng(d)
+    pairs = marginal_tree.all_pairs(d)
+    for scores in (rng.normal(size=len(pairs)), np.round(rng.uniform(size=len(pairs)), 1)):
+        assert marginal_tree.spanning_tree(
+            pairs, scores, d, lambda v: int(np.argmax(v))
+        ) == _union_find_tree(pairs, scores, d, lambda v: int(np.argmax(v)))
+        for seed in range(5):
+            mine, reference = _RandomPick(seed), _RandomPick(seed)
+            tree = marginal_tree.spanning_tree(pairs, scores, d, mine)
+            assert tree == _union_find_tree(pairs, scores, d, reference)
+            assert mine.offered == reference.offered
+            marginal_tree.TreeModel(  # raises unless the edges span the d columns
+                p=np.full((d, 2), 0.5),
+                P=np.full((d, 2), 0.5),
+                group=np.tile(np.arange(2), (d, 1)),
+                edges=tuple(tree),
+                joint=tuple(np.full((2, 2), 0.25) for _ in tree),
+            )

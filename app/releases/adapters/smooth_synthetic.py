@@ -608,7 +608,9 @@ def default_method(
     with ``"marginals"`` on the uniform-centre queries and better on the row-centred ones:
     ``bench/results/smooth_marginals.md``) and each column's histogram has at least
     :data:`app.mechanisms.marginal_tree.DEFAULT_PAIR_BINS` cells, ``"marginals"``
-    otherwise. A request that sets ``pair_bins`` or ``pair_grouping`` asks for the tree.
+    otherwise, and above :data:`app.mechanisms.marginal_tree.MAX_TREE_COLUMNS` columns
+    (the tree's selection grows as ``d^3``). A request that sets ``pair_bins`` or
+    ``pair_grouping`` asks for the tree.
 
     The cells: with a small budget for ``n`` and ``d`` the histograms resolve to 2 or 3
     cells (WDBC, 569 rows, at ``epsilon <= 0.3``, ``delta = 1e-9``), too few for the
@@ -618,6 +620,8 @@ def default_method(
     against 0.90x and 0.51x; CTG ``epsilon = 0.1`` rows 0.65x and 0.24x against 0.74x and
     0.37x, uniform level; CRM level; WDBC ``epsilon = 0.1`` 0.03x behind on uniform)."""
     if delta <= 0 or d < 2:
+        return "marginals"
+    if d > marginal_tree.MAX_TREE_COLUMNS:
         return "marginals"
     if params is not None and {"pair_bins", "pair_grouping"} & params.model_fields_set:
         return "tree"
