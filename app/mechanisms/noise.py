@@ -346,6 +346,10 @@ def calibrate(
         charged_epsilon,
         epsilon,
         _initial_scale(mechanism, sensitivity, epsilon, delta, dimension, compositions),
+        f"epsilon = {epsilon:.6g} at delta = {delta:.6g} for {dimension} value(s) of "
+        f"sensitivity {sensitivity:.6g}"
+        + ("" if compositions == 1 else f", released {compositions} times")
+        + f" ({mechanism} noise)",
     )
     eps, dlt = cost_of_scale(mechanism, scale, sensitivity, dimension, delta, compositions)
     accounting = "pure" if dlt == 0.0 else "zcdp"
@@ -604,19 +608,40 @@ def _initial_scale(
     return math.sqrt(k * dimension) * sensitivity * log_term / epsilon
 
 
-def _smallest_scale(charged: Any, target: float, guess: float) -> float:
+def _smallest_scale(charged: Any, target: float, guess: float, budget: str) -> float:
     """Smallest ``s`` with ``charged(s) <= target`` for a decreasing ``charged``.
 
     Brackets in powers of two around ``guess``, solves ``log charged(e^u) = log target``
-    with Brent's method, then steps up until the map is within budget.
+    with Brent's method, then steps up until the map is within budget. ``budget`` says
+    what was asked, for the message when no scale is found.
+
+    The lower end is searched until the map overspends, however far below ``guess``: at a
+    large ``delta`` OpenDP's conversion reaches ``epsilon = 0`` at a finite scale, and
+    with a tiny ``epsilon`` the classical guess lies many decades above the answer (at
+    ``epsilon = 1e-12, delta = 0.5`` the answer is about ``1e-12`` times the guess, where
+    a fixed bracket of twelve decades gave up and called the map "not decreasing").
+    Past twelve decades the step grows (squared each time, up to ``2^64``) and the last
+    scale within budget becomes the upper end, so the search stays short.
     """
     lo = hi = guess
     while charged(hi) > target:
         hi *= 2.0
+        if not math.isfinite(hi):
+            raise MechanismError(
+                f"no noise scale fits the budget: {budget}; OpenDP's privacy map charges "
+                "more than epsilon at every scale up to the largest float (epsilon is too "
+                "small for this delta and dimension): raise epsilon"
+            )
+    step = 2.0
     while charged(lo) <= target:
-        lo /= 2.0
-        if lo < hi * 1e-12:  # pragma: no cover - the map cannot be this flat
-            raise MechanismError("noise calibration failed: privacy map is not decreasing")
+        if lo < hi * 1e-12:
+            hi, step = lo, min(step * step, 2.0**64)
+        lo /= step
+        if lo < 1e-300:  # pragma: no cover - no noise at all would be within budget
+            raise MechanismError(
+                f"noise calibration failed: {budget}; OpenDP's privacy map stays within "
+                "epsilon down to a scale of 1e-300"
+            )
 
     def gap(u: float) -> float:
         # A large delta lets the map reach epsilon = 0 at a finite scale (OpenDP's

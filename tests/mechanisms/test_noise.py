@@ -175,6 +175,43 @@ def test_a_large_delta_is_calibrated_minimally(mechanism: str, delta: float) -> 
         assert_gaussian_scale_is_independently_right(cal.scale, 1.0, 1.0, delta)
 
 
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace_approx"])
+def test_a_tiny_epsilon_at_a_large_delta_is_calibrated_minimally(mechanism: str) -> None:
+    """At a large delta the map reaches epsilon = 0 at a finite scale, and at epsilon = 1e-12
+    the classical starting guess lies about twelve decades above it: the search used to
+    give up there ("privacy map is not decreasing"; an audit saw a smooth_synthetic
+    release accepted, charged and failed in the worker). The scale exists and is found."""
+    sensitivity, delta = noise.moment_sensitivity(569, 30)[noise.METRIC[mechanism]], 0.5
+    cal = noise.calibrate(
+        mechanism, sensitivity=sensitivity, epsilon=1e-12, delta=delta, dimension=30
+    )
+    assert cal.epsilon <= 1e-12
+    assert cal.delta <= delta
+    eps_smaller, _ = noise.cost_of_scale(mechanism, cal.scale * (1 - 1e-6), sensitivity, 30, delta)
+    assert eps_smaller > 1e-12
+
+
+def test_a_budget_no_scale_fits_is_refused_with_what_was_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A map that overspends at every scale is a clear MechanismError naming the budget,
+    not an endless doubling of the scale."""
+
+    def overspends(mechanism: str, scale: float, *args: object) -> tuple[float, float]:
+        assert math.isfinite(scale), "the search went past the largest float"
+        return math.inf, 1e-9
+
+    monkeypatch.setattr(noise, "cost_of_scale", overspends)
+    with pytest.raises(MechanismError) as refused:
+        noise.calibrate("gaussian", sensitivity=0.5, epsilon=1.0, delta=1e-9, dimension=3)
+    assert str(refused.value) == (
+        "no noise scale fits the budget: epsilon = 1 at delta = 1e-09 for 3 value(s) of "
+        "sensitivity 0.5 (gaussian noise); OpenDP's privacy map charges more than epsilon "
+        "at every scale up to the largest float (epsilon is too small for this delta and "
+        "dimension): raise epsilon"
+    )
+
+
 @pytest.mark.parametrize(("epsilon", "delta"), [(1e-12, 1e-18), (1.0, 1e-9), (1e6, 1e-18)])
 def test_rho_budget_at_the_corners_of_the_accepted_range(epsilon: float, delta: float) -> None:
     """Tiny epsilon puts rho far below the old fixed bracket (1e-12; brentq raised), huge
