@@ -308,25 +308,41 @@ def private_subspace_iteration(
     mechanism: str,
     rng: np.random.Generator,
     step: str = "pca_subspace",
+    calibration: noise.NoiseCalibration | None = None,
 ) -> PrivatePCA:
     """Algorithm 2 of paper 000 with the corrections of the module docstring.
 
     ``mechanism`` is ``"gaussian"`` (``(epsilon, delta)``, zCDP over the ``L`` releases)
     or ``"laplace"`` (pure ``epsilon``, basic composition). One pass over the data builds
-    ``A``; the ``L`` iterations then need no further pass.
+    ``A``; the ``L`` iterations then need no further pass. ``calibration``: the
+    :func:`subspace_calibration` of these arguments, when the caller fixed it before
+    reading any data (it is checked against them); otherwise it is computed here, also
+    before the data are read.
     """
     source = as_source(X)
     n, d = source.n_rows, source.n_cols
-    _check_pca_args(d, rank, iterations, mechanism)
-    sensitivity = covariance_sensitivity(n, d, rank)
-    calibration = noise.calibrate(
-        mechanism,
-        sensitivity=sensitivity["l2" if mechanism == "gaussian" else "l1"],
-        epsilon=epsilon,
-        delta=delta,
-        dimension=d * rank,
-        compositions=iterations,
-    )
+    if calibration is None:
+        calibration = subspace_calibration(
+            n,
+            d,
+            rank=rank,
+            iterations=iterations,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+        )
+    else:
+        _check_pca_args(d, rank, iterations, mechanism)
+        metric = "l2" if mechanism == "gaussian" else "l1"
+        if (
+            calibration.mechanism != mechanism
+            or calibration.dimension != d * rank
+            or calibration.compositions != iterations
+            or calibration.sensitivity != covariance_sensitivity(n, d, rank)[metric]
+            or calibration.target_epsilon != epsilon
+            or calibration.target_delta != delta
+        ):
+            raise MechanismError("the PCA's noise calibration is not the one of its arguments")
     A, _ = covariance(source)
     start = gram_schmidt(rng.standard_normal((d, rank)))
     X_prev = start
@@ -337,6 +353,30 @@ def private_subspace_iteration(
         iterates[ell] = noise.sample(calibration, A @ within_unit_norm(X_prev)).reshape(d, rank)
     axes, eigenvalues = rayleigh_ritz(X_prev, iterates[-1], d)
     return PrivatePCA(start, iterates, axes, eigenvalues, calibration, step)
+
+
+def subspace_calibration(
+    n: int,
+    d: int,
+    *,
+    rank: int,
+    iterations: int,
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+) -> noise.NoiseCalibration:
+    """The noise of :func:`private_subspace_iteration` on ``n`` rows of ``d`` columns: ``L =
+    iterations`` releases of the ``d x rank`` product ``A X`` (public values only)."""
+    _check_pca_args(d, rank, iterations, mechanism)
+    sensitivity = covariance_sensitivity(n, d, rank)
+    return noise.calibrate(
+        mechanism,
+        sensitivity=sensitivity["l2" if mechanism == "gaussian" else "l1"],
+        epsilon=epsilon,
+        delta=delta,
+        dimension=d * rank,
+        compositions=iterations,
+    )
 
 
 def exact_pca(X: ArrayLike | RowSource, rank: int) -> tuple[PrivatePCA, NDArray[np.float64]]:

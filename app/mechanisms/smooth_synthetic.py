@@ -100,6 +100,7 @@ of the benchmark; :func:`noise_replicates` says why).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -296,6 +297,62 @@ class Measurements:
         )
 
 
+@dataclass(frozen=True)
+class NoisePlan:
+    """The noise calibrations of one :func:`measure`, fixed from public values before any
+    row is read: the ``R`` moments', and for ``grid="pca_ellipsoid"`` the private PCA's
+    and (when the index set lacks a first-degree term) the centre's."""
+
+    R: int
+    moments: noise.NoiseCalibration
+    pca_subspace: noise.NoiseCalibration | None = None
+    pca_centre: noise.NoiseCalibration | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def noise_plan(
+    n: int,
+    d: int,
+    epsilon: float,
+    delta: float = 0.0,
+    smoothness: int = 4,
+    grid: str = "hypercube",
+    basis_size: int | None = None,
+    *,
+    noise_mechanism: str | None = None,
+    basis_rule: str = "paper_min_d",
+    pca_share: float = 0.2,
+    pca_rank: int | None = None,
+    pca_iterations: int | None = None,
+    pca_noise: str | None = None,
+    centre_share: float = 0.05,
+) -> NoisePlan:
+    """The calibrations :func:`measure` will draw for an ``n x d`` table with these
+    arguments, from public values only: a request is checked with it before any budget is
+    reserved, and a budget no noise scale fits is a :class:`MechanismError` then, not in
+    the worker. Kept for the last 64 requests (the check and the preview of one request
+    ask for the same; ``laplace_approx`` composes ``R`` scalar maps per evaluation, about
+    0.1 s at ``R = 1000`` and 0.6-1 s at ``R = 10^4`` for an ordinary budget, up to ~7 s at
+    the extremes of the accepted range)."""
+    plan = _public_plan(
+        n,
+        d,
+        epsilon,
+        delta,
+        smoothness,
+        grid,
+        basis_size,
+        noise_mechanism,
+        basis_rule,
+        pca_share,
+        pca_rank,
+        pca_iterations,
+        pca_noise,
+        centre_share,
+    )
+    return _calibrate_steps(plan)
+
+
 def measure(
     X: ArrayLike | RowSource,
     epsilon: float,
@@ -317,9 +374,11 @@ def measure(
 
     See the module docstring for the privacy argument and the defaults. ``rng`` only
     draws the data-independent start ``X^(0)`` of Algorithm 2. Raises
-    :class:`MechanismError` for invalid arguments or data.
+    :class:`MechanismError` for invalid arguments or data. Every parameter and every noise
+    calibration (:func:`noise_plan`) is fixed before the first row is read, so a budget
+    that no noise scale fits fails before the data are touched.
     """
-    plan = _plan(
+    source, plan = _plan(
         X,
         epsilon,
         delta,
@@ -334,21 +393,19 @@ def measure(
         pca_noise,
         centre_share,
     )
-    source = plan.source
-    exact = basis.moments(_moment_source(source, plan), plan.index_set)
-    sens = noise.moment_sensitivity(plan.n, plan.index_set.size)
-    released = noise.release(
-        exact,
+    calibrations = _calibrate_steps(plan)
+    index_set = plan.index_set
+    exact = basis.moments(_moment_source(source, plan), index_set)
+    released = noise.NoisyVector(
         step="moments",
-        mechanism=plan.noise_mechanism,
-        sensitivity=sens[noise.METRIC[plan.noise_mechanism]],
-        epsilon=plan.budget["moments"][0],
-        delta=plan.budget["moments"][1],
+        values=noise.sample(calibrations.moments, exact),
+        calibration=calibrations.moments,
     )
     parts = [released.calibration.cost_part("moments")]
     pca_record = None
     centre = centre_noise = None
     if grid == "pca_ellipsoid":
+        assert calibrations.pca_subspace is not None
         pca_record = pca.private_subspace_iteration(
             source,
             rank=plan.pca_rank,
@@ -357,21 +414,13 @@ def measure(
             delta=plan.budget["pca_subspace"][1],
             mechanism=plan.pca_noise,
             rng=rng if rng is not None else np.random.default_rng(),
+            calibration=calibrations.pca_subspace,
         )
         parts.extend(pca_record.privacy_cost.parts)
-        if "pca_centre" in plan.budget:
+        if calibrations.pca_centre is not None:
             _, mean = pca.covariance(source)
-            centre_release = noise.release(
-                mean,
-                step="pca_centre",
-                mechanism=plan.pca_noise,
-                sensitivity=pca.mean_sensitivity(plan.n, plan.d)[
-                    "l1" if plan.pca_noise == "laplace" else "l2"
-                ],
-                epsilon=plan.budget["pca_centre"][0],
-                delta=plan.budget["pca_centre"][1],
-            )
-            centre, centre_noise = centre_release.values, centre_release.calibration
+            centre_noise = calibrations.pca_centre
+            centre = noise.sample(centre_noise, mean)
             parts.append(centre_noise.cost_part("pca_centre"))
     cost = PrivacyCost.compose(parts)
     if not cost.within(epsilon, delta):
@@ -383,7 +432,7 @@ def measure(
         delta=float(delta),
         smoothness=smoothness,
         grid=grid,
-        index_set=plan.index_set,
+        index_set=index_set,
         moments=released.values,
         moment_noise=released.calibration,
         privacy_cost=cost,
@@ -873,14 +922,16 @@ def synthesize(
 
 @dataclass(frozen=True, eq=False)
 class _Plan:
-    source: RowSource
+    """Every resolved parameter of :func:`measure`, from public values only."""
+
     n: int
     d: int
     smoothness: int
     delta: float
     grid: str
     theorem: TheoremParameters
-    index_set: basis.IndexSet
+    R: int
+    basis_kind: str
     basis_rule: str
     noise_mechanism: str
     pca_rank: int
@@ -889,15 +940,28 @@ class _Plan:
     pca_share: float
     budget: dict[str, tuple[float, float]]
 
+    @functools.cached_property
+    def index_set(self) -> basis.IndexSet:
+        if self.basis_kind == "full_tensor":
+            index_set = basis.full_tensor(self.d, max(self.theorem.t, 2))
+        else:
+            index_set = basis.total_degree(self.d, self.R)
+        missing_first_degree = bool(np.any(index_set.first_degree_positions() < 0))
+        if index_set.size != self.R or (
+            self.grid == "pca_ellipsoid" and missing_first_degree != ("pca_centre" in self.budget)
+        ):
+            raise RuntimeError("internal error: the index set differs from the plan")
+        return index_set
+
     def parameters(self) -> dict[str, Any]:
         return {
             "t": self.theorem.t,
             "N": self.theorem.N,
             "m": self.theorem.m,
             "L": self.theorem.L,
-            "R": self.index_set.size,
+            "R": self.R,
             "R_paper": paper_basis_size(self.n, self.d, self.smoothness, self.delta),
-            "basis": self.index_set.kind,
+            "basis": self.basis_kind,
             "basis_rule": self.basis_rule,
             "noise": self.noise_mechanism,
             "pca_rank": self.pca_rank if self.grid == "pca_ellipsoid" else None,
@@ -907,6 +971,30 @@ class _Plan:
             "snapped_to_grid": self.grid == "full",
             "budget": {step: list(v) for step, v in self.budget.items()},
         }
+
+
+def _check_arguments(
+    epsilon: float,
+    delta: float,
+    smoothness: int,
+    grid: str,
+    basis_rule: str,
+    noise_mechanism: str | None,
+) -> str:
+    """The checks of :func:`measure`'s arguments that need no ``n`` or ``d``; returns the
+    moment noise mechanism."""
+    check_budget(epsilon, delta)
+    _check_positive_int("smoothness", smoothness)
+    if grid not in GRIDS:
+        raise MechanismError(f"grid ({grid!r}) must be one of {GRIDS}")
+    if basis_rule not in BASIS_RULES:
+        raise MechanismError(f"basis_rule ({basis_rule!r}) must be one of {BASIS_RULES}")
+    mechanism = noise_mechanism or ("laplace" if delta == 0.0 else "gaussian")
+    if mechanism not in noise.MECHANISMS:
+        raise MechanismError(f"noise_mechanism ({mechanism!r}) must be one of {noise.MECHANISMS}")
+    if mechanism != "laplace" and delta == 0.0:
+        raise MechanismError(f"noise_mechanism {mechanism!r} needs delta > 0")
+    return mechanism
 
 
 def _plan(
@@ -923,28 +1011,50 @@ def _plan(
     pca_iterations: int | None,
     pca_noise: str | None,
     centre_share: float,
-) -> _Plan:
+) -> tuple[RowSource, _Plan]:
     """Validate every argument and resolve every parameter before any data is read."""
-    check_budget(epsilon, delta)
-    _check_positive_int("smoothness", smoothness)
-    if grid not in GRIDS:
-        raise MechanismError(f"grid ({grid!r}) must be one of {GRIDS}")
-    if basis_rule not in BASIS_RULES:
-        raise MechanismError(f"basis_rule ({basis_rule!r}) must be one of {BASIS_RULES}")
-    mechanism = noise_mechanism or ("laplace" if delta == 0.0 else "gaussian")
-    if mechanism not in noise.MECHANISMS:
-        raise MechanismError(f"noise_mechanism ({mechanism!r}) must be one of {noise.MECHANISMS}")
-    if mechanism != "laplace" and delta == 0.0:
-        raise MechanismError(f"noise_mechanism {mechanism!r} needs delta > 0")
+    _check_arguments(epsilon, delta, smoothness, grid, basis_rule, noise_mechanism)
     source = as_source(X)
-    n, d = source.n_rows, source.n_cols
-    theorem = theorem_parameters(n, d, smoothness, delta)
+    plan = _public_plan(
+        source.n_rows,
+        source.n_cols,
+        epsilon,
+        delta,
+        smoothness,
+        grid,
+        basis_size,
+        noise_mechanism,
+        basis_rule,
+        pca_share,
+        pca_rank,
+        pca_iterations,
+        pca_noise,
+        centre_share,
+    )
+    return source, plan
 
+
+def _public_plan(
+    n: int,
+    d: int,
+    epsilon: float,
+    delta: float,
+    smoothness: int,
+    grid: str,
+    basis_size: int | None,
+    noise_mechanism: str | None,
+    basis_rule: str,
+    pca_share: float,
+    pca_rank: int | None,
+    pca_iterations: int | None,
+    pca_noise: str | None,
+    centre_share: float,
+) -> _Plan:
+    """:func:`_plan` from ``n`` and ``d`` (public values) alone."""
+    mechanism = _check_arguments(epsilon, delta, smoothness, grid, basis_rule, noise_mechanism)
+    theorem = theorem_parameters(n, d, smoothness, delta)
     R = moments_count(n, d, smoothness, delta, grid, basis_size, basis_rule)
-    if basis_size is None and grid == "full":
-        index_set = basis.full_tensor(d, max(theorem.t, 2))
-    else:
-        index_set = basis.total_degree(d, R)
+    kind = "full_tensor" if basis_size is None and grid == "full" else "total_degree"
 
     rank = d if pca_rank is None else pca_rank
     iterations = 1 if pca_iterations is None else pca_iterations
@@ -954,7 +1064,9 @@ def _plan(
         pca._check_pca_args(d, rank, iterations, pca_mech)
         if pca_mech == "gaussian" and delta == 0.0:
             raise MechanismError("pca_noise 'gaussian' needs delta > 0")
-        needs_centre = bool(np.any(index_set.first_degree_positions() < 0))
+        # the first R graded indices hold every T_1(x_i) = x_i once R >= d (a full tensor
+        # basis always does): then the centre is their noisy values, else it is measured
+        needs_centre = kind == "total_degree" and d > R
         shares = {"pca_subspace": pca_share}
         if needs_centre:
             shares = {"pca_subspace": pca_share - centre_share, "pca_centre": centre_share}
@@ -976,14 +1088,14 @@ def _plan(
     delta_parts = _split(delta, {s: w for s, w in shares.items() if uses_delta[s]})
     budget = {step: (eps_parts[step], delta_parts.get(step, 0.0)) for step in shares}
     return _Plan(
-        source=source,
         n=n,
         d=d,
         smoothness=smoothness,
         delta=float(delta),
         grid=grid,
         theorem=theorem,
-        index_set=index_set,
+        R=R,
+        basis_kind=kind,
         basis_rule=basis_rule,
         noise_mechanism=mechanism,
         pca_rank=rank,
@@ -992,6 +1104,59 @@ def _plan(
         pca_share=pca_share,
         budget=budget,
     )
+
+
+def _calibrate_steps(plan: _Plan) -> NoisePlan:
+    """Every noise calibration of the plan's steps, as :func:`measure` draws them: the
+    moments (:func:`noise.moment_sensitivity` of ``R`` in the mechanism's metric), and for
+    the ellipsoid grid the PCA (:func:`pca.subspace_calibration`) and a measured centre."""
+
+    def calibrated(
+        what: str, calibrate: Callable[[], noise.NoiseCalibration]
+    ) -> noise.NoiseCalibration:
+        try:
+            return calibrate()
+        except MechanismError as exc:
+            raise MechanismError(f"the noise of {what} cannot be calibrated: {exc}") from None
+
+    mechanism = plan.noise_mechanism
+    eps, dlt = plan.budget["moments"]
+    sensitivity = noise.moment_sensitivity(plan.n, plan.R)[noise.METRIC[mechanism]]
+    moments = calibrated(
+        f"the R = {plan.R} moments (noise_mechanism {mechanism!r})",
+        lambda: noise.calibrate(
+            mechanism, sensitivity=sensitivity, epsilon=eps, delta=dlt, dimension=plan.R
+        ),
+    )
+    subspace = centre = None
+    if plan.grid == "pca_ellipsoid":
+        sub_eps, sub_delta = plan.budget["pca_subspace"]
+        subspace = calibrated(
+            f"the private PCA (pca_noise {plan.pca_noise!r})",
+            lambda: pca.subspace_calibration(
+                plan.n,
+                plan.d,
+                rank=plan.pca_rank,
+                iterations=plan.pca_iterations,
+                epsilon=sub_eps,
+                delta=sub_delta,
+                mechanism=plan.pca_noise,
+            ),
+        )
+        if "pca_centre" in plan.budget:
+            centre_eps, centre_delta = plan.budget["pca_centre"]
+            metric = "l1" if plan.pca_noise == "laplace" else "l2"
+            centre = calibrated(
+                f"the ellipsoid's centre (pca_noise {plan.pca_noise!r})",
+                lambda: noise.calibrate(
+                    plan.pca_noise,
+                    sensitivity=pca.mean_sensitivity(plan.n, plan.d)[metric],
+                    epsilon=centre_eps,
+                    delta=centre_delta,
+                    dimension=plan.d,
+                ),
+            )
+    return NoisePlan(R=plan.R, moments=moments, pca_subspace=subspace, pca_centre=centre)
 
 
 @dataclass(frozen=True)
@@ -1077,7 +1242,7 @@ def _measure_without_noise(
     privacy kind ``"non_private"`` and cannot be serialised (:meth:`Measurements.to_dict`
     refuses it), so nothing built from it can be stored as a release.
     """
-    plan = _plan(
+    source, plan = _plan(
         X,
         1.0,
         0.0,
@@ -1092,10 +1257,10 @@ def _measure_without_noise(
         None,
         0.05,
     )
-    exact = basis.moments(_moment_source(plan.source, plan), plan.index_set)
+    exact = basis.moments(_moment_source(source, plan), plan.index_set)
     record = centre = None
     if grid == "pca_ellipsoid":
-        record, centre = pca.exact_pca(plan.source, plan.pca_rank)
+        record, centre = pca.exact_pca(source, plan.pca_rank)
     return Measurements(
         n=plan.n,
         d=plan.d,
@@ -1117,10 +1282,12 @@ __all__ = [
     "BASIS_RULES",
     "GRIDS",
     "Measurements",
+    "NoisePlan",
     "SyntheticRelease",
     "TheoremParameters",
     "default_basis_size",
     "measure",
+    "noise_plan",
     "paper_basis_size",
     "synthesize",
     "synthesize_from",

@@ -1,5 +1,7 @@
 import json
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -7,6 +9,7 @@ from scipy import stats
 
 from app.mechanisms import noise, smooth_synthetic
 from app.mechanisms.basis import moments
+from app.mechanisms.data import ArraySource
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import GaussianMixture, GaussianMixtureBatch
 from app.mechanisms.smooth_synthetic import (
@@ -284,6 +287,100 @@ def test_bad_measure_arguments(
 ) -> None:
     with pytest.raises(MechanismError, match=message):
         measure(data, *args, **kwargs)  # type: ignore[arg-type]
+
+
+class _LoggedSource:
+    """The rows of ``X``; every read of them is logged in ``events``."""
+
+    def __init__(self, X: np.ndarray, events: list[str]) -> None:
+        self.X, self.events = X, events
+        self.n_rows, self.n_cols = X.shape
+
+    def batches(self) -> Iterator[np.ndarray]:
+        self.events.append("read")
+        yield from ArraySource(self.X).batches()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "calibrations"),
+    [
+        ({"noise_mechanism": "laplace_approx"}, 1),
+        ({"noise_mechanism": "gaussian"}, 1),
+        # PCA and a measured centre (R = 2 < d = 3 lacks a first-degree moment)
+        ({"grid": "pca_ellipsoid", "basis_size": 2, "pca_noise": "gaussian"}, 3),
+    ],
+)
+def test_every_noise_calibration_is_fixed_before_a_row_is_read(
+    data: np.ndarray,
+    monkeypatch: pytest.MonkeyPatch,
+    kwargs: dict[str, Any],
+    calibrations: int,
+) -> None:
+    """measure calibrates every step's noise from public values first, as
+    marginal_tree.plan does: a calibration that fails does so before the data are read
+    (an audit saw the moments read, then their laplace_approx calibration fail)."""
+    events: list[str] = []
+    calibrate = noise.calibrate
+
+    def logged(*args: Any, **kw: Any) -> noise.NoiseCalibration:
+        events.append("calibrate")
+        return calibrate(*args, **kw)
+
+    monkeypatch.setattr(noise, "calibrate", logged)
+    measurements = measure(
+        _LoggedSource(data, events), 1.0, 1e-6, rng=np.random.default_rng(3), **kwargs
+    )
+    first_read = events.index("read")
+    assert events[:first_read] == ["calibrate"] * calibrations
+    assert "calibrate" not in events[first_read:]
+    assert (
+        measurements.moment_noise
+        == smooth_synthetic.noise_plan(data.shape[0], data.shape[1], 1.0, 1e-6, **kwargs).moments
+    )
+
+
+def test_a_budget_no_noise_scale_fits_fails_before_a_row_is_read(
+    data: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A calibration that cannot be made fails before the data are read, with a message
+    that says which noise and which budget (and no data value)."""
+    events: list[str] = []
+
+    def overspends(mechanism: str, scale: float, *args: object) -> tuple[float, float]:
+        return math.inf, 1e-6
+
+    monkeypatch.setattr(noise, "cost_of_scale", overspends)
+    with pytest.raises(MechanismError) as refused:
+        measure(
+            _LoggedSource(data, events),
+            1.0,
+            1e-6,
+            basis_size=3,
+            noise_mechanism="laplace_approx",
+        )
+    assert events == []
+    assert str(refused.value).startswith(
+        "the noise of the R = 3 moments (noise_mechanism 'laplace_approx') cannot be "
+        "calibrated: no noise scale fits the budget: epsilon = 1 at delta = 1e-06 for 3 "
+        "value(s) of sensitivity 0.0025 (laplace_approx noise)"
+    )
+
+
+def test_noise_plan_is_the_plan_of_measure() -> None:
+    """The public plan knows without building the index set whether the ellipsoid's centre
+    is measured (R < d) and how many moments are released."""
+    for d, R, centre in ((3, 2, True), (3, 3, False), (5, 40, False)):
+        X = np.zeros((50, d))
+        plan = smooth_synthetic.noise_plan(
+            50, d, 1.0, 1e-6, grid="pca_ellipsoid", basis_size=R, pca_noise="gaussian"
+        )
+        assert plan.R == R
+        assert (plan.pca_centre is not None) == centre
+        measured = measure(X, 1.0, 1e-6, grid="pca_ellipsoid", basis_size=R, pca_noise="gaussian")
+        assert measured.moment_noise == plan.moments
+        assert measured.pca is not None
+        assert measured.pca.calibration == plan.pca_subspace
+        assert measured.centre_noise == plan.pca_centre
 
 
 def test_bad_data_is_rejected_without_leaking_values() -> None:

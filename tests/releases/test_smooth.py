@@ -24,7 +24,9 @@ from tests.releases.helpers import budget, request_release, run_all, services_of
 BOUNDS = {"x": (0.0, 10.0), "y": (-5.0, 5.0), "z": (100.0, 200.0)}
 
 
-def _dataset(client: TestClient, curator: Caller, n: int = 500) -> tuple[str, np.ndarray]:
+def _dataset(
+    client: TestClient, curator: Caller, n: int = 500, delta_budget: float = 1e-6
+) -> tuple[str, np.ndarray]:
     rng = np.random.default_rng(11)
     normalised = np.clip(rng.normal([0.3, -0.2, 0.0], [0.2, 0.3, 0.4], size=(n, 3)), -1, 1)
     lower = np.array([b[0] for b in BOUNDS.values()])
@@ -40,7 +42,7 @@ def _dataset(client: TestClient, curator: Caller, n: int = 500) -> tuple[str, np
             for k, (lo, hi) in BOUNDS.items()
         ]
         + [{"name": "label", "kind": "categorical", "categories": ["u", "v"]}],
-        "budget": {"epsilon": 10, "delta": 1e-6},
+        "budget": {"epsilon": 10, "delta": delta_budget},
     }
     response = upload(client, curator, ("\n".join(lines) + "\n").encode(), schema)
     assert response.status_code == 201, response.text
@@ -1088,12 +1090,99 @@ def test_smooth_requests_are_validated(client: TestClient, curator: Caller) -> N
             },
             "grid 'full' uses its N^d grid points as candidates",
         ),
+        # its calibration composes R scalar maps: ~0.7 s an evaluation at R = 10^5
+        (
+            {
+                "mechanism": "smooth_synthetic",
+                "epsilon": 1,
+                "delta": 1e-7,
+                "params": {
+                    "method": "moments",
+                    "noise_mechanism": "laplace_approx",
+                    "basis_size": 10_001,
+                    "grid_size": 100,
+                },
+            },
+            "noise_mechanism 'laplace_approx' takes at most R = 10000 moments (this request "
+            "has R = 10001)",
+        ),
     ):
         response = request_release(client, curator, dataset_id, body)
         assert response.status_code == 422, (body, response.text)
         assert fragment in response.json()["error"]["message"]
     assert budget(client, curator, dataset_id)["entries"] == []
     assert services_of(client).queue.pending() == 0
+
+
+#: The request of the audit: accepted (202), then the worker's noise calibration failed
+#: ("privacy map is not decreasing") after the moments were read, and the budget stayed spent.
+TINY_EPSILON_MOMENTS = {
+    "mechanism": "smooth_synthetic",
+    "epsilon": 1e-12,
+    "delta": 0.5,
+    "params": {"method": "moments", "noise_mechanism": "laplace_approx"},
+}
+
+
+@pytest.mark.parametrize("noise_mechanism", ["laplace_approx", "gaussian"])
+def test_moment_noise_no_scale_fits_is_refused_before_anything_is_reserved(
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    noise_mechanism: str,
+) -> None:
+    """The request's check calibrates the moments' noise exactly as the worker's measure
+    will, whatever the noise mechanism: a budget that no noise scale fits is a 422 that
+    says so before any budget is reserved (laplace_approx skipped it: 202, then a failed
+    measure that kept the budget spent). OpenDP's map is made to overspend at every scale
+    (no admitted budget does that any more)."""
+    from app.mechanisms import noise
+
+    dataset_id, _ = _dataset(client, curator, delta_budget=0.9)
+    before = budget(client, curator, dataset_id)
+
+    def overspends(mechanism: str, scale: float, *args: object) -> tuple[float, float]:
+        return math.inf, 0.0
+
+    monkeypatch.setattr(noise, "cost_of_scale", overspends)
+    params = {"method": "moments", "noise_mechanism": noise_mechanism, "basis_size": 3}
+    body = {**TINY_EPSILON_MOMENTS, "epsilon": 0.5, "params": params}
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith(
+        f"the noise of the R = 3 moments (noise_mechanism {noise_mechanism!r}) cannot be "
+        "calibrated: "
+    ), message
+    preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert preview.status_code == 422, preview.text
+    assert preview.json()["error"]["message"] == message
+    assert budget(client, curator, dataset_id) == before
+    assert before["entries"] == []
+    assert services_of(client).queue.pending() == 0
+
+
+@pytest.mark.slow
+def test_the_audited_tiny_epsilon_moments_release_is_calibrated_and_succeeds(
+    client: TestClient, curator: Caller
+) -> None:
+    """epsilon = 1e-12 at delta = 0.5 has a noise scale (OpenDP's conversion reaches
+    epsilon = 0 at a finite one); the search used to give up before it. The release is
+    previewed, measured within its budget and synthesised."""
+    dataset_id, _ = _dataset(client, curator, delta_budget=0.9)
+    body = {**TINY_EPSILON_MOMENTS, "params": {**TINY_EPSILON_MOMENTS["params"]}}
+    body["params"].update({"grid_size": 200, "sample_size": 50})  # type: ignore[attr-defined]
+    preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["accuracy"]["noise"] == "laplace"
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "succeeded", release
+    assert release["privacy_cost"]["epsilon"] <= 1e-12
+    assert release["privacy_cost"]["delta"] <= 0.5
 
 
 def test_a_synopsis_that_would_measure_too_long_is_refused_or_lowered(
