@@ -1253,8 +1253,9 @@ def measure(
         co_spread=co_spread,
     )
     moments_epsilon = epsilon * (1.0 - share)
-    exact = moments(source, index_set)
     sensitivity = noise.moment_sensitivity(n, index_set.size)
+    # calibrated from public values before the first read: a budget no scale fits fails
+    # with nothing read
     calibration = noise.calibrate(
         mech,
         sensitivity=sensitivity[_METRIC[mech]],
@@ -1262,6 +1263,7 @@ def measure(
         delta=delta,
         dimension=index_set.size,
     )
+    exact = moments(source, index_set)
     noisy = noise.sample(calibration, exact)
     spread = None
     if share:

@@ -702,3 +702,29 @@ def test_answers_are_of_degree_one_in_a_factors_scale_and_in_a_batchs_general_qu
     for name in fields:
         assert getattr(many[1], name) == pytest.approx(getattr(single, name), rel=1e-9)
         assert getattr(many[1], name) == pytest.approx(1e160 * getattr(many[0], name), rel=1e-9)
+
+
+def test_the_moment_noise_is_calibrated_before_a_row_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The moments' noise is calibrated from public values before the moments are read, so
+    a calibration that fails does so with nothing read (the plan's own calibrations, which
+    choose the basis, come earlier still)."""
+    events: list[object] = []
+    calibrate, read = noise.calibrate, ss.moments
+
+    def logged_calibrate(*args: object, **kwargs: object) -> noise.NoiseCalibration:
+        events.append(kwargs["dimension"])
+        return calibrate(*args, **kwargs)  # type: ignore[arg-type]
+
+    def logged_read(*args: object, **kwargs: object) -> np.ndarray:
+        events.append("read")
+        return read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(noise, "calibrate", logged_calibrate)
+    monkeypatch.setattr(ss, "moments", logged_read)
+    X = np.random.default_rng(3).uniform(-1, 1, size=(200, 2))
+    released = ss.measure(X, 1.0, 1e-6, co_spread=False)
+    R = released.index_set.size
+    assert events.index("read") == len(events) - 1, events
+    assert events[-2] == R, events
