@@ -288,6 +288,9 @@ CO_SPREAD_SHARE = 0.05
 #: over the cube for the second-order cumulant term (module docstring).
 CO_SPREAD_MAX_CURVATURE = 2.0 / 9.0
 
+#: Entries of the index set gathered at once by :meth:`_RepresentativeQuery.index_set_sums`.
+_SUMS_BLOCK_ENTRIES = 1 << 20
+
 # Laplace saddlepoint: coordinates kept exactly (the rest is lumped as a Gaussian term),
 # and the effective number of coordinates above which the normal quantile is used.
 _SADDLEPOINT_TERMS = 64
@@ -417,13 +420,49 @@ def choose_basis(
     ``R`` lowest-total-degree functions, or for ``"full_tensor"`` the set with
     ``t^d - 1 = R``. Usable without data, e.g. to preview the accuracy of a request.
     """
+    index_set, choice, _ = _choose_basis(
+        n,
+        d,
+        epsilon=epsilon,
+        delta=delta,
+        smoothness=smoothness,
+        basis=basis,
+        basis_size=basis_size,
+        max_basis_size=max_basis_size,
+        mechanism=mechanism,
+    )
+    return index_set, choice
+
+
+def _choose_basis(
+    n: int,
+    d: int,
+    *,
+    epsilon: float,
+    delta: float,
+    smoothness: int,
+    basis: str | IndexSet,
+    basis_size: int | None,
+    max_basis_size: int,
+    mechanism: str | None,
+    fixed: IndexSet | None = None,
+    stats: _RepresentativeQuery | None = None,
+) -> tuple[IndexSet, BasisChoice, _RepresentativeQuery]:
+    """:func:`choose_basis`, and the representative query it priced the sets with.
+
+    :func:`plan` chooses for two budgets. ``fixed`` is the set that ``basis_size`` or
+    ``"paper"`` gives, already built by the first choice (those sets do not depend on the
+    budget), and ``stats`` that choice's representative query, which keeps the sums of
+    the last set it priced: the second choice builds and sums nothing again.
+    """
     check_budget(epsilon, delta)
     _check_positive("n", n)
     _check_positive("d", d)
     _check_positive("smoothness", smoothness)
     _check_positive("max_basis_size", max_basis_size)
     mech = _mechanism(delta, mechanism)
-    stats = _RepresentativeQuery(d, smoothness)
+    if stats is None:
+        stats = _RepresentativeQuery(d, smoothness)
 
     def candidate(
         kind: str, parameter: int, index_set: IndexSet | None = None, axis: int = 0
@@ -460,15 +499,16 @@ def choose_basis(
         if basis.dim != d:
             raise MechanismError(f"the index set has d = {basis.dim}; the data has d = {d}")
         chosen = candidate("custom", basis.size, basis)
-        return basis, BasisChoice("custom", smoothness, chosen, (chosen,), t_paper)
+        return basis, BasisChoice("custom", smoothness, chosen, (chosen,), t_paper), stats
     if basis not in BASIS_RULES:
         raise MechanismError(f"basis ({basis!r}) must be one of {BASIS_RULES} or an IndexSet")
     if basis == "paper":
         if basis_size is not None:
             raise MechanismError("basis='paper' sets t itself; leave basis_size=None")
-        index_set = full_tensor(d, t_paper)  # raises if t^d - 1 is too large
+        # full_tensor raises if t^d - 1 is too large
+        index_set = fixed if fixed is not None else full_tensor(d, t_paper)
         chosen = candidate("full_tensor", t_paper)
-        return index_set, BasisChoice("paper", smoothness, chosen, (chosen,), t_paper)
+        return index_set, BasisChoice("paper", smoothness, chosen, (chosen,), t_paper), stats
     if basis_size is not None:
         _check_positive("basis_size", basis_size)
         if basis == "full_tensor":
@@ -478,13 +518,13 @@ def choose_basis(
                     f"basis_size ({basis_size}) is not t^d - 1 for any t (d = {d}); "
                     "a full tensor basis has t^d - 1 functions"
                 )
-            index_set = full_tensor(d, t)
+            index_set = fixed if fixed is not None else full_tensor(d, t)
             chosen = candidate("full_tensor", t)
         else:
-            index_set = total_degree(d, basis_size)
+            index_set = fixed if fixed is not None else total_degree(d, basis_size)
             chosen = candidate("custom", basis_size, index_set)
             chosen = dataclasses.replace(chosen, kind="total_degree", parameter=basis_size)
-        return index_set, BasisChoice(basis, smoothness, chosen, (chosen,), t_paper)
+        return index_set, BasisChoice(basis, smoothness, chosen, (chosen,), t_paper), stats
     limit = min(max_basis_size, MAX_INDEX_SET_SIZE)
     candidates: list[BasisCandidate] = []
     if basis in ("auto", "nominal", "total_degree"):
@@ -520,7 +560,7 @@ def choose_basis(
         index_set = axis_total_degree(d, best.parameter, best.axis_degree)
     else:
         index_set = total_degree(d, best.size)
-    return index_set, BasisChoice(basis, smoothness, best, tuple(candidates), t_paper)
+    return index_set, BasisChoice(basis, smoothness, best, tuple(candidates), t_paper), stats
 
 
 def _thinned(size: Callable[[int], int], first: int, limit: int) -> list[int]:
@@ -570,6 +610,7 @@ class _RepresentativeQuery:
         self.a2 = (weights / 2.0) @ (a * a)
         self.total_l1 = float((self.a1.sum() + tails[0]) ** d)
         self.cross_all = self._cross(TYPICAL_MU * float(self.a2[1:].sum()))
+        self._last: tuple[IndexSet, _SetSums] | None = None  # index_set_sums' last
 
     def _cross(self, h: float) -> float:
         """Sum over ``>= 2``-column indices of ``prod_i`` (``a2[0]`` or ``h``)."""
@@ -637,18 +678,40 @@ class _RepresentativeQuery:
         return _SetSums(v, float(self.a1[:t].sum()) ** self.d, self._axis(self._kept(t - 1)), cross)
 
     def index_set_sums(self, index_set: IndexSet) -> _SetSums:
+        """The sums of any set (``O(R d)``; the last set's are kept, :func:`_choose_basis`)."""
+        if self._last is not None and self._last[0] is index_set:
+            return self._last[1]
+        out = self._index_set_sums(index_set)
+        self._last = (index_set, out)
+        return out
+
+    def _index_set_sums(self, index_set: IndexSet) -> _SetSums:
         # degrees past the computed length have coefficients below the proven 1-D tail
         a1 = np.zeros(max(self.a1.size, index_set.max_degree + 1))
         a2 = np.zeros_like(a1)
         a1[: self.a1.size] = self.a1
         a2[: self.a2.size] = self.a2
+        # the per-index products, a block of rows at a time (the gathered (rows, d) tables
+        # are the large temporaries: a whole set's took several times its own memory),
+        # then summed over the whole set as one vector
         deg = index_set.degrees
-        v = float(np.prod(a2[deg], axis=1).sum())
-        kept = float(np.prod(a1[deg], axis=1).sum()) + float(a1[0]) ** self.d
-        support = np.count_nonzero(deg, axis=1)
-        cross_rows = deg[support >= 2]
-        weighted = np.where(cross_rows > 0, TYPICAL_MU * a2[cross_rows], a2[0])
-        inside = float(np.prod(weighted, axis=1).sum()) if cross_rows.size else 0.0
+        multi = index_set.support >= 2
+        v_terms = np.empty(index_set.size)
+        kept_terms = np.empty(index_set.size)
+        cross_terms = np.empty(int(multi.sum()))
+        done = 0
+        step = max(1, _SUMS_BLOCK_ENTRIES // self.d)
+        for start in range(0, index_set.size, step):
+            block = deg[start : start + step]
+            v_terms[start : start + step] = np.prod(a2[block], axis=1)
+            kept_terms[start : start + step] = np.prod(a1[block], axis=1)
+            cross_rows = block[multi[start : start + step]]
+            weighted = np.where(cross_rows > 0, TYPICAL_MU * a2[cross_rows], a2[0])
+            cross_terms[done : done + cross_rows.shape[0]] = np.prod(weighted, axis=1)
+            done += cross_rows.shape[0]
+        v = float(v_terms.sum())
+        kept = float(kept_terms.sum()) + float(a1[0]) ** self.d
+        inside = float(cross_terms.sum()) if cross_terms.size else 0.0
         cross = math.sqrt(max(self.cross_all - inside, 0.0))
         # per column, which degrees its one-column terms cover
         kept_axis = np.zeros((self.d, a1.size), dtype=bool)
@@ -1302,8 +1365,12 @@ def plan(
     ``share = CO_SPREAD_SHARE`` of ``epsilon`` when it applies to that set; otherwise the
     set is chosen for the whole ``epsilon`` and ``share = 0``."""
 
-    def choose(budget: float) -> tuple[IndexSet, BasisChoice]:
-        return choose_basis(
+    def choose(
+        budget: float,
+        fixed: IndexSet | None = None,
+        stats: _RepresentativeQuery | None = None,
+    ) -> tuple[IndexSet, BasisChoice, _RepresentativeQuery]:
+        return _choose_basis(
             n,
             d,
             epsilon=budget,
@@ -1313,13 +1380,19 @@ def plan(
             basis_size=basis_size,
             max_basis_size=max_basis_size,
             mechanism=mechanism,
+            fixed=fixed,
+            stats=stats,
         )
 
+    fixed = stats = None
     if co_spread and d >= 2:
-        index_set, choice = choose(epsilon * (1.0 - CO_SPREAD_SHARE))
+        index_set, choice, stats = choose(epsilon * (1.0 - CO_SPREAD_SHARE))
         if co_spread_applies(index_set):
             return index_set, choice, CO_SPREAD_SHARE
-    index_set, choice = choose(epsilon)
+        if basis_size is not None or basis == "paper":
+            fixed = index_set  # the same set for any budget: reused, not built again
+        del index_set  # otherwise one set at a time
+    index_set, choice, _ = choose(epsilon, fixed, stats)
     return index_set, choice, 0.0
 
 
@@ -1332,7 +1405,12 @@ def co_spread_applies(index_set: IndexSet) -> bool:
     _, cols, k = index_set.one_column_terms()
     if np.unique(cols[k == 2]).size != index_set.dim:
         return False
-    return not bool(np.any(np.count_nonzero(index_set.degrees >= 2, axis=1) >= 2))
+    d = index_set.dim
+    return not any(
+        bool(np.any(np.count_nonzero(flat >= 2 * d, axis=1) >= 2))  # flat = degree d + column
+        for _, flat in index_set._sparse
+        if flat.shape[1] >= 2
+    )
 
 
 def _co_spread_centring(index_set: IndexSet, noisy: NDArray[np.float64]) -> NDArray[np.float64]:

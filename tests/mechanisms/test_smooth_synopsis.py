@@ -234,6 +234,34 @@ def test_planning_one_column_convolves_short_arrays(monkeypatch: pytest.MonkeyPa
     assert index_set.size == choice.chosen.size
 
 
+def test_a_fixed_basis_is_built_and_summed_once_per_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A basis_size whose set admits no co-spread is planned for two budgets, but the set
+    does not depend on the budget: it is built and summed over once (each an O(R d) pass,
+    in the API's request checks), and the plan is the one it was."""
+    built: list[int] = []
+    summed: list[int] = []
+
+    def counted(d: int, R: int) -> IndexSet:
+        built.append(R)
+        return total_degree(d, R)
+
+    sums = ss._RepresentativeQuery._index_set_sums
+
+    def counted_sums(self: ss._RepresentativeQuery, index_set: IndexSet) -> object:
+        summed.append(index_set.size)
+        return sums(self, index_set)
+
+    monkeypatch.setattr(ss, "total_degree", counted)
+    monkeypatch.setattr(ss._RepresentativeQuery, "_index_set_sums", counted_sums)
+    index_set, choice, share = ss.plan(1000, 4, epsilon=1.0, basis_size=5)  # no T_2(x_i)
+    assert built == [5]
+    assert summed == [5]
+    assert share == 0.0
+    assert index_set.same_as(total_degree(4, 5))
+    _, alone = ss.choose_basis(1000, 4, epsilon=1.0, basis_size=5)
+    assert choice == alone
+
+
 def test_basis_size_and_custom_sets() -> None:
     index_set, choice = ss.choose_basis(1000, 3, epsilon=1.0, basis_size=19)
     assert index_set.same_as(total_degree(3, 19))
