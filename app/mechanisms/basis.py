@@ -66,6 +66,18 @@ DEFAULT_BLOCK_ELEMENTS = 1 << 18
 #: Largest index set built by :func:`full_tensor` or :func:`total_degree`.
 MAX_INDEX_SET_SIZE = 1_000_000
 
+#: Most entries ``R x d`` of an index set that a mechanism builds from public parameters
+#: (:func:`check_index_set_size`: a larger ``basis_size`` is refused, a larger default
+#: lowered; a stored set is rebuilt whatever its size). The service builds and plans with
+#: the set in a release request's check and preview, so the cost is the API's. Measured
+#: at the limit (2 shared cores, load ~3): check and preview 1.1-1.9 s and +210 MB at
+#: d = 2000, R = 10^4 (and at d = 200, R = 10^5); 1.7-2.3 s and +255 MB at d = 30,
+#: R = 666,666 (the builder alone 0.1-0.75 s); loading such a synopsis 0.1-0.4 s and its
+#: first answer 0.8-1.9 s. Beyond it the cost grows in proportion (R = 10^6 on 30 columns:
+#: 3.1 s, +354 MB; 36 s and 1.9 GB before the builder was vectorised). 2000 columns, the
+#: schema's most, keep R <= 10^4, five times the complete first-degree set.
+MAX_INDEX_SET_ENTRIES = 20_000_000
+
 _KINDS = ("full_tensor", "total_degree", "custom")
 
 
@@ -304,6 +316,33 @@ def axis_total_degree(d: int, max_degree: int, axis_degree: int) -> IndexSet:
     extra = rows - base
     degrees[rows, extra % d] = max_degree + 1 + extra // d
     return IndexSet._built(degrees, kind="custom", parameter=0)
+
+
+def largest_index_set_size(d: int) -> int:
+    """The largest ``R`` of an index set in ``d`` columns that a mechanism builds: at most
+    :data:`MAX_INDEX_SET_ENTRIES` entries ``R x d`` and :data:`MAX_INDEX_SET_SIZE`."""
+    _check_positive_int("d", d)
+    return min(MAX_INDEX_SET_SIZE, MAX_INDEX_SET_ENTRIES // d)
+
+
+def check_index_set_size(d: int, size: int, what: str = "basis_size") -> None:
+    """Refuse an index set of ``size`` functions in ``d`` columns beyond
+    :func:`largest_index_set_size`, from these public numbers, before it is built."""
+    largest = largest_index_set_size(d)
+    if size <= largest:
+        return
+    if size > MAX_INDEX_SET_SIZE:
+        reason = f"more than R = {MAX_INDEX_SET_SIZE} functions"
+    else:
+        reason = (
+            f"an index set of R x d = {size * d} entries, past the limit of "
+            f"{MAX_INDEX_SET_ENTRIES} (MAX_INDEX_SET_ENTRIES: building and planning with it "
+            "take time and memory in proportion)"
+        )
+    raise MechanismError(
+        f"{what} {size} over {d} columns is {reason}: at most basis_size = {largest} for "
+        f"{d} columns"
+    )
 
 
 def count_total_degree(d: int, max_degree: int) -> int:

@@ -223,8 +223,10 @@ from app.mechanisms.basis import (
     MAX_INDEX_SET_SIZE,
     IndexSet,
     axis_total_degree,
+    check_index_set_size,
     count_total_degree,
     full_tensor,
+    largest_index_set_size,
     moments,
     total_degree,
 )
@@ -419,6 +421,11 @@ def choose_basis(
     (Theorem 3.1's ``t``), or an :class:`IndexSet`. ``basis_size=R`` fixes the size: the
     ``R`` lowest-total-degree functions, or for ``"full_tensor"`` the set with
     ``t^d - 1 = R``. Usable without data, e.g. to preview the accuracy of a request.
+
+    A set of more than :func:`~app.mechanisms.basis.largest_index_set_size` ``(d)``
+    functions (``R x d`` entries past :data:`~app.mechanisms.basis.MAX_INDEX_SET_ENTRIES`)
+    is refused before it is built when ``basis_size`` or ``"paper"`` fixes it; the rules
+    consider no larger candidate (``max_basis_size`` is lowered to fit).
     """
     index_set, choice, _ = _choose_basis(
         n,
@@ -505,8 +512,11 @@ def _choose_basis(
     if basis == "paper":
         if basis_size is not None:
             raise MechanismError("basis='paper' sets t itself; leave basis_size=None")
-        # full_tensor raises if t^d - 1 is too large
-        index_set = fixed if fixed is not None else full_tensor(d, t_paper)
+        if fixed is None:
+            if t_paper**d - 1 <= MAX_INDEX_SET_SIZE:  # full_tensor refuses larger ones
+                check_index_set_size(d, t_paper**d - 1, "the paper's full tensor basis")
+            fixed = full_tensor(d, t_paper)
+        index_set = fixed
         chosen = candidate("full_tensor", t_paper)
         return index_set, BasisChoice("paper", smoothness, chosen, (chosen,), t_paper), stats
     if basis_size is not None:
@@ -518,14 +528,16 @@ def _choose_basis(
                     f"basis_size ({basis_size}) is not t^d - 1 for any t (d = {d}); "
                     "a full tensor basis has t^d - 1 functions"
                 )
+            check_index_set_size(d, basis_size)
             index_set = fixed if fixed is not None else full_tensor(d, t)
             chosen = candidate("full_tensor", t)
         else:
+            check_index_set_size(d, basis_size)
             index_set = fixed if fixed is not None else total_degree(d, basis_size)
             chosen = candidate("custom", basis_size, index_set)
             chosen = dataclasses.replace(chosen, kind="total_degree", parameter=basis_size)
         return index_set, BasisChoice(basis, smoothness, chosen, (chosen,), t_paper), stats
-    limit = min(max_basis_size, MAX_INDEX_SET_SIZE)
+    limit = min(max_basis_size, largest_index_set_size(d))  # a larger default is lowered
     candidates: list[BasisCandidate] = []
     if basis in ("auto", "nominal", "total_degree"):
         degrees = _thinned(lambda D: count_total_degree(d, D), 1, limit)
@@ -540,6 +552,12 @@ def _choose_basis(
         ts = _thinned(lambda t: t**d - 1, 2, limit)
         candidates += [candidate("full_tensor", t) for t in ts]
     if not candidates:
+        if limit < max_basis_size:
+            raise MechanismError(
+                f"no {basis} index set in d = {d} columns has at most {limit} functions, the "
+                "most whose R x d entries are built (MAX_INDEX_SET_ENTRIES); pass a "
+                f"basis_size of at most {limit}"
+            )
         raise MechanismError(
             f"no {basis} index set in d = {d} has at most max_basis_size = {limit} functions; "
             "raise max_basis_size or pass basis_size"

@@ -514,8 +514,10 @@ def moments_count(
 ) -> int:
     """``R``, the number of noisy moments :func:`measure` releases for these public values
     (its basis choice without building the basis): ``basis_size`` when given; on the full
-    grid Theorem 3.1's ``t^d - 1`` with ``t = max(t, 2)``; otherwise the capped
-    :func:`default_basis_size`. Refuses a full tensor basis larger than the index-set cap."""
+    grid Theorem 3.1's ``t^d - 1`` with ``t = max(t, 2)``; otherwise
+    :func:`default_basis_size`, lowered to :data:`MAX_BASIS_SIZE` and to
+    :func:`app.mechanisms.basis.largest_index_set_size` ``(d)`` (``R x d`` entries). Refuses
+    a ``basis_size`` or full tensor basis beyond those caps."""
     if grid not in GRIDS:
         raise MechanismError(f"grid ({grid!r}) must be one of {GRIDS}")
     if basis_size is not None:
@@ -525,6 +527,7 @@ def moments_count(
                 f"basis_size R ({basis_size}) must be at most {MAX_BASIS_SIZE}: the moments "
                 "and the LP matrix grow with R"
             )
+        basis.check_index_set_size(d, basis_size)
         return basis_size
     if grid == "full":
         t = max(theorem_parameters(n, d, smoothness, delta).t, 2)
@@ -534,8 +537,13 @@ def moments_count(
                 f"moments, more than {basis.MAX_INDEX_SET_SIZE}; use grid 'hypercube' or "
                 "'pca_ellipsoid'"
             )
+        basis.check_index_set_size(d, t**d - 1, "the full grid's basis size")
         return int(t**d - 1)
-    return min(default_basis_size(n, d, smoothness, delta, basis_rule), MAX_BASIS_SIZE)
+    return min(
+        default_basis_size(n, d, smoothness, delta, basis_rule),
+        MAX_BASIS_SIZE,
+        basis.largest_index_set_size(d),
+    )
 
 
 def synthesis_sizes(

@@ -234,6 +234,43 @@ def test_planning_one_column_convolves_short_arrays(monkeypatch: pytest.MonkeyPa
     assert index_set.size == choice.chosen.size
 
 
+def test_index_sets_past_the_entries_limit_are_refused_unbuilt_or_lowered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R x d is held to MAX_INDEX_SET_ENTRIES from the public numbers: a basis_size (or the
+    paper's full tensor) past it is refused before anything is built, naming the largest
+    basis_size for this d, and the rule's default is lowered to fit (an audit measured
+    basis_size 10^6 on 30 columns: 36 s and 1.9 GB in a preview; 2000 columns' default
+    84.6 s)."""
+    from app.mechanisms import basis
+
+    monkeypatch.setattr(basis, "MAX_INDEX_SET_ENTRIES", 6 * 40)  # d = 6: R <= 40
+    default, _, _ = ss.plan(10**6, 6, epsilon=10.0)
+    assert 6 < default.size <= 40
+    monkeypatch.undo()
+    assert ss.plan(10**6, 6, epsilon=10.0)[0].size > 40  # the default it lowered
+
+    monkeypatch.setattr(basis, "MAX_INDEX_SET_ENTRIES", 6 * 40)
+    assert ss.choose_basis(10**6, 6, epsilon=1.0, basis_size=40)[0].size == 40
+
+    def unbuildable(*args: object) -> IndexSet:
+        raise AssertionError("built")
+
+    monkeypatch.setattr(ss, "total_degree", unbuildable)
+    monkeypatch.setattr(ss, "full_tensor", unbuildable)
+    with pytest.raises(MechanismError, match="at most basis_size = 40 for 6 columns"):
+        ss.plan(10**6, 6, epsilon=1.0, basis_size=41)
+    with pytest.raises(MechanismError, match="R x d = 252 entries"):
+        ss.choose_basis(10**6, 6, epsilon=1.0, basis_size=42)
+    with pytest.raises(MechanismError, match="full tensor basis 728 over 6 columns"):
+        ss.plan(10**6, 6, epsilon=1.0, basis="paper")  # t = 3: 3^6 - 1
+    with pytest.raises(MechanismError, match="basis_size 63 over 6 columns"):
+        ss.choose_basis(10**6, 6, epsilon=1.0, basis="full_tensor", basis_size=63)
+    monkeypatch.setattr(basis, "MAX_INDEX_SET_ENTRIES", 5)
+    with pytest.raises(MechanismError, match="pass a basis_size of at most 0"):
+        ss.choose_basis(10**6, 6, epsilon=1.0)
+
+
 def test_a_fixed_basis_is_built_and_summed_once_per_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """A basis_size whose set admits no co-spread is planned for two budgets, but the set
     does not depend on the budget: it is built and summed over once (each an O(R d) pass,

@@ -435,6 +435,27 @@ def test_moments_count_is_the_number_measure_releases(
     )
 
 
+def test_moments_past_the_entries_limit_are_refused_or_lowered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R x d of the moments' index set is held to MAX_INDEX_SET_ENTRIES from public values
+    (an audit: basis_size 10^5 on 2000 columns built a 1.6 GB array in the worker): a
+    basis_size past it is refused naming the largest for this d, a default lowered."""
+    from app.mechanisms import basis
+
+    assert moments_count(10**6, 30, 4, 0.0, "hypercube") > 20
+    monkeypatch.setattr(basis, "MAX_INDEX_SET_ENTRIES", 30 * 20)
+    assert moments_count(10**6, 30, 4, 0.0, "hypercube") == 20
+    assert moments_count(10**6, 30, 4, 0.0, "hypercube", 20) == 20
+    with pytest.raises(MechanismError, match="at most basis_size = 20 for 30 columns"):
+        moments_count(569, 30, 4, 0.0, "hypercube", 21)
+    monkeypatch.setattr(basis, "MAX_INDEX_SET_ENTRIES", 2 * 7)
+    with pytest.raises(
+        MechanismError, match=r"basis size 8 over 2 columns .* at most basis_size = 7 for 2 columns"
+    ):
+        moments_count(569, 2, 4, 0.0, "full")  # t = 3: 3^2 - 1
+
+
 def test_sizes_that_cannot_fit_are_refused_before_measuring() -> None:
     """A full tensor basis or full grid on many columns is refused from public values."""
     with pytest.raises(MechanismError, match=r"t\^d - 1 = 2\^30 - 1 moments"):

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from numpy.polynomial import chebyshev as npcheb
 
+from app.mechanisms import smooth_synopsis as sy
 from app.mechanisms.smooth_synopsis import Synopsis
 from app.releases.adapters import smooth_synopsis as smooth_synopsis_adapter
 from tests.conftest import Caller
@@ -1211,6 +1212,55 @@ def test_a_synopsis_that_would_measure_too_long_is_refused_or_lowered(
     response = request_release(client, curator, dataset_id, {**body, "params": {"basis_size": 9}})
     assert response.status_code == 422, response.text
     assert "at most R = 8 for this table; lower basis_size" in response.json()["error"]["message"]
+    assert budget(client, curator, dataset_id)["entries"] == []
+    assert services_of(client).queue.pending() == 0
+
+
+def test_a_basis_past_the_index_set_limit_is_refused_or_lowered(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request's check and preview build the index set: R x d is held to
+    MAX_INDEX_SET_ENTRIES from the public numbers. A basis_size past it is a 422 naming the
+    largest basis_size for this d, before anything is built or reserved; a default is
+    lowered to fit; smooth_synthetic's moments get the same (audit: basis_size 10^6 on
+    WDBC's 30 columns took 36 s and 1.9 GB of the API per preview and again per request;
+    a 2000-column table's default preview 84.6 s)."""
+    from app.mechanisms import basis
+
+    dataset_id, _ = _dataset(client, curator)  # d = 3; the default R is 12 at epsilon 1
+    body: dict[str, Any] = {"mechanism": "smooth_synopsis", "epsilon": 1}
+
+    def preview_size(request: dict[str, Any]) -> int:
+        url = f"/v1/datasets/{dataset_id}/preview"
+        response = client.post(url, headers=curator.headers, json=request)
+        assert response.status_code == 200, response.text
+        return int(response.json()["resolved"]["basis_size"])
+
+    assert preview_size(body) == 12
+    monkeypatch.setattr(basis, "MAX_INDEX_SET_ENTRIES", 3 * 8)
+    assert preview_size(body) <= 8
+    built: list[int] = []
+    total_degree = basis.total_degree
+    monkeypatch.setattr(sy, "total_degree", lambda d, R: built.append(R) or total_degree(d, R))
+    for request in (
+        {**body, "params": {"basis_size": 9}},
+        {
+            "mechanism": "smooth_synthetic",
+            "epsilon": 1,
+            "params": {"method": "moments", "basis_size": 9},
+        },
+    ):
+        url = f"/v1/datasets/{dataset_id}/preview"
+        for response in (
+            client.post(url, headers=curator.headers, json=request),
+            request_release(client, curator, dataset_id, request),
+        ):
+            assert response.status_code == 422, response.text
+            message = response.json()["error"]["message"]
+            assert "basis_size 9 over 3 columns is an index set of R x d = 27 entries" in message
+            assert "at most basis_size = 8 for 3 columns" in message
+    assert built == []
+    assert preview_size({**body, "params": {"basis_size": 8}}) == 8
     assert budget(client, curator, dataset_id)["entries"] == []
     assert services_of(client).queue.pending() == 0
 

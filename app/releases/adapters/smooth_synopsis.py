@@ -24,7 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from app.core.errors import InvalidRequest
 from app.core.types import integral_number
 from app.mechanisms import smooth_synopsis as sy
-from app.mechanisms.basis import IndexSet
+from app.mechanisms.basis import IndexSet, check_index_set_size
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
 from app.releases.adapters import smooth_queries
@@ -103,6 +103,9 @@ def _plan(
             f"a synopsis of {info.n_rows} rows would read more than {MAX_MEASURE_WORK:.0e} "
             "row-moments (MAX_MEASURE_WORK): the table is too large for smooth_synopsis"
         )
+    if params.basis_size is not None:  # refused from public numbers, before it is built
+        check_index_set_size(info.d, params.basis_size)
+        _check_measure_work(info.n_rows, params.basis_size, largest)
     index_set, choice, share = sy.plan(
         info.n_rows,
         info.d,
@@ -111,18 +114,23 @@ def _plan(
         smoothness=params.smoothness,
         basis="total_degree" if params.basis_size is not None else params.basis,
         basis_size=params.basis_size,
-        # a default that would take longer to measure is lowered to fit
+        # a default that would take longer to measure is lowered to fit (as one past
+        # basis.MAX_INDEX_SET_ENTRIES is, in sy.choose_basis)
         max_basis_size=min(params.max_basis_size, largest),
         mechanism=params.noise_mechanism,
         co_spread=params.co_spread,
     )
-    if index_set.size > largest:
+    _check_measure_work(info.n_rows, index_set.size, largest)
+    return index_set, choice, share
+
+
+def _check_measure_work(n: int, size: int, largest: int) -> None:
+    if size > largest:
         raise InvalidRequest(
-            f"R = {index_set.size} moments over {info.n_rows} rows is more measurement "
+            f"R = {size} moments over {n} rows is more measurement "
             f"work than the limit of {MAX_MEASURE_WORK:.0e} weighted row-moments (about half "
             f"an hour): at most R = {largest} for this table; lower basis_size"
         )
-    return index_set, choice, share
 
 
 class SmoothSynopsis(registry.Mechanism):
