@@ -1316,24 +1316,30 @@ def is_separable(query: object) -> bool:
     )
 
 
-def separable_blocks(
-    queries: Sequence[object], dim: int, *, min_length: int = 1, block: int = 500
-) -> Iterator[tuple[NDArray[np.int64], TensorExpansion]]:
-    """``(positions, expansion)`` covering every query of ``queries``, in blocks.
+@dataclass(frozen=True, eq=False)
+class SeparableBlock:
+    """One block of :func:`separable_blocks`, planned before anything is expanded: the
+    ``positions`` of its queries, how they are expanded (``kind``: ``"gaussian"``, one
+    :func:`gaussian_expansion`; ``"product"``, one :func:`product_expansions`;
+    ``"stacked"``, :func:`expand` query by query and :func:`stack_expansions`) and the
+    ``shape`` ``(rows, kernels, length)`` of the expansion it gives, whose ``factors``
+    are ``(rows, kernels, d, length)`` (padding included). ``shape`` is ``None`` when a
+    query's length is only known once it is expanded (a product with a callable factor)
+    or the query has no separable form (refused when the block is expanded)."""
 
-    Gaussian mixtures with the same number of centres and the same widths share one
-    :func:`gaussian_expansion` per block of ``block`` queries (one DCT table). Product
-    queries whose factors are all ``None``, coefficient vectors or
-    :class:`~app.mechanisms.queries.Gaussian1D` share one :func:`product_expansions` per
-    block, grouped by their length ``L`` rounded up to a power of two (so that padding at
-    most doubles a block) and with at most ``max(1, DEFAULT_BLOCK_ELEMENTS // (d L))``
-    queries per block (a narrow Gaussian does not inflate ``block`` others). The other
-    separable queries (polynomials, products with callable factors) are expanded one by
-    one and stacked (:func:`stack_expansions`). A query with no separable form is a
-    :class:`MechanismError` naming its position.
-    """
+    positions: NDArray[np.int64]
+    kind: str
+    shape: tuple[int, int, int] | None
+
+
+def separable_layout(
+    queries: Sequence[object], dim: int, *, min_length: int = 1, block: int = 500
+) -> list[SeparableBlock]:
+    """The blocks of :func:`separable_blocks` and the shapes of their expansions, from
+    the queries' sizes alone (centres, widths, exponents, factor lengths): what a caller
+    needs to bound the work of answering them before anything is expanded."""
     groups: dict[tuple[Any, ...], list[int]] = {}
-    products: dict[int, list[tuple[int, ProductQuery]]] = {}
+    products: dict[int, list[tuple[int, int]]] = {}
     others: list[int] = []
     for position, query in enumerate(queries):
         if isinstance(query, GaussianMixture | AnisotropicGaussianMixture):
@@ -1350,37 +1356,112 @@ def separable_blocks(
                 others.append(position)
             else:
                 key = 1 << (length - 1).bit_length()
-                products.setdefault(key, []).append((position, query))
+                products.setdefault(key, []).append((position, length))
         else:
             others.append(position)
+    out: list[SeparableBlock] = []
     for members in groups.values():
         first = queries[members[0]]
         assert isinstance(first, GaussianMixture | AnisotropicGaussianMixture)
+        kernels = int(first.centers.shape[0])
+        length = _gaussian_length(first.sigma, min_length)
         for start in range(0, len(members), block):
             chunk = members[start : start + block]
-            mixtures = [queries[i] for i in chunk]
-            centers = np.stack([m.centers for m in mixtures])  # type: ignore[attr-defined]
-            weights = np.stack([m.weights for m in mixtures])  # type: ignore[attr-defined]
-            expansion = gaussian_expansion(centers, weights, first.sigma, min_length=min_length)
-            yield np.asarray(chunk, dtype=np.int64), expansion
-    for length, bucket in sorted(products.items()):
-        rows = max(1, min(block, DEFAULT_BLOCK_ELEMENTS // (dim * length)))
+            shape = None if length is None else (len(chunk), kernels, length)
+            out.append(SeparableBlock(np.asarray(chunk, dtype=np.int64), "gaussian", shape))
+    for key, bucket in sorted(products.items()):
+        rows = max(1, min(block, DEFAULT_BLOCK_ELEMENTS // (dim * key)))
         for start in range(0, len(bucket), rows):
             part = bucket[start : start + rows]
-            expansion = product_expansions([q for _, q in part], min_length=min_length)
-            yield np.asarray([p for p, _ in part], dtype=np.int64), expansion
+            shape = (len(part), 1, max(length for _, length in part))
+            positions = np.asarray([p for p, _ in part], dtype=np.int64)
+            out.append(SeparableBlock(positions, "product", shape))
     for start in range(0, len(others), block):
         chunk = others[start : start + block]
-        expansions = []
-        for position in chunk:
-            one = expand(queries[position], dim, min_length=min_length)
-            if one is None:
-                raise MechanismError(
-                    f"query {position} ({type(queries[position]).__name__}) has no separable "
-                    "form (Gaussian mixture, product of 1-D functions or polynomial)"
-                )
-            expansions.append(one)
-        yield np.asarray(chunk, dtype=np.int64), stack_expansions(expansions)
+        shapes = [_expansion_shape(queries[p], min_length) for p in chunk]
+        stacked = None
+        if all(s is not None for s in shapes):
+            known = [s for s in shapes if s is not None]
+            stacked = (
+                sum(s[0] for s in known),
+                max(s[1] for s in known),
+                max(s[2] for s in known),
+            )
+        out.append(SeparableBlock(np.asarray(chunk, dtype=np.int64), "stacked", stacked))
+    return out
+
+
+def _gaussian_length(sigma: ArrayLike, min_length: int) -> int | None:
+    """The ``N`` of :func:`gaussian_factors` for these widths (``None`` for widths it
+    refuses, which it names when the block is expanded)."""
+    s = np.asarray(sigma, dtype=np.float64)
+    if not (np.all(np.isfinite(s)) and np.all(s > 0)):
+        return None
+    return max(gaussian_points(float(w), max(min_length, 8)) for w in np.unique(s))
+
+
+def _expansion_shape(query: object, min_length: int) -> tuple[int, int, int] | None:
+    """``(rows, kernels, length)`` of :func:`expand` for a query of a stacked block, or
+    ``None`` when it is only known once expanded (callable factors, other types)."""
+    if isinstance(query, GaussianMixtureBatch):
+        length = _gaussian_length(query.sigma, min_length)
+        rows, kernels = query.centers.shape[:2]
+        return None if length is None else (int(rows), int(kernels), length)
+    if isinstance(query, Polynomial):
+        kernels = int(query.exponents.shape[0])
+        return 1, kernels, max(int(query.exponents.max()) + 1, min_length)
+    return None
+
+
+def separable_blocks(
+    queries: Sequence[object], dim: int, *, min_length: int = 1, block: int = 500
+) -> Iterator[tuple[NDArray[np.int64], TensorExpansion]]:
+    """``(positions, expansion)`` covering every query of ``queries``, in blocks.
+
+    Gaussian mixtures with the same number of centres and the same widths share one
+    :func:`gaussian_expansion` per block of ``block`` queries (one DCT table). Product
+    queries whose factors are all ``None``, coefficient vectors or
+    :class:`~app.mechanisms.queries.Gaussian1D` share one :func:`product_expansions` per
+    block, grouped by their length ``L`` rounded up to a power of two (so that padding at
+    most doubles a block) and with at most ``max(1, DEFAULT_BLOCK_ELEMENTS // (d L))``
+    queries per block (a narrow Gaussian does not inflate ``block`` others). The other
+    separable queries (polynomials, products with callable factors) are expanded one by
+    one and stacked (:func:`stack_expansions`). A query with no separable form is a
+    :class:`MechanismError` naming its position. The blocks are those of
+    :func:`separable_layout`, expanded one at a time (:func:`expand_block`).
+    """
+    for planned in separable_layout(queries, dim, min_length=min_length, block=block):
+        yield planned.positions, expand_block(queries, planned, dim, min_length=min_length)
+
+
+def expand_block(
+    queries: Sequence[object], planned: SeparableBlock, dim: int, *, min_length: int = 1
+) -> TensorExpansion:
+    """The expansion of one block of :func:`separable_layout` (``queries`` the sequence
+    it was planned on)."""
+    members = [queries[int(i)] for i in planned.positions]
+    if planned.kind == "gaussian":
+        mixtures = [
+            q for q in members if isinstance(q, GaussianMixture | AnisotropicGaussianMixture)
+        ]
+        assert len(mixtures) == len(members)
+        centers = np.stack([m.centers for m in mixtures])
+        weights = np.stack([m.weights for m in mixtures])
+        return gaussian_expansion(centers, weights, mixtures[0].sigma, min_length=min_length)
+    if planned.kind == "product":
+        products = [q for q in members if isinstance(q, ProductQuery)]
+        assert len(products) == len(members)
+        return product_expansions(products, min_length=min_length)
+    expansions = []
+    for position, query in zip(planned.positions, members, strict=True):
+        one = expand(query, dim, min_length=min_length)
+        if one is None:
+            raise MechanismError(
+                f"query {position} ({type(query).__name__}) has no separable "
+                "form (Gaussian mixture, product of 1-D functions or polynomial)"
+            )
+        expansions.append(one)
+    return stack_expansions(expansions)
 
 
 def _check_dim(query_dim: int, dim: int) -> None:

@@ -268,6 +268,27 @@ def check_batch_work(
         )
 
 
+def check_total_work(
+    queries: int, work: int, limit: int, *, what: str = "queries", costs: str, smaller: str
+) -> None:
+    """422 for a batch whose answers take ``work`` units in all (computed from public sizes
+    before anything is answered) over ``limit``: it says about how many queries like these
+    fit in one request, or, when not even one does, how to make them smaller
+    (``smaller``). ``costs`` says what a unit of the work counts."""
+    if work <= limit:
+        return
+    fit = queries * limit // work
+    asked = f"{queries} {what} are" if queries != 1 else "this query is"
+    head = (
+        f"{asked} more than one request may ask of this release: {work:.3g} units of work "
+        f"({costs}), at most {limit:.3g} a request"
+    )
+    if fit >= 1:
+        raise InvalidRequest(f"{head}; about {fit} like these fit in one request: split the batch")
+    alone = "not even one of them fits" if queries != 1 else "it does not fit on its own"
+    raise InvalidRequest(f"{head}; {alone}: {smaller}")
+
+
 REGISTRY: dict[str, Mechanism] = {}
 
 

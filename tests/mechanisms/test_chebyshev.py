@@ -634,6 +634,38 @@ def test_batched_product_expansion_equals_the_one_by_one_expansion(min_length: i
         np.testing.assert_allclose(value, query.evaluate(X), rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("min_length", [1, 9, 60])
+def test_separable_layout_gives_each_blocks_shape_before_expanding(min_length: int) -> None:
+    """separable_layout plans the blocks of separable_blocks from the queries' sizes alone
+    (what an answers request's work bound counts): the same positions, and the shape each
+    expansion then has, padding included (stacked polynomials and a batch of mixtures,
+    mixtures, products of several lengths); a block holding a callable factor, whose
+    length is only known once it is expanded, has none."""
+    d = 4
+    rng = np.random.default_rng(45)
+    queries = [
+        q
+        for q in _mixed_products(d)
+        if not (isinstance(q, ProductQuery) and any(callable(g) for g in q.factors))
+    ]
+    queries.insert(2, GaussianMixtureBatch(rng.uniform(-1, 1, (3, 5, d)), np.ones((3, 5)), 0.2))
+    queries.append(Polynomial(np.array([[0, 7, 0, 1], [1, 0, 0, 0], [0, 0, 3, 3]]), np.ones(3)))
+    layout = ch.separable_layout(queries, d, min_length=min_length, block=8)
+    blocks = list(ch.separable_blocks(queries, d, min_length=min_length, block=8))
+    assert len(layout) == len(blocks)
+    assert {planned.kind for planned in layout} == {"gaussian", "product", "stacked"}
+    for planned, (positions, expansion) in zip(layout, blocks, strict=True):
+        np.testing.assert_array_equal(planned.positions, positions)
+        Q, J, _, L = expansion.factors.shape
+        assert planned.shape == (Q, J, L)
+        expanded = ch.expand_block(queries, planned, d, min_length=min_length)
+        np.testing.assert_array_equal(expanded.factors, expansion.factors)
+    callable_factor = ProductQuery((np.cos,) + (None,) * (d - 1))
+    (planned,) = ch.separable_layout([queries[-1], callable_factor], d, block=8)
+    assert planned.kind == "stacked"
+    assert planned.shape is None
+
+
 def test_product_blocks_are_bounded_in_size() -> None:
     """A narrow Gaussian does not pad a whole block: blocks are grouped by power-of-two
     length and hold at most DEFAULT_BLOCK_ELEMENTS // (d L) queries."""

@@ -1303,6 +1303,129 @@ def test_synopsis_answers_are_bounded_by_queries_times_moments(
     assert "(each reads the 12 moments): at most 4 per request" in refused.text
 
 
+@pytest.mark.parametrize(
+    "params",
+    [{"method": "marginals"}, {"method": "tree"}, {"method": "moments", "grid_size": 500}],
+)
+def test_smooth_synthetic_answers_are_bounded_by_their_work(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch, params: dict[str, Any]
+) -> None:
+    """A smooth_synthetic answer is computed under the released law and its 20 bootstrap
+    laws (marginals, tree) or at every support point (moments), at a cost that grows with
+    the queries' kernels and coefficients and the release's cells or points
+    (resource-exhaustion audit, on WDBC: a tree answered 10,000 one-factor products in 21 s
+    and 100,000 in 224 s and 2.2 GB; 30,000 mixtures of 10 centres took 134 s). A batch
+    whose work (answer_work, support_work) exceeds MAX_ANSWER_WORK is refused with a 422
+    saying about how many like it fit, before any query is expanded or evaluated; a query
+    too large on its own is told how to shrink."""
+    from app.releases import registry
+    from app.releases.adapters import smooth_synthetic as adapter
+
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 1, "delta": 1e-7, "params": params}
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    query = {"type": "product", "factors": {"x": {"type": "gaussian", "center": 0.1, "sigma": 3}}}
+
+    works: list[int] = []
+    check = registry.check_total_work
+
+    def counted(queries: int, work: int, limit: int, **options: Any) -> None:
+        works.append(work)
+        check(queries, work, limit, **options)
+
+    computed: list[str] = []
+    expand_block, weighted_answer = adapter.expand_block, adapter.weighted_answer
+
+    def expanding(*args: Any, **options: Any) -> Any:
+        computed.append("expand")
+        return expand_block(*args, **options)
+
+    def evaluating(*args: Any, **options: Any) -> Any:
+        computed.append("evaluate")
+        return weighted_answer(*args, **options)
+
+    monkeypatch.setattr(registry, "check_total_work", counted)
+    monkeypatch.setattr(adapter, "expand_block", expanding)
+    monkeypatch.setattr(adapter, "weighted_answer", evaluating)
+
+    def post(count: int) -> Any:
+        return client.post(
+            f"/v1/releases/{release_id}/answers",
+            headers=curator.headers,
+            json={"queries": [query] * count},
+        )
+
+    sizes = {}
+    for count in (1, 4, 5):
+        answered = post(count)
+        assert answered.status_code == 200, answered.text
+        sizes[count] = works[-1]
+    one, four, five = sizes[1], sizes[4], sizes[5]
+    assert 0 < one < four < five
+
+    monkeypatch.setattr(adapter, "MAX_ANSWER_WORK", four)
+    computed.clear()
+    at_bound = post(4)
+    assert at_bound.status_code == 200, at_bound.text
+    assert computed
+    computed.clear()
+    refused = post(5)
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert message.startswith(
+        "5 queries are more than one request may ask of this release: "
+        f"{five:.3g} units of work (about 1 ns each here"
+    )
+    assert message.endswith(
+        f"at most {four:.3g} a request; about 4 like these fit in one request: split the batch"
+    )
+    assert computed == []
+
+    monkeypatch.setattr(adapter, "MAX_ANSWER_WORK", one - 1)
+    alone = post(1)
+    assert alone.status_code == 422, alone.text
+    message = alone.json()["error"]["message"]
+    assert message.startswith("this query is more than one request may ask of this release")
+    assert "; it does not fit on its own: use " in message
+    assert computed == []
+
+
+def test_the_default_answer_bound_refuses_the_audited_batches() -> None:
+    """On WDBC's 30 columns the default MAX_ANSWER_WORK refuses what the audit timed (10,000
+    one-factor products on a tree of 93 cells a column, 21 s; 30,000 mixtures of 10
+    centres on 4096 bins, 134 s) and admits 1,000 of either kind on the default 6-cell tree
+    of WDBC at epsilon 1, and on 64 bins."""
+    from app.mechanisms.chebyshev import separable_layout
+    from app.mechanisms.queries import Gaussian1D, GaussianMixture, ProductQuery
+    from app.releases.adapters.smooth_synthetic import MAX_ANSWER_WORK, answer_work
+
+    d, rng = 30, np.random.default_rng(3)
+
+    def products(count: int) -> list[object]:
+        return [
+            ProductQuery(tuple(Gaussian1D(0.1, 0.3) if i == q % d else None for i in range(d)))
+            for q in range(count)
+        ]
+
+    def mixtures(count: int) -> list[object]:
+        return [
+            GaussianMixture(rng.uniform(-1, 1, (10, d)), np.full(10, 0.1), 1.0)
+            for _ in range(count)
+        ]
+
+    def work(queries: list[object], cells: int, groups: int | None) -> int:
+        return answer_work(separable_layout(queries, d), d=d, cells=cells, groups=groups)
+
+    assert work(products(10_000), 93, 93) > MAX_ANSWER_WORK
+    assert work(mixtures(30_000), 4096, None) > MAX_ANSWER_WORK
+    for queries in (products(1000), mixtures(1000)):
+        assert work(queries, 6, 6) <= MAX_ANSWER_WORK
+        assert work(queries, 64, None) <= MAX_ANSWER_WORK
+
+
 def test_moments_that_would_measure_too_long_are_refused(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,7 +61,9 @@ released support, each refitted by the LP on fresh candidates), whose 20 weighte
 the synthesis stage stores in the same artifact; a version synthesised before that, or
 whose refits failed, answers without one and says to re-synthesise
 (``bench/results/answer_stderr_moments.md``). A ``smooth_synopsis`` release gives answers
-with calibrated intervals.
+with calibrated intervals. The work of one answers request is bounded
+(:data:`MAX_ANSWER_WORK`, counted by :func:`answer_work` and :func:`support_work` before
+anything is expanded or evaluated).
 """
 
 from __future__ import annotations
@@ -85,10 +87,16 @@ from app.core.errors import InvalidRequest
 from app.core.types import integral_number
 from app.mechanisms import bootstrap, marginal_tree, marginals, noise
 from app.mechanisms import smooth_synthetic as ss
-from app.mechanisms.chebyshev import separable_blocks
+from app.mechanisms.chebyshev import SeparableBlock, expand_block, separable_layout
 from app.mechanisms.errors import MechanismError, SolverError
+from app.mechanisms.queries import (
+    AnisotropicGaussianMixture,
+    GaussianMixture,
+    Polynomial,
+    ProductQuery,
+    sample_support,
+)
 from app.mechanisms.queries import answer as weighted_answer
-from app.mechanisms.queries import sample_support
 from app.releases import registry
 from app.releases.adapters import smooth_queries, smooth_synopsis
 from app.releases.payloads import pack, unpack
@@ -152,6 +160,38 @@ MOMENTS_NOTE = (
     "four benchmark datasets) and for none centred near data rows; use a smooth_synopsis "
     "release for intervals"
 )
+
+#: The work one answers request may do, in units of about 1 ns here (2 cores, shared):
+#: :func:`answer_work` for a ``marginals`` or ``tree`` release, :func:`support_work` for
+#: ``moments``, counted from public sizes (kernels, coefficients, cells, support points)
+#: before anything is expanded or evaluated; a batch over it is a 422 that says about how
+#: many queries like it fit. Timed at the bound on WDBC (569 x 30) in the API's answer
+#: path (``SmoothSynthetic.answer``, parsing included) with one-factor products of widths
+#: 1 and 0.03, five-factor products of width 0.1, mixtures of 10 centres of width 1 and
+#: of 100 of width 0.3 (normalised units), on the shared machine (load ~3) and beside a
+#: process multiplying matrices on both cores: trees of 6 and 93 cells a column 1.1-5.3
+#: s, and of 6, 30 and 93 (``pair_bins`` 16 above 6) 2.8-11.7 s; ``marginals`` of 4096
+#: bins 1.0-4.5 s, and of 512 and 4096 2.8-9.5 s; ``moments`` on an IPM support of 10^5
+#: points (``grid_size`` 10^5) 3.4-5.3 s and 5.2-15.9 s. So a request at the bound takes
+#: up to about 15 s, as the other answer bounds promise. Without it the audit measured
+#: 21 s for 10,000 one-factor products and 224 s (2.2 GB) for 100,000 on a tree, and 134
+#: s for 30,000 mixtures of 10 centres on a tree or on 4096 bins; that moments support
+#: took 36 s for 10,000 products and 30 s for 2,000 mixtures.
+MAX_ANSWER_WORK = 8 * 10**9
+#: :func:`answer_work`'s weights (``marginals``, ``tree``), from the parts timed alone: a
+#: query's fixed cost (its answer's dict; Python per query, 20-70 us), a coefficient to
+#: expand for a mixture or polynomial (exponentials and DCT, or Python per monomial:
+#: 11-70 ns) and for a product (its own factors only: 2-12 ns), an entry ``(cell,
+#: coefficient)`` of the cells' Chebyshev means (cosines: 25-80 ns).
+QUERY_WORK = 20_000
+EXPANSION_WORK = 100
+PRODUCT_EXPANSION_WORK = 10
+CELL_MEAN_WORK = 150
+#: :func:`support_work`'s weights (``moments``): a point and column of a kernel (a
+#: mixture's exponential, a product's factor, the points' copy: 0.5-1 ns), and of a
+#: polynomial's monomial (a power: 10-20 ns).
+SUPPORT_WORK = 2
+POLYNOMIAL_SUPPORT_WORK = 30
 
 
 @dataclass(frozen=True, eq=False)
@@ -593,9 +633,12 @@ class SmoothSynthetic(registry.Mechanism):
             note = MARGINALS_NOTE if product else TREE_NOTE
             values, errors = np.empty(len(parsed)), np.empty(len(parsed))
             try:
-                for positions, expansion in separable_blocks(parsed, loaded.d):
-                    values[positions] = loaded.expectations(expansion)
-                    errors[positions] = loaded.stderrs(expansion)
+                layout = separable_layout(parsed, loaded.d)
+                check_answer_work(loaded, layout, len(parsed))
+                for planned in layout:
+                    expansion = expand_block(parsed, planned, loaded.d)
+                    values[planned.positions] = loaded.expectations(expansion)
+                    errors[planned.positions] = loaded.stderrs(expansion)
             except MechanismError as exc:
                 raise InvalidRequest(f"queries: {exc}") from None
             return [
@@ -604,6 +647,7 @@ class SmoothSynthetic(registry.Mechanism):
             ]
         support: MomentSupport = loaded
         replicates = support.replicates
+        check_support_work(support, parsed)
         out = []
         for position, query in enumerate(parsed):
             try:
@@ -614,6 +658,111 @@ class SmoothSynthetic(registry.Mechanism):
             note = NOTE if replicates is None else MOMENTS_NOTE
             out.append({"value": value, "stderr": stderr, "interval": None, "note": note})
         return out
+
+
+def answer_work(layout: Sequence[SeparableBlock], *, d: int, cells: int, groups: int | None) -> int:
+    """The work of answering the blocks of ``layout`` (value and standard error) under a
+    ``marginals`` law (``groups=None``) or a ``tree`` law, in the units of
+    :data:`MAX_ANSWER_WORK`, from public sizes alone. A block of ``Q`` queries of ``J``
+    kernels with ``L`` coefficients a factor (``E = Q J d L`` coefficients in ``d``
+    columns), on ``c = cells`` cells a column, is answered under ``W = 1 +``
+    :data:`app.mechanisms.bootstrap.REPLICATES` laws:
+
+    * every method: ``QUERY_WORK`` a query, and ``EXPANSION_WORK`` a coefficient to expand
+      the block (:func:`~app.mechanisms.chebyshev.expand_block`; ``PRODUCT_EXPANSION_WORK``
+      for products, whose factors other than their own are constants);
+    * ``marginals`` (:func:`app.mechanisms.marginals.product_expectations`, once a law):
+      ``W (CELL_MEAN_WORK c L + 3 E)``: each law recomputes the cells' Chebyshev means
+      (:func:`~app.mechanisms.marginals.cell_means`, cosines) whatever the number of
+      queries, then contracts every coefficient with the moments;
+    * ``tree`` (:meth:`~app.mechanisms.marginal_tree.TreeMeasurements.expectations` and
+      ``stderrs``): the cells' means and every kernel's factor averaged on every cell, twice
+      (:func:`~app.mechanisms.marginal_tree.cell_values`: ``2 CELL_MEAN_WORK c L +
+      E (c / 2 + 40)``), then belief propagation over the tree under each law, a message
+      a kernel and column, ``W Q J d (c (g + 48) / 4 + 50)``, ``g = groups`` the groups
+      of a column in the law's edge tables (``c`` for the copula law, ``pair_bins`` for
+      the block law of releases before version 4).
+    """
+    laws = 1 + bootstrap.REPLICATES
+    work = 0
+    for planned in layout:
+        assert planned.shape is not None  # JSON queries have no callable factors
+        rows, kernels, length = planned.shape
+        entries = rows * kernels * d * length
+        expanding = PRODUCT_EXPANSION_WORK if planned.kind == "product" else EXPANSION_WORK
+        work += QUERY_WORK * len(planned.positions) + expanding * entries
+        if groups is None:
+            work += laws * (CELL_MEAN_WORK * cells * length + 3 * entries)
+        else:
+            work += 2 * CELL_MEAN_WORK * cells * length + entries * (cells // 2 + 40)
+            work += laws * rows * kernels * d * (cells * (groups + 48) // 4 + 50)
+    return work
+
+
+def check_answer_work(
+    law: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements,
+    layout: Sequence[SeparableBlock],
+    queries: int,
+) -> None:
+    """422 for a batch whose :func:`answer_work` exceeds :data:`MAX_ANSWER_WORK`, before
+    anything is expanded or a law fitted."""
+    if isinstance(law, marginal_tree.TreeMeasurements):
+        cells, kind = law.one_way.cells, "tree"
+        groups: int | None = cells if law.joint_model == "copula" else law.pair_bins
+    else:
+        cells, kind, groups = law.cells, "product", None
+    registry.check_total_work(
+        queries,
+        answer_work(layout, d=law.d, cells=cells, groups=groups),
+        MAX_ANSWER_WORK,
+        costs=f"about 1 ns each here, from the queries' kernels and Chebyshev coefficients "
+        f"on the {cells} cells of each of {law.d} columns, under this {kind} law and its "
+        f"{bootstrap.REPLICATES} bootstrap laws",
+        smaller="use wider Gaussian factors (fewer Chebyshev coefficients), fewer centres "
+        "or monomials, or lower powers",
+    )
+
+
+def support_work(support: MomentSupport, query: object) -> int:
+    """The work of answering ``query`` on a ``moments`` release, in the units of
+    :data:`MAX_ANSWER_WORK`: it is evaluated at every point of the weighted support and
+    of its bootstrap supports, ``n`` points of ``d`` columns: ``SUPPORT_WORK n d (k + 1)``
+    for a mixture of ``k`` centres (the ``+ 1`` the points' copy), ``SUPPORT_WORK n (d +
+    10 f + a)`` for a product of ``f`` factors with ``a`` coefficients in its polynomial
+    or Chebyshev factors (the copy, a factor's values, Clenshaw's recurrence), and
+    ``POLYNOMIAL_SUPPORT_WORK n d k`` for a polynomial of ``k`` monomials (a power of
+    every coordinate each)."""
+    n, d = (int(v) for v in support.points.shape)
+    if support.replicates is not None:
+        n += int(support.replicates.points.shape[0])
+    if isinstance(query, Polynomial):
+        return POLYNOMIAL_SUPPORT_WORK * n * d * int(query.exponents.shape[0])
+    if isinstance(query, GaussianMixture | AnisotropicGaussianMixture):
+        return SUPPORT_WORK * n * d * (int(query.centers.shape[0]) + 1)
+    assert isinstance(query, ProductQuery)
+    factors = [g for g in query.factors if g is not None]
+    coefficients = sum(int(np.size(g)) for g in factors if isinstance(g, np.ndarray))
+    return SUPPORT_WORK * n * (d + 10 * len(factors) + coefficients)
+
+
+def check_support_work(support: MomentSupport, queries: Sequence[object]) -> None:
+    """422 for a batch whose :func:`support_work` exceeds :data:`MAX_ANSWER_WORK`, before
+    any query is evaluated."""
+    n = int(support.points.shape[0])
+    replicates = support.replicates
+    also = (
+        ""
+        if replicates is None
+        else f" and the {int(replicates.points.shape[0])} of its bootstrap supports"
+    )
+    registry.check_total_work(
+        len(queries),
+        sum(support_work(support, q) for q in queries),
+        MAX_ANSWER_WORK,
+        costs=f"about 1 ns each here: every query is evaluated at the {n} support points{also}",
+        smaller="use fewer centres or monomials, or re-synthesise the release with a smaller "
+        "grid_size or the simplex solver (fewer support points)",
+    )
 
 
 def default_method(
