@@ -621,7 +621,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1259,26 +1259,49 @@ class TreeMeasurements:
         """:attr:`noise_replicates` as arrays to store beside the release (computed once,
         where the release is synthesised, instead of on its first answer): each
         replicate's ``p``, ``P``, ``group`` and edge tables, stacked."""
-        models = self.noise_replicates
-        return {
-            "p": np.stack([m.p for m in models]),
-            "P": np.stack([m.P for m in models]),
-            "group": np.stack([m.group for m in models]),
-            "joint": np.stack([np.stack(m.joint) for m in models]),
-        }
+        return _model_arrays(self.noise_replicates)
 
     def restore_noise_replicates(self, arrays: Mapping[str, NDArray[Any]]) -> bool:
         """Take :attr:`noise_replicates` from :meth:`noise_replicate_arrays` of this
         release (shapes checked; ``False``, and nothing taken, if they do not fit)."""
+        models = self._stored_models(arrays)
+        if models is None or len(models) < 2:
+            return False
+        self.__dict__["noise_replicates"] = models  # the cached_property's own slot
+        return True
+
+    def model_arrays(self) -> dict[str, NDArray[Any]]:
+        """:attr:`model` as arrays to store beside the release, in the layout of
+        :meth:`noise_replicate_arrays` (one law): fitting it (:func:`copula_tree`,
+        :func:`temper_tree`) takes up to ~6 s at the :func:`check_fit_size` limit, which
+        the synthesis has already spent, and the first answer need not spend again."""
+        return _model_arrays((self.model,))
+
+    def restore_model(self, arrays: Mapping[str, NDArray[Any]]) -> bool:
+        """Take :attr:`model` from :meth:`model_arrays` of this release (shapes checked;
+        ``False``, and nothing taken, if they do not fit). The law is a deterministic
+        function of the measurements and the release's recorded parameters, so the stored
+        one is the one :attr:`model` would fit with the code that synthesised the
+        release (its support and sample were drawn from it)."""
+        models = self._stored_models(arrays)
+        if models is None or len(models) != 1:
+            return False
+        self.__dict__["model"] = models[0]  # the cached_property's own slot
+        return True
+
+    def _stored_models(self, arrays: Mapping[str, NDArray[Any]]) -> tuple[TreeModel, ...] | None:
+        """The tree laws of :func:`_model_arrays` over this release's edges, or ``None``
+        when the arrays are missing or do not fit its shape (``d`` columns of ``cells``
+        cells; edge tables over coarse groups or fine cells)."""
         try:
             p, P, joint = (np.asarray(arrays[k], dtype=np.float64) for k in ("p", "P", "joint"))
             group = np.asarray(arrays["group"], dtype=np.int64)
         except (KeyError, ValueError, TypeError):
-            return False
+            return None
         d, cells = self.d, self.one_way.cells
         count = p.shape[0] if p.ndim == 3 else 0
         fits = (
-            count >= 2
+            count >= 1
             and p.shape == group.shape == (count, d, cells)
             and P.ndim == 3
             and P.shape[:2] == (count, d)
@@ -1288,12 +1311,11 @@ class TreeMeasurements:
             and bool(np.all((group >= 0) & (group < P.shape[2])))
         )
         if not fits:
-            return False
-        self.__dict__["noise_replicates"] = tuple(  # the cached_property's own slot
+            return None
+        return tuple(
             TreeModel(p=p[r], P=P[r], group=group[r], edges=self.edges, joint=tuple(joint[r]))
             for r in range(count)
         )
-        return True
 
     @functools.cached_property
     def noise_replicates(self) -> tuple[TreeModel, ...]:
@@ -1413,6 +1435,17 @@ class TreeMeasurements:
             temper=temper,
             one_way_shape=one_way_shape,
         )
+
+
+def _model_arrays(models: Sequence[TreeModel]) -> dict[str, NDArray[Any]]:
+    """Tree laws over the same edges as stacked arrays (``p``, ``P``, ``group`` and the
+    edge tables ``joint``, each with a leading axis over ``models``)."""
+    return {
+        "p": np.stack([m.p for m in models]),
+        "P": np.stack([m.P for m in models]),
+        "group": np.stack([m.group for m in models]),
+        "joint": np.stack([np.stack(m.joint) for m in models]),
+    }
 
 
 def shaped_marginals(p: NDArray[np.float64], scale: float) -> NDArray[np.float64]:

@@ -808,13 +808,15 @@ def test_moments_synthesis_stores_the_answers_bootstrap(
 
 @pytest.mark.parametrize("method", ["marginals", "tree"])
 def test_synthesis_stores_the_answers_bootstrap(tmp_path: Path, method: str) -> None:
-    """The synthesis stage computes the bootstrap replicates and stores them; a load of
-    that version takes them (no refit on the first answer) and answers with the standard
-    errors the lazily computed replicates give. A version without the file, or with one
-    that does not fit, computes them on the first answer."""
+    """The synthesis stage computes the bootstrap replicates and stores them (a tree
+    release its fitted law too); a load of that version takes them (no refit on the first
+    answer) and answers with the standard errors the lazily computed replicates give. A
+    version without the file, or with one that does not fit, computes them on the first
+    answer."""
     from app.mechanisms import marginal_tree, marginals
     from app.releases.adapters.smooth_synthetic import (
         REPLICATES_FILE,
+        TREE_LAW_FILE,
         SmoothSynthetic,
         SyntheticParams,
     )
@@ -839,6 +841,8 @@ def test_synthesis_stores_the_answers_bootstrap(tmp_path: Path, method: str) -> 
     assert "noise_replicates" in stored.__dict__  # taken from the file, not refitted
     fresh = adapter.load(payload, info, tmp_path / "elsewhere")
     assert "noise_replicates" not in fresh.__dict__
+    assert ("model" in stored.__dict__) == (method == "tree")
+    assert "model" not in fresh.__dict__
     queries = [
         {"type": "gaussian_mixture", "centers": [c], "weights": [1.0], "sigma": 0.5}
         for c in ([0.0, 0.0, 0.0], [0.3, 0.3, -0.2])
@@ -849,6 +853,26 @@ def test_synthesis_stores_the_answers_bootstrap(tmp_path: Path, method: str) -> 
         assert a["value"] == b["value"]
         assert a["stderr"] == pytest.approx(b["stderr"], rel=1e-12)
         assert a["stderr"] > 0
+    # a tree release also stores its fitted law: the first answer does not fit it again
+    assert (TREE_LAW_FILE in out.artifacts) == (method == "tree")
+    assert (tmp_path / TREE_LAW_FILE).is_file() == (method == "tree")
+    if method == "tree":
+        for name in ("p", "P", "group"):
+            assert np.array_equal(getattr(stored.model, name), getattr(fresh.model, name))
+        assert np.array_equal(np.stack(stored.model.joint), np.stack(fresh.model.joint))
+        # the answers come from the stored law: a changed table changes them
+        changed = dict(np.load(tmp_path / TREE_LAW_FILE))
+        changed["joint"] = np.ones_like(changed["joint"]) / changed["joint"][0, 0].size
+        np.savez(tmp_path / TREE_LAW_FILE, **changed)
+        independent = adapter.load(payload, info, tmp_path)
+        assert "model" in independent.__dict__
+        (a, _), (b, _) = (adapter.answer(law, info, queries) for law in (independent, fresh))
+        assert a["value"] != pytest.approx(b["value"], rel=1e-6)
+        for misfit in ({"p": np.zeros((1, 3, 2))}, {**changed, "joint": changed["joint"][:, :1]}):
+            np.savez(tmp_path / TREE_LAW_FILE, **misfit)  # another release's shapes
+            assert "model" not in adapter.load(payload, info, tmp_path).__dict__
+        (tmp_path / TREE_LAW_FILE).write_bytes(b"not a zip file")
+        assert "model" not in adapter.load(payload, info, tmp_path).__dict__
     np.savez(tmp_path / REPLICATES_FILE, p=np.zeros((3, 2, 2)))  # another release's shape
     assert "noise_replicates" not in adapter.load(payload, info, tmp_path).__dict__
     (tmp_path / REPLICATES_FILE).write_bytes(b"not a zip file")

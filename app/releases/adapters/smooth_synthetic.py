@@ -124,6 +124,8 @@ LAWS: dict[str, type[marginals.MarginalMeasurements] | type[marginal_tree.TreeMe
 MAX_LAPLACE_APPROX_SIZE = 10_000
 #: The artifact that keeps a marginals or tree release's bootstrap replicates.
 REPLICATES_FILE = "noise_replicates.npz"
+#: The artifact that keeps a tree release's fitted law (what its answers are computed from).
+TREE_LAW_FILE = "tree_law.npz"
 #: What the standard error of a marginals or tree answer is (``bench/results/answer_stderr.md``
 #: for the coverage figures: 20 releases a dataset of WDBC, CTG, PKS, CRM at the defaults).
 BOOTSTRAP_NOTE = (
@@ -925,6 +927,25 @@ def _synthesize_law(
     # the answers' standard errors (a function of the measurements alone, the same on
     # every synthesis): computed here, in the background, not on the first answer
     np.savez(workdir / REPLICATES_FILE, **law.noise_replicate_arrays())
+    extra = {
+        REPLICATES_FILE: ArtifactInfo(
+            REPLICATES_FILE,
+            "application/octet-stream",
+            f"the {bootstrap.REPLICATES} laws of the answers' parametric bootstrap (numpy "
+            ".npz; post-processing of the released measurements)",
+        )
+    }
+    if isinstance(law, marginal_tree.TreeMeasurements):
+        # the law the support was drawn from, fitted above: stored so that the first
+        # answer on a freshly loaded release does not fit it again
+        np.savez(workdir / TREE_LAW_FILE, allow_pickle=False, **law.model_arrays())
+        extra[TREE_LAW_FILE] = ArtifactInfo(
+            TREE_LAW_FILE,
+            "application/octet-stream",
+            "the tree law the answers are computed from (numpy .npz: fine marginals p, "
+            "coarse marginals P, cell groups, edge tables joint over the edges in "
+            "release.json; post-processing of the released measurements)",
+        )
     progress(0.8)
     summary = {
         "parameters": {**parameters, "m": m},
@@ -936,15 +957,7 @@ def _synthesize_law(
         "support_points": int(points.shape[0]),
         "rows": int(rows.shape[0]),
     }
-    replicates = ArtifactInfo(
-        REPLICATES_FILE,
-        "application/octet-stream",
-        f"the {bootstrap.REPLICATES} laws of the answers' parametric bootstrap (numpy .npz; "
-        "post-processing of the released measurements)",
-    )
-    return _write_artifacts(
-        info, workdir, rows, points, weights, summary, "", {REPLICATES_FILE: replicates}
-    )
+    return _write_artifacts(info, workdir, rows, points, weights, summary, "", extra)
 
 
 def _moment_replicates(
@@ -972,7 +985,11 @@ def _stored_replicates(artifacts: Path) -> dict[str, NDArray[Any]] | None:
     """The arrays of the bootstrap replicates the synthesis stored (:data:`REPLICATES_FILE`),
     read in full, or ``None``: a version synthesised before they were stored, one whose
     refits failed or were skipped, or an unreadable file."""
-    stored = artifacts / REPLICATES_FILE
+    return _stored_arrays(artifacts / REPLICATES_FILE)
+
+
+def _stored_arrays(stored: Path) -> dict[str, NDArray[Any]] | None:
+    """The arrays of a ``.npz`` artifact, read in full, or ``None`` (missing or unreadable)."""
     if not stored.is_file():
         return None
     try:
@@ -985,11 +1002,15 @@ def _stored_replicates(artifacts: Path) -> dict[str, NDArray[Any]] | None:
 def _restore_replicates(
     law: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements, artifacts: Path
 ) -> None:
-    """The stored bootstrap laws, if they fit this release (otherwise they are computed on
-    the first answer: the same values, later)."""
+    """The stored bootstrap laws and a tree release's fitted law, if they fit this release
+    (otherwise they are computed on the first answer: the same values, later)."""
     arrays = _stored_replicates(artifacts)
     if arrays is not None:
         law.restore_noise_replicates(arrays)
+    if isinstance(law, marginal_tree.TreeMeasurements):
+        fitted = _stored_arrays(artifacts / TREE_LAW_FILE)
+        if fitted is not None:
+            law.restore_model(fitted)
 
 
 def _load_support_replicates(artifacts: Path, d: int) -> ss.SupportReplicates | None:
