@@ -224,12 +224,17 @@ def measure(
     if d < 2:
         raise MechanismError("the co-spread needs at least two columns")
     lower, upper = clip_bounds(m)
-    measurement = noise.release(
-        [clipped_mean(source, m)],
-        step=STEP,
-        mechanism="laplace",
+    # calibrated from public values (n, the released centring) before the rows are read
+    calibration = noise.calibrate(
+        "laplace",
         sensitivity=co_spread_sensitivity(source.n_rows, lower, upper),
         epsilon=epsilon,
+        dimension=1,
+    )
+    measurement = noise.NoisyVector(
+        step=STEP,
+        values=noise.sample(calibration, [clipped_mean(source, m)]),
+        calibration=calibration,
     )
     return CoSpread(
         measurement=measurement,

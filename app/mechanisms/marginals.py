@@ -504,15 +504,9 @@ def measure(
     source = as_source(X)
     n, d = source.n_rows, source.n_cols
     B, bound_atoms = resolve(n, d, epsilon, delta, bins, bound_atoms)
+    # calibrated from public values before the rows are read (once: the read is drawn at it)
     law = noise_calibration(n, d, epsilon, delta, B + 2 * bound_atoms)
-    released = noise.release(
-        exact_histograms(source, B, bound_atoms).ravel(),
-        step=MEASURE_STEP,
-        mechanism=law.mechanism,
-        sensitivity=law.sensitivity,
-        epsilon=epsilon,
-        delta=delta,
-    )
+    frequencies = noise.sample(law, exact_histograms(source, B, bound_atoms).ravel())
     return MarginalMeasurements(
         n=n,
         d=d,
@@ -520,8 +514,8 @@ def measure(
         delta=float(delta),
         bins=B,
         atoms=bound_atoms,
-        frequencies=released.values.reshape(d, B + 2 * bound_atoms),
-        calibration=released.calibration,
+        frequencies=frequencies.reshape(d, B + 2 * bound_atoms),
+        calibration=law,
     )
 
 

@@ -297,3 +297,31 @@ def test_json_round_trip_with_and_without_the_co_spread() -> None:
     bad["co_spread"]["measurement"]["calibration"]["epsilon"] = 0.5
     with pytest.raises(MechanismError, match="exceeds the requested budget"):
         ss.Synopsis.from_dict(bad)
+
+
+def test_the_co_spread_noise_is_calibrated_before_its_rows_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The co-spread's noise is calibrated from public values (``n`` and the released
+    centring) before its clipped mean reads a row, and drawn at that calibration."""
+    events: list[str] = []
+    calibrate, read = noise.calibrate, dependence.clipped_mean
+
+    def logged_calibrate(*args: object, **kwargs: object) -> noise.NoiseCalibration:
+        events.append("calibrate")
+        return calibrate(*args, **kwargs)  # type: ignore[arg-type]
+
+    def logged_read(*args: object, **kwargs: object) -> float:
+        events.append("read")
+        return read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(noise, "calibrate", logged_calibrate)
+    monkeypatch.setattr(dependence, "clipped_mean", logged_read)
+    X = np.random.default_rng(4).uniform(-1, 1, size=(300, 3))
+    spread = dependence.measure(as_source(X), np.full(3, 0.3), 0.5, centring_variance=1e-4)
+    assert events == ["calibrate", "read"]
+    lower, upper = dependence.clip_bounds(np.full(3, 0.3))
+    assert spread.measurement.calibration.sensitivity == dependence.co_spread_sensitivity(
+        300, lower, upper
+    )
+    assert spread.measurement.calibration.epsilon == 0.5

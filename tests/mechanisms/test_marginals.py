@@ -377,3 +377,29 @@ def test_resolve_calibrates_once_per_budget(monkeypatch: pytest.MonkeyPatch) -> 
     for _ in range(2):
         with pytest.raises(MechanismError):
             marginals.noise_stddev(777, 7, -1.0, 1e-7)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-9])
+def test_measure_calibrates_once_before_the_rows_are_read(
+    monkeypatch: pytest.MonkeyPatch, delta: float
+) -> None:
+    """The histograms' noise is calibrated from public values before the rows are read,
+    and the draw uses that calibration (no second calibration after the read)."""
+    events: list[object] = []
+    calibrate, read = noise.calibrate, marginals.exact_histograms
+
+    def logged_calibrate(*args: object, **kwargs: object) -> noise.NoiseCalibration:
+        events.append(kwargs["dimension"])
+        return calibrate(*args, **kwargs)  # type: ignore[arg-type]
+
+    def logged_read(*args: object, **kwargs: object) -> np.ndarray:
+        events.append("read")
+        return read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(noise, "calibrate", logged_calibrate)
+    monkeypatch.setattr(marginals, "exact_histograms", logged_read)
+    X = np.random.default_rng(6).uniform(-1, 1, size=(300, 3))
+    m = marginals.measure(X, 0.9, delta, bins=5, bound_atoms=False)
+    assert events[-2:] == [3 * 5, "read"], events
+    assert events.count(3 * 5) == 1
+    assert m.calibration == marginals.noise_calibration(300, 3, 0.9, delta, 5)
