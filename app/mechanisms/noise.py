@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,11 +328,15 @@ def calibrate(
     """
     _check_request(mechanism, sensitivity, epsilon, delta, dimension, compositions)
     if mechanism == "laplace":
-        scale = compositions * sensitivity / epsilon
+        # OpenDP rounds its map outward; step up a few ulps
+        scale = _nudged(
+            compositions * sensitivity / epsilon,
+            lambda b: _pure_laplace_epsilon(b, sensitivity, dimension, compositions) > epsilon,
+            _next_up,
+            f"epsilon = {epsilon:.6g} for {dimension} value(s) of sensitivity "
+            f"{sensitivity:.6g} (laplace noise)",
+        )
         charged = _pure_laplace_epsilon(scale, sensitivity, dimension, compositions)
-        while charged > epsilon:  # OpenDP rounds its map outward; step up a few ulps
-            scale = math.nextafter(scale, math.inf)
-            charged = _pure_laplace_epsilon(scale, sensitivity, dimension, compositions)
         return NoiseCalibration(
             mechanism, sensitivity, dimension, scale, charged, 0.0, epsilon, delta, compositions
         )
@@ -470,28 +475,35 @@ def rho_budget(epsilon: float, delta: float) -> float:
     u = brentq(
         lambda v: eps_at(math.exp(v)) - epsilon, math.log(lo), math.log(hi), xtol=1e-14, rtol=1e-13
     )
-    rho = math.exp(u)
-    while eps_at(rho) > epsilon:
-        rho *= 1.0 - 1e-12
+    rho = _nudged(
+        math.exp(u),
+        lambda r: eps_at(r) > epsilon,
+        lambda r: r * (1.0 - 1e-12),
+        f"rho for epsilon = {epsilon:.6g} at delta = {delta:.6g}",
+    )
     return float(rho)
 
 
 def gaussian_scale_for_rho(sensitivity: float, rho: float) -> float:
     """``s = Delta_2 / sqrt(2 rho)`` (a vector Gaussian is ``Delta^2 / (2 s^2)``-zCDP),
     nudged up until OpenDP's map agrees."""
-    scale = sensitivity / math.sqrt(2.0 * rho)
-    while _vector_gaussian(scale).map(sensitivity) > rho:
-        scale = math.nextafter(scale, math.inf)
-    return scale
+    return _nudged(
+        sensitivity / math.sqrt(2.0 * rho),
+        lambda s: _vector_gaussian(s).map(sensitivity) > rho,
+        _next_up,
+        f"gaussian noise of sensitivity {sensitivity:.6g} at rho = {rho:.6g}",
+    )
 
 
 def noisy_max_scale(sensitivity: float, rho: float) -> float:
     """Gumbel scale of one noisy-max selection that is ``rho``-zCDP for scores of
     L-infinity ``sensitivity`` (OpenDP's map: ``(sensitivity / scale)^2 / 2``)."""
-    scale = sensitivity / math.sqrt(2.0 * rho)
-    while _noisy_max(scale).map(sensitivity) > rho:
-        scale = math.nextafter(scale, math.inf)
-    return scale
+    return _nudged(
+        sensitivity / math.sqrt(2.0 * rho),
+        lambda s: _noisy_max(s).map(sensitivity) > rho,
+        _next_up,
+        f"noisy max of sensitivity {sensitivity:.6g} at rho = {rho:.6g}",
+    )
 
 
 def noisy_max(scores: ArrayLike, scale: float) -> int:
@@ -649,7 +661,32 @@ def _smallest_scale(charged: Any, target: float, guess: float, budget: str) -> f
         return min(math.log(max(charged(math.exp(u)), 1e-300)), 700.0) - math.log(target)
 
     u = brentq(gap, math.log(lo), math.log(hi), xtol=1e-13, rtol=1e-13, maxiter=200)
-    scale = max(math.exp(u), lo)
-    while charged(scale) > target:
-        scale *= 1.0 + 1e-12
-    return scale
+    return _nudged(
+        max(math.exp(u), lo), lambda s: charged(s) > target, lambda s: s * (1.0 + 1e-12), budget
+    )
+
+
+#: Most steps :func:`_nudged` takes. OpenDP rounds its maps outward by a few ulps, and a
+#: root search leaves the scale within ``1e-13`` of the root, so a handful of steps do; a
+#: map that needs this many is broken, and the calibration fails instead of looping.
+MAX_NUDGES = 10_000
+
+
+def _next_up(value: float) -> float:
+    return math.nextafter(value, math.inf)
+
+
+def _nudged(
+    value: float, over: Callable[[float], bool], step: Callable[[float], float], what: str
+) -> float:
+    """``value`` stepped by ``step`` until ``over(value)`` is false (OpenDP's map within
+    budget), at most :data:`MAX_NUDGES` times; ``what`` names the calibration for the
+    message when that is not enough."""
+    for _ in range(MAX_NUDGES):
+        if not over(value):
+            return value
+        value = step(value)
+    raise MechanismError(
+        f"noise calibration failed: {what}; OpenDP's privacy map was still over budget "
+        f"after {MAX_NUDGES} steps from the computed value"
+    )

@@ -10,6 +10,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import opendp.prelude as dp
@@ -419,3 +420,94 @@ def test_privacy_noise_only_from_opendp_with_safe_features() -> None:
                 )
         for call in re.findall(r"enable_features\(([^)]*)\)", text):
             assert call.strip() == '"contrib"', path
+
+
+class _OverBudget:
+    """A stand-in for an OpenDP measurement whose map charges ``over`` for its first
+    ``steps`` evaluations, then 0 (``steps=None``: always ``over``)."""
+
+    def __init__(self, over: float, steps: int | None) -> None:
+        self.calls = 0
+        self.over, self.steps = over, steps
+
+    def charge(self, *_args: object) -> float:
+        self.calls += 1
+        return self.over if self.steps is None or self.calls <= self.steps else 0.0
+
+
+@pytest.mark.parametrize("steps", [3, None])
+def test_the_nudges_after_a_calibration_are_bounded(
+    monkeypatch: pytest.MonkeyPatch, steps: int | None
+) -> None:
+    """Each calibration steps its scale (or ``rho``) up until OpenDP's map is within
+    budget: a few steps for a map that rounds outward, and a clear error, not an endless
+    loop, for one that never comes within budget (a broken map)."""
+    for name, calibrate in (
+        (
+            "_pure_laplace_epsilon",
+            lambda: noise.calibrate("laplace", sensitivity=0.1, epsilon=1.0, dimension=3),
+        ),
+        ("_vector_gaussian", lambda: noise.gaussian_scale_for_rho(0.1, 0.5)),
+        ("_noisy_max", lambda: noise.noisy_max_scale(0.1, 0.5)),
+    ):
+        fake = _OverBudget(10.0, steps)
+        if name == "_pure_laplace_epsilon":
+            monkeypatch.setattr(noise, name, fake.charge)
+        else:
+            measurement = type("Measurement", (), {"map": staticmethod(fake.charge)})
+            monkeypatch.setattr(noise, name, lambda _scale, m=measurement: m)
+        if steps is None:
+            with pytest.raises(MechanismError, match=f"after {noise.MAX_NUDGES} steps"):
+                calibrate()
+            assert fake.calls == noise.MAX_NUDGES
+        else:
+            calibrate()
+            assert fake.calls >= steps + 1
+        monkeypatch.undo()
+
+
+class _BreaksAfter:
+    """A privacy map that is ``honest`` for its first ``limit`` evaluations and then
+    charges ``over`` (``limit=None``: never breaks; ``calls`` counts the evaluations)."""
+
+    def __init__(self, honest: Any, over: Any, limit: int | None = None) -> None:
+        self.honest, self.over, self.limit, self.calls = honest, over, limit, 0
+
+    def __call__(self, value: float) -> Any:
+        self.calls += 1
+        return (
+            self.over if self.limit is not None and self.calls > self.limit else self.honest(value)
+        )
+
+
+def test_the_root_searches_end_with_bounded_nudges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root searches of approximate-DP scales and of the zCDP budget end with the same
+    bounded nudges: a map that is honest until the search is done (as many evaluations as
+    an honest run makes before its last check) and then stays over budget fails clearly."""
+    honest = _BreaksAfter(lambda s: 1.0 / s, math.inf)
+    assert noise._smallest_scale(honest, 0.5, 1.0, "a test budget") == pytest.approx(2.0)
+    broken = _BreaksAfter(lambda s: 1.0 / s, math.inf, limit=honest.calls - 1)
+    with pytest.raises(MechanismError, match=f"a test budget.*after {noise.MAX_NUDGES} steps"):
+        noise._smallest_scale(broken, 0.5, 1.0, "a test budget")
+
+    fix_delta = noise._fix_delta
+    maps: list[_BreaksAfter] = []
+
+    def converted(limit: int | None) -> Any:
+        def fake(measurement: object, delta: float) -> object:
+            real = fix_delta(measurement, delta)
+            maps.append(_BreaksAfter(real.map, (math.inf, delta), limit))
+            return type("Converted", (), {"map": staticmethod(maps[-1])})
+
+        return fake
+
+    noise.rho_budget.cache_clear()
+    monkeypatch.setattr(noise, "_fix_delta", converted(None))
+    expected = noise.rho_budget(0.75, 1e-7)
+    monkeypatch.setattr(noise, "_fix_delta", converted(maps[-1].calls - 1))
+    noise.rho_budget.cache_clear()
+    with pytest.raises(MechanismError, match=f"rho for epsilon = 0.75.*{noise.MAX_NUDGES} steps"):
+        noise.rho_budget(0.75, 1e-7)
+    monkeypatch.undo()
+    noise.rho_budget.cache_clear()
+    assert noise.rho_budget(0.75, 1e-7) == expected
