@@ -20,6 +20,7 @@ objects on the normalised scale, where ``x' = 2 (x - lower) / (upper - lower) - 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
@@ -190,11 +191,55 @@ def _bounds(info: DatasetInfo) -> tuple[NDArray[np.float64], NDArray[np.float64]
     return lower, upper
 
 
-def _column_index(info: DatasetInfo, name: str) -> int:
-    try:
-        return info.names.index(name)
-    except ValueError:
-        raise InvalidRequest(f"column {name!r} is not in this release ({info.names})") from None
+#: The non-zero power-basis coefficients ``(k, c_k)`` of ``(a + b x')^p``, by ``k``.
+_Expansion = tuple[tuple[int, float], ...]
+
+
+class _Columns:
+    """One request's view of the table: column indices by name, the bounds, and the
+    expansions of ``(a + b x')^p`` (computed once per column, power and space), so that
+    parsing a term costs nothing per column of the table (``info.names`` and
+    ``info.bounds()`` build lists of ``d``)."""
+
+    def __init__(self, info: DatasetInfo) -> None:
+        self.names = info.names
+        self.indices: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            self.indices.setdefault(name, i)  # the first, as ``list.index``
+        self.lower, self.upper = _bounds(info)
+        self._expansions: dict[Space, dict[tuple[str, int], tuple[int, int, _Expansion]]] = {
+            "normalized": {},
+            "original": {},
+        }
+
+    def index(self, name: str) -> int:
+        try:
+            return self.indices[name]
+        except KeyError:
+            raise InvalidRequest(f"column {name!r} is not in this release ({self.names})") from None
+
+    def affine(self, i: int, space: Space) -> tuple[float, float]:
+        """``x = a + b x'`` for column ``i`` (identity in normalised units)."""
+        if space == "normalized":
+            return 0.0, 1.0
+        half = (self.upper[i] - self.lower[i]) / 2.0
+        return float(self.lower[i] + half), float(half)
+
+    def factors(self, powers: Mapping[str, int], space: Space) -> dict[int, tuple[int, _Expansion]]:
+        """Column index -> (power, expansion of ``(a + b x')^power``) for a term's powers by
+        name (a column named twice keeps its first place and its last power, as a dict
+        does)."""
+        cache = self._expansions[space]
+        out: dict[int, tuple[int, _Expansion]] = {}
+        for name, power in powers.items():
+            found = cache.get((name, power))
+            if found is None:
+                i = self.index(name)
+                coefficients = polynomial.polypow(self.affine(i, space), power)
+                expansion = tuple((k, float(c)) for k, c in enumerate(coefficients) if c != 0.0)
+                found = cache[(name, power)] = (i, power, expansion)
+            out[found[0]] = found[1:]
+        return out
 
 
 def _gaussian_mixture(form: GaussianMixtureForm, info: DatasetInfo) -> Any:
@@ -224,15 +269,6 @@ def _gaussian_mixture(form: GaussianMixtureForm, info: DatasetInfo) -> Any:
     return AnisotropicGaussianMixture(centers=centers, weights=weights, sigma=sigma)
 
 
-def _affine(info: DatasetInfo, i: int, space: Space) -> tuple[float, float]:
-    """``x = a + b x'`` for column ``i`` (identity in normalised units)."""
-    if space == "normalized":
-        return 0.0, 1.0
-    lower, upper = _bounds(info)
-    half = (upper[i] - lower[i]) / 2.0
-    return float(lower[i] + half), float(half)
-
-
 #: Narrowest Gaussian width on the normalised scale: below it ``2 s^2`` underflows towards 0
 #: and an exact answer on a support turned into a division by zero (500) or NaN.
 MIN_WIDTH = 1e-12
@@ -256,10 +292,18 @@ def _check_width(sigma: NDArray[np.float64]) -> None:
         )
 
 
-def _polynomial(form: PolynomialForm, info: DatasetInfo) -> Polynomial:
+def _polynomial(
+    form: PolynomialForm, info: DatasetInfo, columns: _Columns | None = None
+) -> Polynomial:
     """Expand ``sum_j a_j prod_i (a_i + b_i x'_i)^(p_ji)`` into monomials of ``x'``
     (refused before expanding when the terms would give more than :data:`MAX_MONOMIALS`:
-    a term in original units has up to ``prod_i (p_ji + 1)`` monomials)."""
+    a term in original units has up to ``prod_i (p_ji + 1)`` monomials).
+
+    Monomials are keyed sparsely while expanding (their ``(column, power)`` pairs with a
+    non-zero power, by column), so a monomial costs its own columns, not the table's
+    ``d``; the dense ``(J, d)`` exponents are built once at the end, in the order the
+    monomials first appear (the order, values and summation order of a dense expansion)."""
+    columns = _Columns(info) if columns is None else columns
     if form.space == "original":
         size = sum(math.prod(p + 1 for p in term.powers.values()) for term in form.terms)
         if size > MAX_MONOMIALS:
@@ -267,38 +311,86 @@ def _polynomial(form: PolynomialForm, info: DatasetInfo) -> Polynomial:
                 f"this polynomial expands to {size} monomials in normalised units; at most "
                 f"{MAX_MONOMIALS} (use lower powers or fewer columns per term)"
             )
-    total: dict[tuple[int, ...], float] = {}
+    total: dict[tuple[tuple[int, int], ...], float] = {}
     for term in form.terms:
-        # per column: power-basis coefficients of (a + b x')^p, in x'
-        expansions = {
-            _column_index(info, name): polynomial.polypow(
-                _affine(info, _column_index(info, name), form.space), power
-            )
-            for name, power in term.powers.items()
-        }
-        monomials: dict[tuple[int, ...], float] = {(0,) * info.d: term.coefficient}
-        for i, coefficients in expansions.items():
-            grown: dict[tuple[int, ...], float] = {}
-            for exponent, value in monomials.items():
-                for k, c in enumerate(coefficients):
-                    if c == 0.0:
-                        continue
-                    key = (*exponent[:i], exponent[i] + k, *exponent[i + 1 :])
-                    grown[key] = grown.get(key, 0.0) + value * float(c)
-            monomials = grown
-        for exponent, value in monomials.items():
-            total[exponent] = total.get(exponent, 0.0) + value
+        # A term names each column once, so its monomials are distinct: one per choice of
+        # a power k per column, in the order of its columns (the first column slowest),
+        # worth ``coefficient * c_1 * ... * c_m`` in that order. (A dense expansion summed
+        # each into ``0.0``, which only turns -0.0 into 0.0: as adding it to ``total`` does.)
+        values = [term.coefficient]
+        fixed: list[tuple[int, int]] = []  # columns of one coefficient: the same in every one
+        choices: list[list[tuple[int, int]]] = []
+        for i, (_, coefficients) in columns.factors(term.powers, form.space).items():
+            if len(coefficients) == 1:
+                k, c = coefficients[0]
+                if c != 1.0:  # x * 1.0 is x
+                    values = [value * c for value in values]
+                if k:
+                    fixed.append((i, k))
+            else:
+                values = [value * c for value in values for _, c in coefficients]
+                choices.append([(i, k) for k, _ in coefficients])
+        for combination, value in zip(itertools.product(*choices), values, strict=True):
+            key = tuple(sorted([*fixed, *(entry for entry in combination if entry[1])]))
+            total[key] = total.get(key, 0.0) + value
     if not total:
-        total = {(0,) * info.d: 0.0}
-    exponents = np.array(list(total), dtype=np.int64).reshape(-1, info.d)
+        total = {(): 0.0}
+    keys = list(total)
+    lengths = np.fromiter((len(key) for key in keys), dtype=np.int64, count=len(keys))
+    flat = np.array([entry for key in keys for entry in key], dtype=np.int64).reshape(-1, 2)
+    exponents = np.zeros((len(keys), info.d), dtype=np.int64)
+    exponents[np.repeat(np.arange(len(keys)), lengths), flat[:, 0]] = flat[:, 1]
     return Polynomial(exponents=exponents, coefficients=np.array(list(total.values())))
 
 
-def _product(form: ProductForm, info: DatasetInfo) -> ProductQuery:
+def _monomials_at_least(form: PolynomialForm, columns: _Columns) -> int:
+    """A lower bound on the monomials :func:`_polynomial` gives ``form`` (its rows are
+    never dropped, zero coefficients included): the most any one term expands to (a term's
+    monomials are distinct), and the number of distinct leading monomials (``prod_i
+    x_i^p_i`` of each term whose leading coefficient is non-zero; distinct powers give
+    distinct monomials). Exact in normalised units. 0 for a form that is refused on its
+    own (an unknown column, more than :data:`MAX_MONOMIALS`), which is left to say so."""
+    if form.space == "original":
+        size = sum(math.prod(p + 1 for p in term.powers.values()) for term in form.terms)
+        if size > MAX_MONOMIALS:
+            return 0
+    largest = 0
+    leading: set[tuple[tuple[int, int], ...]] = set()
+    for term in form.terms:
+        try:
+            factors = columns.factors(term.powers, form.space)
+        except InvalidRequest:
+            return 0
+        count = 1
+        top: list[tuple[int, int]] = []
+        has_top = True
+        for i, (power, coefficients) in factors.items():
+            count *= len(coefficients)
+            # the leading coefficient b^p is the last non-zero one when k == p
+            has_top = has_top and bool(coefficients) and coefficients[-1][0] == power
+            if power:
+                top.append((i, power))
+        largest = max(largest, count)
+        if has_top:
+            leading.add(tuple(sorted(top)))
+    return max(1, largest, len(leading))
+
+
+def _too_many_pairs(pairs: int, exact: bool) -> InvalidRequest:
+    return InvalidRequest(
+        f"these queries have {'' if exact else 'at least '}{pairs} pairs of kernels (sum over "
+        f"queries of centres^2 or monomials^2 in normalised units); at most {MAX_CENTER_PAIRS} "
+        "per request: split the batch or use fewer centres, lower powers or fewer columns per "
+        "term"
+    )
+
+
+def _product(form: ProductForm, info: DatasetInfo, columns: _Columns | None = None) -> ProductQuery:
+    columns = _Columns(info) if columns is None else columns
     factors: list[Any] = [None] * info.d
     for name, factor in form.factors.items():
-        i = _column_index(info, name)
-        a, b = _affine(info, i, form.space)
+        i = columns.index(name)
+        a, b = columns.affine(i, form.space)
         if isinstance(factor, GaussianFactor):
             # exp(-(x - c)^2 / (2 s^2)) with x = a + b x' is exp(-(x' - c')^2 / (2 s'^2)),
             # c' = (c - a) / b, s' = s / b; the library expands it exactly (chebyshev)
@@ -330,27 +422,33 @@ def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
             f"these queries have {pairs} pairs of centres (sum of centres^2); at most "
             f"{MAX_CENTER_PAIRS} per request: split the batch or use fewer centres"
         )
-    out = []
+    # refused before any polynomial is expanded when a lower bound on its monomials
+    # already proves the batch over; then re-checked as each is expanded
+    columns = _Columns(info)
+    at_least = [
+        _monomials_at_least(f, columns) if isinstance(f, PolynomialForm) else 0 for f in forms
+    ]
+    pairs += sum(m * m for m in at_least)
+    if pairs > MAX_CENTER_PAIRS:
+        raise _too_many_pairs(pairs, exact=False)
+    out: list[Any] = []
     for position, form in enumerate(forms):
         try:
             if isinstance(form, GaussianMixtureForm):
                 out.append(_gaussian_mixture(form, info))
             elif isinstance(form, PolynomialForm):
-                out.append(_polynomial(form, info))
+                out.append(_polynomial(form, info, columns))
             else:
-                out.append(_product(form, info))
+                out.append(_product(form, info, columns))
         except InvalidRequest as exc:
             raise InvalidRequest(f"queries.{position}: {exc.message}") from None
         except MechanismError as exc:
             raise InvalidRequest(f"queries.{position}: {exc}") from None
-    # a polynomial's monomials are its kernels: they count against the same budget
-    pairs += sum(q.exponents.shape[0] ** 2 for q in out if isinstance(q, Polynomial))
-    if pairs > MAX_CENTER_PAIRS:
-        raise InvalidRequest(
-            f"these queries have {pairs} pairs of kernels (sum over queries of centres^2 or "
-            f"monomials^2 in normalised units); at most {MAX_CENTER_PAIRS} per request: split "
-            "the batch or use fewer centres, lower powers or fewer columns per term"
-        )
+        if isinstance(form, PolynomialForm):
+            # a polynomial's monomials are its kernels: they count against the same budget
+            pairs += out[-1].exponents.shape[0] ** 2 - at_least[position] ** 2
+            if pairs > MAX_CENTER_PAIRS:  # exact once the last query is expanded
+                raise _too_many_pairs(pairs, exact=position == len(forms) - 1)
     return out
 
 
