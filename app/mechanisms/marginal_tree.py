@@ -1234,15 +1234,21 @@ class TreeMeasurements:
         and 3: the spread of the answers under :attr:`noise_replicates` (parametric
         bootstrap, the tree held fixed). They do not include the error of the tree law
         itself (the dependence it does not hold)."""
+        return self.answers(expansion)[1]
+
+    def answers(
+        self, expansion: TensorExpansion
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(values, stderrs)``: :meth:`expectations` and :meth:`stderrs` together, the
+        query's values on the cells (:meth:`_cell_values`, the same for every law)
+        computed once for the released law and its replicates."""
         values = self._cell_values(expansion)
-        return bootstrap.standard_errors(
-            np.stack(
-                [
-                    model.expectations_of_cells(values, expansion.weights)
-                    for model in self.noise_replicates
-                ]
-            )
-        )
+        released = self.model.expectations_of_cells(values, expansion.weights)
+        replicated = [
+            model.expectations_of_cells(values, expansion.weights)
+            for model in self.noise_replicates
+        ]
+        return released, bootstrap.standard_errors(np.stack(replicated))
 
     def _cell_values(self, expansion: TensorExpansion) -> NDArray[np.float64]:
         """:func:`cell_values` of a query batch on this release's cells (shared by the

@@ -359,14 +359,21 @@ class MarginalMeasurements:
         """``(Q,)`` standard errors of :meth:`expectations` from the DP noise: the spread of
         the answers under :attr:`noise_replicates` (parametric bootstrap). They do not
         include the error of the product law itself (the dependence between columns)."""
-        return bootstrap.standard_errors(
-            np.stack(
-                [
-                    product_expectations(p, self.bins, self.atoms, expansion)
-                    for p in self.noise_replicates
-                ]
-            )
-        )
+        return self.answers(expansion)[1]
+
+    def answers(
+        self, expansion: TensorExpansion
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(values, stderrs)``: :meth:`expectations` and :meth:`stderrs` together, the
+        cells' Chebyshev means (:func:`cell_means`, the same for every law: cosines, up to
+        ``cells x length`` of them) computed once for the released law and its replicates."""
+        means = cell_means(self.bins, self.atoms, int(expansion.factors.shape[3]))
+        values = product_expectations(self.marginals(), self.bins, self.atoms, expansion, means)
+        replicated = [
+            product_expectations(p, self.bins, self.atoms, expansion, means)
+            for p in self.noise_replicates
+        ]
+        return values, bootstrap.standard_errors(np.stack(replicated))
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -413,16 +420,23 @@ class MarginalMeasurements:
 
 
 def product_expectations(
-    p: NDArray[np.float64], bins: int, atoms: bool, expansion: TensorExpansion
+    p: NDArray[np.float64],
+    bins: int,
+    atoms: bool,
+    expansion: TensorExpansion,
+    means: NDArray[np.float64] | None = None,
 ) -> NDArray[np.float64]:
     """``(Q,)`` exact expectations of separable queries under the product law whose
     column ``i`` has cell probabilities ``p[i]`` (uniform inside a bin):
-    ``sum_j w_j prod_i sum_k a_{jik} m[i, k]`` with ``m = p`` times :func:`cell_means`."""
+    ``sum_j w_j prod_i sum_k a_{jik} m[i, k]`` with ``m = p`` times :func:`cell_means`
+    (``means``, when the caller has them for the expansion's length)."""
     if expansion.dim != p.shape[0]:
         raise MechanismError(
             f"the query has d = {expansion.dim} columns; the data has d = {p.shape[0]}"
         )
-    m = p @ cell_means(bins, atoms, int(expansion.factors.shape[3]))
+    if means is None:
+        means = cell_means(bins, atoms, int(expansion.factors.shape[3]))
+    m = p @ means
     per_column = np.einsum("qjik,ik->qji", expansion.factors, m)
     out: NDArray[np.float64] = np.einsum("qj,qj->q", expansion.weights, np.prod(per_column, axis=2))
     return out

@@ -288,3 +288,42 @@ def test_moment_replicates_round_trip_and_checks() -> None:
         ss.SupportReplicates.from_arrays(bad, 3)
     with pytest.raises(MechanismError, match="at least 2"):
         ss.noise_replicates(release, replicates=1)
+
+
+def test_answers_share_the_cell_means_across_the_laws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``answers`` gives :meth:`expectations` and the bootstrap standard errors together,
+    equal to each law's answer computed on its own, with the cells' Chebyshev means
+    computed once for the 21 laws (not once a law: cosines, up to cells x length)."""
+    X = _data()
+    expansion, _ = _queries(X, 0.5)
+    rng = np.random.default_rng(11)
+    marginal = _marginal_release(X, 1.0, 1e-6)(rng)
+    tree = _tree_release(X, 1.0, 1e-6)(rng)
+    length = int(expansion.factors.shape[3])
+
+    # each law on its own, with the means recomputed each time (the former path)
+    own_marginal = [
+        marginals.product_expectations(p, marginal.bins, marginal.atoms, expansion)
+        for p in (marginal.marginals(), *marginal.noise_replicates)
+    ]
+    tree_means = marginals.cell_means(tree.one_way.bins, tree.one_way.atoms, length)
+    own_tree = [m.expectations(expansion, tree_means) for m in (tree.model, *tree.noise_replicates)]
+
+    calls: list[int] = []
+    cell_means = marginals.cell_means
+
+    def counted(*args: object) -> np.ndarray:
+        calls.append(1)
+        return cell_means(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(marginals, "cell_means", counted)
+    for law, own in ((marginal, own_marginal), (tree, own_tree)):
+        calls.clear()
+        values, errors = law.answers(expansion)
+        assert len(calls) == 1
+        np.testing.assert_allclose(values, own[0], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(
+            errors, bootstrap.standard_errors(np.stack(own[1:])), rtol=1e-9, atol=1e-15
+        )
+        np.testing.assert_array_equal(values, law.expectations(expansion))
+        np.testing.assert_array_equal(errors, law.stderrs(expansion))

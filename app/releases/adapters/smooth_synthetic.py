@@ -639,8 +639,7 @@ class SmoothSynthetic(registry.Mechanism):
                 check_answer_work(loaded, layout, len(parsed))
                 for planned in layout:
                     expansion = expand_block(parsed, planned, loaded.d)
-                    values[planned.positions] = loaded.expectations(expansion)
-                    errors[planned.positions] = loaded.stderrs(expansion)
+                    values[planned.positions], errors[planned.positions] = loaded.answers(expansion)
             except MechanismError as exc:
                 raise InvalidRequest(f"queries: {exc}") from None
             return [
@@ -673,14 +672,14 @@ def answer_work(layout: Sequence[SeparableBlock], *, d: int, cells: int, groups:
     * every method: ``QUERY_WORK`` a query, and ``EXPANSION_WORK`` a coefficient to expand
       the block (:func:`~app.mechanisms.chebyshev.expand_block`; ``PRODUCT_EXPANSION_WORK``
       for products, whose factors other than their own are constants);
-    * ``marginals`` (:func:`app.mechanisms.marginals.product_expectations`, once a law):
-      ``W (CELL_MEAN_WORK c L + 3 E)``: each law recomputes the cells' Chebyshev means
-      (:func:`~app.mechanisms.marginals.cell_means`, cosines) whatever the number of
-      queries, then contracts every coefficient with the moments;
-    * ``tree`` (:meth:`~app.mechanisms.marginal_tree.TreeMeasurements.expectations` and
-      ``stderrs``): the cells' means and every kernel's factor averaged on every cell, twice
-      (:func:`~app.mechanisms.marginal_tree.cell_values`: ``2 CELL_MEAN_WORK c L +
-      E (c / 2 + 40)``), then belief propagation over the tree under each law, a message
+    * ``marginals`` (:meth:`app.mechanisms.marginals.MarginalMeasurements.answers`):
+      ``CELL_MEAN_WORK c L + 3 W E``: the cells' Chebyshev means
+      (:func:`~app.mechanisms.marginals.cell_means`, cosines) once, whatever the number of
+      queries, then under each law every coefficient contracted with the moments;
+    * ``tree`` (:meth:`~app.mechanisms.marginal_tree.TreeMeasurements.answers`): the
+      cells' means and every kernel's factor averaged on every cell, once
+      (:func:`~app.mechanisms.marginal_tree.cell_values`: ``CELL_MEAN_WORK c L +
+      E (c / 4 + 20)``), then belief propagation over the tree under each law, a message
       a kernel and column, ``W Q J d (c (g + 48) / 4 + 50)``, ``g = groups`` the groups
       of a column in the law's edge tables (``c`` for the copula law, ``pair_bins`` for
       the block law of releases before version 4).
@@ -694,9 +693,9 @@ def answer_work(layout: Sequence[SeparableBlock], *, d: int, cells: int, groups:
         expanding = PRODUCT_EXPANSION_WORK if planned.kind == "product" else EXPANSION_WORK
         work += QUERY_WORK * len(planned.positions) + expanding * entries
         if groups is None:
-            work += laws * (CELL_MEAN_WORK * cells * length + 3 * entries)
+            work += CELL_MEAN_WORK * cells * length + laws * 3 * entries
         else:
-            work += 2 * CELL_MEAN_WORK * cells * length + entries * (cells // 2 + 40)
+            work += CELL_MEAN_WORK * cells * length + entries * (cells // 4 + 20)
             work += laws * rows * kernels * d * (cells * (groups + 48) // 4 + 50)
     return work
 
