@@ -168,3 +168,53 @@ def test_a_query_refused_on_its_own_keeps_its_refusal() -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse([{"type": "polynomial", "terms": [{"coefficient": 1}]}, unknown], info)
     assert refused.value.message.startswith("queries.1: column 'nope' is not in this release")
+
+
+def test_a_batch_over_the_exponent_budget_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each polynomial becomes a dense (monomials x d) exponent table: a batch whose
+    tables would pass MAX_EXPONENT_ENTRIES is refused, before anything is expanded when
+    the lower bound proves it (normalised units: exact), else once the expansion does."""
+    info = _info([(0.0, 1.0)] * 20)
+    monkeypatch.setattr(smooth_queries, "MAX_EXPONENT_ENTRIES", 50 * 20)
+    ten = {
+        "type": "polynomial",
+        "terms": [{"coefficient": 1, "powers": {f"c{i}": 1}} for i in range(10)],
+    }
+    assert len(parse([ten] * 5, info)) == 5  # 50 monomials x 20 columns: at the bound
+    expand = smooth_queries._polynomial
+
+    def expanded(*args: Any) -> Any:
+        raise AssertionError("expanded")
+
+    monkeypatch.setattr(smooth_queries, "_polynomial", expanded)
+    with pytest.raises(InvalidRequest) as refused:
+        parse([ten] * 6, info)
+    assert refused.value.message.startswith(
+        "these polynomials have at least 60 monomials in normalised units over 20 columns, "
+        "1200 exponents; at most 1000 per request"
+    )
+    monkeypatch.setattr(smooth_queries, "_polynomial", expand)
+    # original units: (c0 + c1 + ...) expands to more monomials than the bound sees
+    wide = {
+        "type": "polynomial",
+        "space": "original",
+        "terms": [{"coefficient": 1, "powers": {"c0": 1, "c1": 1}}],
+    }  # (0.5 + 0.5 x0)(0.5 + 0.5 x1): 4 monomials, at least 4 seen (one term)
+    assert len(parse([ten] * 4 + [wide] * 2, info)) == 6  # 48 x 20
+    sums = {
+        "type": "polynomial",
+        "space": "original",
+        "terms": [{"coefficient": 1, "powers": {f"c{i}": 1}} for i in range(10)],
+    }  # 11 monomials (10 linear ones and the constant), at least 10 seen
+    assert (
+        smooth_queries._monomials_at_least(
+            PolynomialForm.model_validate(sums), smooth_queries._Columns(info)
+        )
+        == 10
+    )
+    with pytest.raises(InvalidRequest) as refused:  # 40 + 11 = 51 monomials, 1020 entries
+        parse([ten] * 4 + [sums], info)
+    assert refused.value.message.startswith(
+        "these polynomials have 51 monomials in normalised units over 20 columns, 1020 "
+        "exponents; at most 1000 per request"
+    )

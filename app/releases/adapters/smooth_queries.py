@@ -55,6 +55,13 @@ MAX_MONOMIALS = 100_000
 #: request's work (1000 queries of 100 centres, or one of 3162; an audit saw a 140-byte
 #: polynomial of 10571 monomials take 5.6 GB before this counted them).
 MAX_CENTER_PAIRS = 10_000_000
+#: Sum over a request's polynomial queries of monomials x d, the entries of their dense
+#: exponent tables (int64: 320 MB at the bound). The pair budget admits 10^6 monomials
+#: (10^5 queries of 10 one-column terms, about 60 MB of JSON), 8 GB of exponents on a
+#: 1000-column table; the answers' work bounds refuse such a batch, but only once it is
+#: parsed. ``smooth_synthetic``'s tree and marginals answers admit at most ``4 10^7``
+#: (``MAX_ANSWER_WORK / EXPANSION_WORK`` over at least 2 coefficients a factor).
+MAX_EXPONENT_ENTRIES = 40_000_000
 
 
 class GaussianMixtureForm(BaseModel):
@@ -376,6 +383,15 @@ def _monomials_at_least(form: PolynomialForm, columns: _Columns) -> int:
     return max(1, largest, len(leading))
 
 
+def _too_many_exponents(monomials: int, d: int, exact: bool) -> InvalidRequest:
+    return InvalidRequest(
+        f"these polynomials have {'' if exact else 'at least '}{monomials} monomials in "
+        f"normalised units over {d} columns, {monomials * d} exponents; at most "
+        f"{MAX_EXPONENT_ENTRIES} per request: split the batch or use fewer terms, lower "
+        "powers or fewer columns per term"
+    )
+
+
 def _too_many_pairs(pairs: int, exact: bool) -> InvalidRequest:
     return InvalidRequest(
         f"these queries have {'' if exact else 'at least '}{pairs} pairs of kernels (sum over "
@@ -431,6 +447,9 @@ def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
     pairs += sum(m * m for m in at_least)
     if pairs > MAX_CENTER_PAIRS:
         raise _too_many_pairs(pairs, exact=False)
+    monomials = sum(at_least)
+    if monomials * info.d > MAX_EXPONENT_ENTRIES:
+        raise _too_many_exponents(monomials, info.d, exact=False)
     out: list[Any] = []
     for position, form in enumerate(forms):
         try:
@@ -446,9 +465,14 @@ def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
             raise InvalidRequest(f"queries.{position}: {exc}") from None
         if isinstance(form, PolynomialForm):
             # a polynomial's monomials are its kernels: they count against the same budget
-            pairs += out[-1].exponents.shape[0] ** 2 - at_least[position] ** 2
-            if pairs > MAX_CENTER_PAIRS:  # exact once the last query is expanded
-                raise _too_many_pairs(pairs, exact=position == len(forms) - 1)
+            count = out[-1].exponents.shape[0]
+            pairs += count**2 - at_least[position] ** 2
+            monomials += count - at_least[position]
+            last = position == len(forms) - 1  # exact once the last query is expanded
+            if pairs > MAX_CENTER_PAIRS:
+                raise _too_many_pairs(pairs, exact=last)
+            if monomials * info.d > MAX_EXPONENT_ENTRIES:
+                raise _too_many_exponents(monomials, info.d, exact=last)
     return out
 
 
