@@ -145,7 +145,8 @@ GAUSSIAN_WIDTH_CLASSES = 8
 #: (its mass moves into the truncation bound); keeps the product ratios finite.
 STRUCTURAL_ZERO = 1e-20
 
-#: float64 elements of one work block in :func:`restrict` (kernels x basis functions).
+#: float64 elements of one work block: kernels x basis functions in :func:`restrict`, and
+#: the factors of one block of :func:`separable_layout` (8 MiB).
 DEFAULT_BLOCK_ELEMENTS = 1 << 20
 
 _ONE_D_TOLERANCE = 1e-14
@@ -1365,8 +1366,12 @@ def separable_layout(
         assert isinstance(first, GaussianMixture | AnisotropicGaussianMixture)
         kernels = int(first.centers.shape[0])
         length = _gaussian_length(first.sigma, min_length)
-        for start in range(0, len(members), block):
-            chunk = members[start : start + block]
+        # at most ``block`` queries, and no more than DEFAULT_BLOCK_ELEMENTS coefficients
+        # unless one query has more on its own
+        size = kernels * dim * (length or 1)
+        rows = max(1, min(block, DEFAULT_BLOCK_ELEMENTS // size))
+        for start in range(0, len(members), rows):
+            chunk = members[start : start + rows]
             shape = None if length is None else (len(chunk), kernels, length)
             out.append(SeparableBlock(np.asarray(chunk, dtype=np.int64), "gaussian", shape))
     for key, bucket in sorted(products.items()):
@@ -1419,7 +1424,9 @@ def separable_blocks(
     """``(positions, expansion)`` covering every query of ``queries``, in blocks.
 
     Gaussian mixtures with the same number of centres and the same widths share one
-    :func:`gaussian_expansion` per block of ``block`` queries (one DCT table). Product
+    :func:`gaussian_expansion` per block of at most ``block`` queries (one DCT table), and
+    of at most ``max(1, DEFAULT_BLOCK_ELEMENTS // (J d L))`` (``J`` centres, ``L``
+    coefficients a factor: 8 MiB of factors, whatever the centres and widths). Product
     queries whose factors are all ``None``, coefficient vectors or
     :class:`~app.mechanisms.queries.Gaussian1D` share one :func:`product_expansions` per
     block, grouped by their length ``L`` rounded up to a power of two (so that padding at

@@ -690,3 +690,32 @@ def test_product_expansions_refuse_mixed_dimensions() -> None:
         ch.product_expansions([])
     with pytest.raises(MechanismError, match="d = 2 columns but the synopsis has d = 3"):
         list(ch.separable_blocks([ProductQuery((None, Gaussian1D(0.0, 1.0)))], 3))
+
+
+def test_mixture_blocks_hold_at_most_the_block_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gaussian mixtures share a block up to ``block`` queries and up to
+    DEFAULT_BLOCK_ELEMENTS coefficients of factors (a block of 500 mixtures of 100
+    centres was 767 MiB of factors on 30 columns); one query larger than that on its own
+    is a block by itself. The blocks still cover every query once, in order."""
+    monkeypatch.setattr(ch, "DEFAULT_BLOCK_ELEMENTS", 5000)
+    rng = np.random.default_rng(12)
+    d = 3
+    small = [GaussianMixture(rng.uniform(-1, 1, (4, d)), np.full(4, 0.25), 1.0) for _ in range(60)]
+    large = [GaussianMixture(rng.uniform(-1, 1, (900, d)), np.full(900, 1 / 900), 1.0)]
+    queries: list[object] = small[:30] + large + small[30:]
+    blocks = list(ch.separable_blocks(queries, d, block=500))
+    layout = ch.separable_layout(queries, d, block=500)
+    assert [b.positions.tolist() for b in layout] == [p.tolist() for p, _ in blocks]
+    length = blocks[0][1].factors.shape[3]
+    rows = 5000 // (4 * d * length)
+    assert 1 < rows < 60
+    sizes = []
+    for positions, expansion in blocks:
+        if positions.tolist() == [30]:
+            assert expansion.factors.size == 900 * d * length > 5000
+        else:
+            assert expansion.factors.size <= 5000
+            sizes.append(positions.size)
+    assert sizes == [rows] * (60 // rows) + ([60 % rows] if 60 % rows else [])
+    seen = sorted(int(p) for positions, _ in blocks for p in positions)
+    assert seen == list(range(61))
