@@ -409,3 +409,135 @@ def test_moments_table_holds_only_the_columns_the_set_uses(index_set: IndexSet) 
     np.testing.assert_array_equal(index_set.evaluate(X[:50]), every.evaluate(X[:50]))
     if index_set.size < 400:
         assert peak < 1.3 * X.nbytes, (peak, X.nbytes)  # the batch's check, then little
+
+
+# --- the two forms of the Chebyshev table -------------------------------------------------
+
+
+def test_trigonometric_table_matches_the_recurrence_at_low_degree() -> None:
+    """Both forms agree to 1e-13 up to degree 100 (module doc: each errs by <= 3e-14),
+    and T_0 = 1, T_1 = x exactly in both."""
+    x = np.concatenate([[-1.0, 1.0, 0.0, 1 - 2**-52], np.random.default_rng(1).uniform(-1, 1, 200)])
+    recurrence = np.clip(chebyshev_table(x, 100), -1.0, 1.0)
+    trigonometric = chebyshev_table(x, 100, "trigonometric")
+    np.testing.assert_allclose(trigonometric, recurrence, rtol=0, atol=1e-13)
+    np.testing.assert_array_equal(trigonometric[:2], recurrence[:2])
+    assert np.abs(trigonometric).max() <= 1.0
+    grid = x[:200].reshape(20, 10).T  # a transposed block, as in the evaluation
+    np.testing.assert_array_equal(
+        chebyshev_table(grid, 30, "trigonometric"),
+        chebyshev_table(x[:200], 30, "trigonometric").reshape(31, 20, 10).transpose(0, 2, 1),
+    )
+    for degree in (0, 1):
+        np.testing.assert_array_equal(
+            chebyshev_table(x, degree, "trigonometric"), chebyshev_table(x, degree)
+        )
+    with pytest.raises(MechanismError, match="form"):
+        chebyshev_table(x, 3, "cosine")
+
+
+def test_trigonometric_table_at_high_degree() -> None:
+    """Degree 10^5: the table is cos(j arccos x) computed one value at a time, and within
+    1e-9 of the recurrence (module doc: 6.2e-10 up to 10^5, 8.2e-9 up to 10^6)."""
+    degree = 100_000
+    x = np.concatenate(
+        [
+            [-1.0, 1.0, 0.0, 1 - 2**-52, -1 + 2**-53, 1 - 1e-9],
+            np.random.default_rng(3).uniform(-1, 1, 6),
+        ]
+    )
+    table = chebyshev_table(x, degree, "trigonometric")
+    theta = np.arccos(x)
+    for j in [
+        *range(2, 40),
+        *np.random.default_rng(4).integers(40, degree + 1, 300).tolist(),
+        degree,
+    ]:
+        for i in range(x.size):
+            assert table[j, i] == pytest.approx(math.cos(j * float(theta[i])), abs=1e-15)
+    recurrence = np.clip(chebyshev_table(x, degree), -1.0, 1.0)
+    np.testing.assert_allclose(table, recurrence, rtol=0, atol=1e-9)
+
+
+def test_trigonometric_values_do_not_depend_on_the_block() -> None:
+    """np.arccos / np.cos give an element the same value wherever it sits in an array, so
+    a row's computed T_r(x) is the same whatever the block size (module doc)."""
+    x = np.concatenate([[-1.0, 1.0, 0.0], np.random.default_rng(6).uniform(-1, 1, 58)])
+    full = chebyshev_table(x, 500, "trigonometric")
+    for i in range(x.size):
+        np.testing.assert_array_equal(
+            chebyshev_table(x[i : i + 1], 500, "trigonometric")[:, 0], full[:, i]
+        )
+    index_set = total_degree(2, 40_000)
+    assert index_set.table_form == "trigonometric"
+    X = np.random.default_rng(7).uniform(-1, 1, size=(9, 2))
+    np.testing.assert_array_equal(
+        index_set.evaluate(X), index_set.evaluate(X, block_elements=index_set.size * 4)
+    )
+
+
+@pytest.mark.parametrize(
+    ("index_set", "form"),
+    [
+        (total_degree(1, 1_000_000), "trigonometric"),  # one-row blocks of degree 10^6
+        (total_degree(1, 4033), "trigonometric"),  # 64 rows a block
+        (total_degree(1, 4032), "recurrence"),  # 65 rows
+        (total_degree(30, 87_382), "trigonometric"),  # 2 rows x 30 columns
+        (total_degree(30, 87_381), "recurrence"),  # 3 rows x 30 columns
+        (total_degree(30, 465), "recurrence"),
+        (IndexSet.from_terms(2000, [[[7, 5000]]]), "recurrence"),  # one column, 2^18 rows
+    ],
+)
+def test_the_table_form_follows_the_width_of_a_default_block(
+    index_set: IndexSet, form: str
+) -> None:
+    assert index_set.table_form == form
+
+
+def test_moments_in_one_column_at_high_degree_use_the_trigonometric_form(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """d = 1, R = 10^5 (blocks of two rows): the measure takes the trigonometric form (the
+    recurrence took 10^5 Python steps a block), and its moments agree with the recurrence's
+    and with a direct mean of cos(j arccos x)."""
+    import app.mechanisms.basis as basis
+
+    R = 100_000
+    X = np.concatenate(
+        [[[1.0], [-1.0], [1 - 2**-52]], np.random.default_rng(8).uniform(-1, 1, (6, 1))]
+    )
+    forms: list[str] = []
+
+    def spy(x: np.ndarray, max_degree: int, form: str = "recurrence") -> np.ndarray:
+        forms.append(form)
+        return chebyshev_table(x, max_degree, form)
+
+    monkeypatch.setattr(basis, "chebyshev_table", spy)
+    index_set = total_degree(1, R)
+    fast = moments(X, index_set)
+    assert set(forms) == {"trigonometric"}
+    forms.clear()
+    slow_set = total_degree(1, R)
+    slow_set.__dict__["table_form"] = "recurrence"
+    slow = moments(X, slow_set, block_elements=R * X.shape[0])  # one block: 10^5 steps
+    assert set(forms) == {"recurrence"}
+    np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-9)
+    direct_mean = np.cos(np.arange(1, R + 1)[:, None] * np.arccos(X[:, 0])[None, :]).mean(axis=1)
+    np.testing.assert_allclose(fast, direct_mean, rtol=0, atol=1e-15)
+    forms.clear()
+    index_set.evaluate(X[:3])
+    assert set(forms) == {"trigonometric"}
+    forms.clear()
+    moments(np.repeat(X, 4, axis=1), total_degree(4, 60))
+    assert set(forms) == {"recurrence"}
+
+
+def test_moments_at_the_largest_one_column_basis() -> None:
+    """d = 1, R = 10^6 (the largest basis_size in one column): a few rows against a direct
+    mean of cos(j arccos x); the recurrence made this 10^6 Python steps a row."""
+    R = 1_000_000
+    X = np.array([[1.0], [-0.3], [0.77]])
+    out = moments(X, total_degree(1, R))
+    expected = np.cos(np.arange(1, R + 1)[:, None] * np.arccos(X[:, 0])[None, :]).mean(axis=1)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-15)
+    assert np.abs(out).max() <= 1.0

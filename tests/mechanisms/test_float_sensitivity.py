@@ -91,6 +91,28 @@ def test_moments_move_within_the_declared_sensitivity_at_high_degree(n: int) -> 
     assert worst_linf > exact_linf  # the exact 2/n alone is exceeded by the computed moments
 
 
+@pytest.mark.parametrize("n", [3, 569])
+def test_trigonometric_moments_stay_within_the_declared_sensitivity(n: int) -> None:
+    """One column, R = 5000: the table is built as cos(j arccos x) (``basis.IndexSet.
+    table_form``); rows at +-1, within 2^-52 and 1e-6 of +-1 and random, the moved row
+    from both ends."""
+    rng = np.random.default_rng(30 + n)
+    R = 5000
+    index_set = basis.total_degree(1, R)
+    assert index_set.table_form == "trigonometric"
+    ends = np.array([1.0, 1 - 2**-52, *(1 - rng.uniform(0, 1e-6, 6))])
+    pool = np.concatenate([ends, -ends, rng.uniform(-1, 1, 16)])
+    declared = noise.moment_sensitivity(n, R)
+    for trial in range(6):
+        rest = rng.choice(pool, size=(n - 1, 1))
+        z, z2 = rng.choice(ends), -rng.choice(ends)
+        if trial % 2:
+            z, z2 = z2, z
+        a = basis.moments(np.vstack([[[z]], rest]), index_set)
+        b = basis.moments(np.vstack([[[z2]], rest]), index_set)
+        within(change(a, b), declared)
+
+
 def test_tensor_moments_stay_within_the_declared_sensitivity() -> None:
     """Products of high degrees in d = 2, streamed in batches of a few rows (many blocks)."""
     rng = np.random.default_rng(11)
