@@ -1421,7 +1421,8 @@ def test_the_default_answer_bound_refuses_the_audited_batches() -> None:
     """On WDBC's 30 columns the default MAX_ANSWER_WORK refuses what the audit timed (10,000
     one-factor products on a tree of 93 cells a column, 21 s; 30,000 mixtures of 10
     centres on 4096 bins, 134 s) and admits 1,000 of either kind on the default 6-cell tree
-    of WDBC at epsilon 1, and on 64 bins."""
+    of WDBC at epsilon 1, and on 64 bins, and the paper-000 protocol's 10^4 mixtures on the
+    default marginals release (the service-latency benchmark's request)."""
     from app.mechanisms.chebyshev import separable_layout
     from app.mechanisms.queries import Gaussian1D, GaussianMixture, ProductQuery
     from app.releases.adapters.smooth_synthetic import MAX_ANSWER_WORK, answer_work
@@ -1448,6 +1449,12 @@ def test_the_default_answer_bound_refuses_the_audited_batches() -> None:
     for queries in (products(1000), mixtures(1000)):
         assert work(queries, 6, 6) <= MAX_ANSWER_WORK
         assert work(queries, 64, None) <= MAX_ANSWER_WORK
+    # paper 000's protocol, 10^4 mixtures of 10 centres of width 4, fits one request on
+    # the default marginals release of WDBC at epsilon 0.1 (2 cells a column; 2.6 s)
+    protocol = [
+        GaussianMixture(rng.uniform(-1, 1, (10, d)), np.full(10, 0.1), 4.0) for _ in range(10_000)
+    ]
+    assert work(protocol, 2, None) <= MAX_ANSWER_WORK
 
 
 def test_moments_that_would_measure_too_long_are_refused(
