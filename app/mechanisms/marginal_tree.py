@@ -1805,9 +1805,13 @@ def measure(
     n, d = source.n_rows, source.n_cols
     fixed = plan(n, d, epsilon, delta, bins, bound_atoms, pair_bins, grouping)
     B, atoms, b, cells = fixed.bins, fixed.atoms, fixed.pair_bins, fixed.cells
-    # 1. one-way histograms
+    # the records of steps 1 and 3, from public values before the first read (the plan
+    # fixed the scales; a record that failed would fail with nothing read)
     sens_1 = marginals.histogram_sensitivity(n, d)["l2"]
     law_1 = noise.gaussian_at_scale(sens_1, d * cells, fixed.one_way_scale, epsilon, delta)
+    sens_2 = pair_table_sensitivity(n, d - 1)
+    law_2 = noise.gaussian_at_scale(sens_2, (d - 1) * b * b, fixed.pair_scale, epsilon, delta)
+    # 1. one-way histograms
     h = marginals.exact_histograms(source, B, atoms).ravel()
     one_way = marginals.MarginalMeasurements(
         n=n,
@@ -1831,8 +1835,6 @@ def measure(
         pairs, scores, d, lambda open_scores: noise.noisy_max(open_scores, fixed.selection_scale)
     )
     # 3. the selected pair tables
-    sens_2 = pair_table_sensitivity(n, d - 1)
-    law_2 = noise.gaussian_at_scale(sens_2, (d - 1) * b * b, fixed.pair_scale, epsilon, delta)
     position = {pair: k for k, pair in enumerate(pairs)}
     exact = np.stack([counts[position[edge]] / rows for edge in edges]).ravel()
     tables = noise.sample(law_2, exact).reshape(d - 1, b, b)

@@ -906,3 +906,26 @@ def test_spanning_tree_offers_the_same_open_pairs_and_picks_as_a_union_find(d: i
                 edges=tuple(tree),
                 joint=tuple(np.full((2, 2), 0.25) for _ in tree),
             )
+
+
+def test_every_noise_record_is_made_before_a_row_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan fixes the scales and both Gaussian steps' records (OpenDP's map at delta)
+    are made from public values before the rows are read: a record that failed would fail
+    with nothing read and nothing spent."""
+    events: list[object] = []
+    at_scale, histograms = noise.gaussian_at_scale, marginals.exact_histograms
+
+    def logged_record(*args: object) -> noise.NoiseCalibration:
+        events.append(("record", args[1]))
+        return at_scale(*args)  # type: ignore[arg-type]
+
+    def logged_read(*args: object) -> np.ndarray:
+        events.append("read")
+        return histograms(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(noise, "gaussian_at_scale", logged_record)
+    monkeypatch.setattr(marginals, "exact_histograms", logged_read)
+    X = np.random.default_rng(5).uniform(-1, 1, size=(400, 4))
+    released = marginal_tree.measure(X, 1.0, 1e-6)
+    b = released.pair_bins
+    assert events == [("record", 4 * released.one_way.cells), ("record", 3 * b * b), "read"]
