@@ -49,16 +49,17 @@ moving references bisect an entry of the data's ``Sigma`` and independent repeat
 truncation region then moves with the data, which the paper's proof does not cover (an
 output that a neighbour's region excludes has probability at most ``1/n^2`` by Lemma 4.4,
 an additive failure probability), and ``alpha`` is computed from two eigenvalues of the
-data's ``Sigma``, so ``alpha`` itself is a statistic of the data: the service keeps it in
-the stored record but does not report it (:mod:`app.releases.adapters.compressed`).
+data's ``Sigma``, so ``alpha`` itself is a statistic of the data: it is not computed
+(``alpha = None``), so it is neither stored with the measurement nor reported
+(:mod:`app.releases.adapters.compressed`).
 
 Zero columns. Eq. (4) cannot normalise a column that is zero in every row (a column
 constant at the midpoint of its declared bounds: the service stores values mapped to
 ``[-1, 1]``). Such a column is released as it is, zero, whatever ``Phi`` is: its scale is
 0 and its row and column of ``Sigma`` (diagonal included) are 0. The output then shows
 the column is zero, which any ``Phi X`` of it would. With the data as reference the
-release goes ahead (``Sigma`` is singular, so ``alpha`` is infinite; it is not reported
-in that case anyway); a declared reference is positive definite, its diagonal is not 0,
+release goes ahead (``Sigma`` is singular; ``alpha`` is not computed in that case
+anyway); a declared reference is positive definite, its diagonal is not 0,
 so such data lie outside ``S_n`` when ``Delta_max < 1`` and the release is refused.
 (Until this was handled the release failed after reading the data, and the dataset's one
 compressed release was spent on an error.)
@@ -216,13 +217,14 @@ class CompressedRelease:
     ``privacy_cost`` has ``kind="distributional"`` and epsilon 0 so that it can never be
     added to an epsilon sum; the guarantee is ``alpha`` (Theorem 4.6, comparing with the
     reference) and ``alpha_pairwise = 2 alpha`` (Remark 4.7, any two databases of
-    ``S_n``). ``n`` is public; the column scales and the redraw count are not kept.
+    ``S_n``); both ``None`` with the data as reference, where they would be statistics of
+    the data. ``n`` is public; the column scales and the redraw count are not kept.
     """
 
     matrix: NDArray[np.float64]
     n: int
     delta_max: float
-    alpha: float
+    alpha: float | None
     reference_kind: ReferenceKind
     guarantee: str = GUARANTEE
     privacy_cost: PrivacyCost = field(init=False)
@@ -236,10 +238,13 @@ class CompressedRelease:
         _check_delta_max(self.delta_max)
         if not (isinstance(self.n, int | np.integer) and self.n > matrix.shape[0]):
             raise MechanismError("n must be an integer larger than m (the rows of matrix)")
-        if not (self.alpha >= 0.0):
-            raise MechanismError("alpha must be >= 0 (inf when the bound does not apply)")
         if self.reference_kind not in ("declared", "data"):
             raise MechanismError("reference_kind must be 'declared' or 'data'")
+        if self.reference_kind == "data":
+            if self.alpha is not None:
+                raise MechanismError("alpha must be None with the data as reference")
+        elif self.alpha is None or not (self.alpha >= 0.0):
+            raise MechanismError("alpha must be >= 0 (inf when the bound does not apply)")
         if self.guarantee != GUARANTEE:
             raise MechanismError(f"guarantee must read {GUARANTEE!r}")
         matrix.setflags(write=False)
@@ -257,9 +262,9 @@ class CompressedRelease:
         return int(self.matrix.shape[1])
 
     @property
-    def alpha_pairwise(self) -> float:
+    def alpha_pairwise(self) -> float | None:
         """Bound for any two databases of ``S_n``: ``2 alpha`` (Remark 4.7)."""
-        return 2.0 * self.alpha
+        return None if self.alpha is None else 2.0 * self.alpha
 
     @property
     def covariance(self) -> NDArray[np.float64]:
@@ -312,12 +317,15 @@ class CompressedRelease:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CompressedRelease:
+        """A stored record; one with the data as reference recorded before ``alpha`` was
+        left out of it loads without it (it was never reported)."""
+        kind = str(data["reference_kind"])
         return cls(
             matrix=np.asarray(data["matrix"], dtype=np.float64),
             n=int(data["n"]),  # type: ignore[call-overload]
             delta_max=float(data["delta_max"]),  # type: ignore[arg-type]
-            alpha=float(data["alpha"]),  # type: ignore[arg-type]
-            reference_kind=str(data["reference_kind"]),  # type: ignore[arg-type]
+            alpha=None if kind == "data" else float(data["alpha"]),  # type: ignore[arg-type]
+            reference_kind=kind,  # type: ignore[arg-type]
             guarantee=str(data.get("guarantee", GUARANTEE)),
         )
 
@@ -441,8 +449,10 @@ def release(
                 "the data lie outside the protected class S_n: an entry of their normalised "
                 "covariance differs from the reference by more than delta_max (eq. 6)"
             )
-    eigenvalues = np.linalg.eigvalsh(sigma_1)
-    alpha = alpha_bound(n, p, m, delta_max, float(eigenvalues[0]), float(eigenvalues[-1]))
+    alpha = None  # with the data as reference, a statistic of the data: not computed
+    if kind == "declared":
+        eigenvalues = np.linalg.eigvalsh(sigma_1)
+        alpha = alpha_bound(n, p, m, delta_max, float(eigenvalues[0]), float(eigenvalues[-1]))
     radius = truncation_radius(n, p, m, delta_max)
     matrix, _ = _draw(source, scale, m, sigma_1, radius)
     return CompressedRelease(

@@ -47,9 +47,22 @@ def test_label_and_cost_say_not_dp() -> None:
     assert released.privacy_cost.epsilon == 0.0
     assert released.matrix.shape == (400, 3)
     assert released.reference_kind == "data"
+    # with the data as reference alpha would be a statistic of the data: not computed,
+    # not in the record; a record from before, which kept it, loads without it
+    assert released.alpha is None
+    assert released.alpha_pairwise is None
+    assert released.to_dict()["alpha"] is None
     back = cp.CompressedRelease.from_dict(released.to_dict())
     assert np.array_equal(back.matrix, released.matrix)
-    assert back.alpha == released.alpha
+    assert back.alpha is None
+    older = cp.CompressedRelease.from_dict(released.to_dict() | {"alpha": 12.5})
+    assert older.alpha is None
+    with pytest.raises(MechanismError, match="alpha must be None"):
+        cp.CompressedRelease(
+            released.matrix, n=2000, delta_max=0.05, alpha=1.0, reference_kind="data"
+        )
+    with pytest.raises(MechanismError, match="alpha must be >= 0"):
+        cp.CompressedRelease(released.matrix, 2000, 0.05, alpha=None, reference_kind="declared")
     with pytest.raises(MechanismError, match="guarantee"):
         cp.CompressedRelease.from_dict(released.to_dict() | {"guarantee": "epsilon-DP"})
 
@@ -223,7 +236,7 @@ def test_zero_columns_are_released_as_zero() -> None:
     assert np.all(np.isfinite(out.matrix))
     # eq. (12) holds for the release against the data's own Sigma
     assert cp.satisfies_eq12(out.covariance, sigma, cp.truncation_radius(2000, 5, 400, 0.05))
-    assert out.alpha == math.inf  # Sigma is singular; not reported for a data reference
+    assert out.alpha is None  # not computed for a data reference (Sigma is singular here)
     result = out.pca(2)
     assert np.all(np.abs(result.components[:, [0, 3]]) < 1e-12)
     with pytest.raises(MechanismError, match="outside the protected class"):

@@ -489,6 +489,15 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
         f"/v1/releases/{release_id}/artifacts/release.json", headers=curator.headers
     ).json()
     assert (card["alpha"], card["alpha_note"]) == (None, done["resolved"]["alpha_note"])
+    # nor is it kept with the stored measurement (privacy-rules audit: it was, unreported)
+    from app.models import ReleaseMeasurement
+    from app.releases.payloads import unpack
+
+    with services_of(client).db.transaction() as session:
+        stored = session.get(ReleaseMeasurement, uuid.UUID(release_id))
+        assert stored is not None
+        record = unpack(stored.payload)
+    assert (record["alpha"], record["alpha_pairwise"]) == (None, None)
     second, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
     declared = request_release(
         client,

@@ -6,8 +6,9 @@ response names it. The release needs the curator's opt-in on the dataset, takes 
 epsilon, and is recorded in the ledger as ``non_dp``. Without a declared ``reference``
 covariance the truncation region depends on the data (see :mod:`app.mechanisms.compressed`)
 and ``alpha`` would be computed from two eigenvalues of the data's own covariance, an exact
-statistic: it is then not reported (``alpha: null`` with :data:`DATA_REFERENCE_NOTE`). Releases
-recorded before this rule keep the alpha they reported.
+statistic: it is then neither computed, stored nor reported (``alpha: null`` with
+:data:`DATA_REFERENCE_NOTE`). Releases recorded before this rule keep the alpha they
+reported.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ DATA_REFERENCE_NOTE = (
 def _alpha(release: cp.CompressedRelease) -> dict[str, Any]:
     """The published alpha fields: Theorem 4.6's bound for a declared reference (public
     quantities only), nothing for the data's own (:data:`DATA_REFERENCE_NOTE`)."""
-    if release.reference_kind == "data":
+    if release.alpha is None or release.alpha_pairwise is None:  # the data as reference
         return {"alpha": None, "alpha_pairwise": None, "alpha_note": DATA_REFERENCE_NOTE}
     return {
         "alpha": _finite(release.alpha),
