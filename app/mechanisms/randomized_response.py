@@ -148,10 +148,9 @@ class Domain:
         codes = np.zeros(array.shape[0], dtype=np.int64)
         for j, k in enumerate(self.cardinalities):
             column = array[:, j].astype(np.int64)
-            bad = int(np.count_nonzero((column < 0) | (column >= k)))
-            if bad:
+            if np.any((column < 0) | (column >= k)):  # no count: a statistic of the data
                 raise MechanismError(
-                    f"attribute {j} has {bad} values outside its {k} declared categories"
+                    f"attribute {j} has values outside its {k} declared categories"
                 )
             codes = codes * k + column
         return codes
@@ -452,9 +451,8 @@ def _check_codes(codes: ArrayLike, size: int, name: str) -> NDArray[np.int64]:
     if array.dtype.kind not in "iu":
         raise MechanismError(f"{name} must be integers")
     array = array.astype(np.int64)
-    bad = int(np.count_nonzero((array < 0) | (array >= size)))
-    if bad:
-        raise MechanismError(f"{name} has {bad} entries outside [0, {size})")
+    if np.any((array < 0) | (array >= size)):  # no count: a statistic of the data
+        raise MechanismError(f"{name} has entries outside [0, {size})")
     return array
 
 
@@ -944,9 +942,8 @@ def _check_public(public: ArrayLike, n: int) -> NDArray[np.int64]:
     if array.dtype.kind not in "iu":
         raise MechanismError("public must hold integer codes of the public column")
     array = array.astype(np.int64)
-    bad = int(np.count_nonzero(array < 0))
-    if bad:
-        raise MechanismError(f"public has {bad} negative entries; codes must be >= 0")
+    if np.any(array < 0):  # no count: a statistic of the data
+        raise MechanismError("public has negative entries; codes must be >= 0")
     return array
 
 

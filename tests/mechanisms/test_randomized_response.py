@@ -358,7 +358,7 @@ SECRET = 987_654_321
     [
         (np.array([0.5, 1.0]), 4, 1.0, "integers"),
         (np.zeros((2, 2), np.int64), 4, 1.0, "1-D"),
-        (np.array([0, SECRET]), 4, 1.0, "1 entries outside"),
+        (np.array([0, SECRET]), 4, 1.0, "^codes has entries outside"),
         (np.array([-1, 0]), 4, 1.0, "outside"),
         (np.array([], np.int64), 4, 1.0, "empty"),
         (np.array([0]), 1, 1.0, "domain_size"),
@@ -444,8 +444,9 @@ def test_helpers_reject() -> None:
         Domain((2, 0))
     with pytest.raises(MechanismError, match="2\\^62"):
         Domain((1 << 40, 1 << 40))
-    with pytest.raises(MechanismError, match="outside its 3"):
-        Domain((3,)).encode(np.array([[SECRET]]))
+    # neither the value nor a count of them (on the measure path it reaches the status)
+    with pytest.raises(MechanismError, match=r"^attribute 0 has values outside its 3"):
+        Domain((3,)).encode(np.array([[SECRET], [SECRET]]))
     with pytest.raises(MechanismError, match="outside \\[-1, 1\\]"):
         rr.discretize(np.array([0.0, 1.5]), 3)
     with pytest.raises(MechanismError, match="non-finite") as info:
