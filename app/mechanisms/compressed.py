@@ -12,7 +12,12 @@ Mechanism
    with ``C = sqrt(2 (C1 + C2))``, ``C1 = 4e/sqrt(6 pi) ~ 2.5044``, ``C2 = sqrt(8) e ~ 7.6885``
    (Lemma B.1; the paper prints ``C2 = sqrt(8e)`` but its value 7.6885 is ``sqrt(8) e``).
    The redraws and their number are never revealed (the paper: "the adversary neither
-   sees the databases we throw away nor finds out that we did so").
+   sees the databases we throw away nor finds out that we did so"), except through time:
+   each redraw reads the rows again, so a redraw lengthens the measure stage, whose start
+   and end a release's status shows (``measured_at``). Under Lemma 4.4 a redraw happens
+   with probability at most ``1/n^2`` (the size of the additive term the guarantee
+   carries with a data reference), so the service does not pad the stage to a fixed
+   number of passes (which would multiply its cost, up to :data:`MAX_DRAWS` passes).
    ``m >= 2 (C1 + C2) ln(2np)`` is enforced: Lemma 4.4 then bounds the truncated mass by
    ``1/n^2``.
 
