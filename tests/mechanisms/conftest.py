@@ -1,6 +1,10 @@
 """Helpers shared by the mechanism tests."""
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
+import pytest
 
 from app.mechanisms import noise
 from app.mechanisms import smooth_synopsis as ss
@@ -35,3 +39,21 @@ def exact_synopsis(
     return ss.Synopsis(
         index_set, moments(X, index_set), cal, n, smoothness, choice, co_spread=co_spread
     )
+
+
+def log_calls(
+    monkeypatch: pytest.MonkeyPatch,
+    owner: object,
+    name: str,
+    events: list[object],
+    label: Callable[..., object],
+) -> None:
+    """Replace ``owner.name`` by a wrapper that appends ``label(*args, **kwargs)`` to
+    ``events`` and calls the original: tests of the order of calibrations and reads."""
+    original = getattr(owner, name)
+
+    def logged(*args: Any, **kwargs: Any) -> Any:
+        events.append(label(*args, **kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, logged)

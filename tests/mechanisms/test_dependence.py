@@ -17,6 +17,7 @@ from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import Gaussian1D, GaussianMixtureBatch, Polynomial, ProductQuery
 from tests.mechanisms.conftest import exact_synopsis as shared_exact_synopsis
+from tests.mechanisms.conftest import log_calls
 
 
 def one_factor(n: int, d: int, rng: np.random.Generator, loading: float = 1.0) -> np.ndarray:
@@ -304,19 +305,9 @@ def test_the_co_spread_noise_is_calibrated_before_its_rows_are_read(
 ) -> None:
     """The co-spread's noise is calibrated from public values (``n`` and the released
     centring) before its clipped mean reads a row, and drawn at that calibration."""
-    events: list[str] = []
-    calibrate, read = noise.calibrate, dependence.clipped_mean
-
-    def logged_calibrate(*args: object, **kwargs: object) -> noise.NoiseCalibration:
-        events.append("calibrate")
-        return calibrate(*args, **kwargs)  # type: ignore[arg-type]
-
-    def logged_read(*args: object, **kwargs: object) -> float:
-        events.append("read")
-        return read(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(noise, "calibrate", logged_calibrate)
-    monkeypatch.setattr(dependence, "clipped_mean", logged_read)
+    events: list[object] = []
+    log_calls(monkeypatch, noise, "calibrate", events, lambda *a, **k: "calibrate")
+    log_calls(monkeypatch, dependence, "clipped_mean", events, lambda *a, **k: "read")
     X = np.random.default_rng(4).uniform(-1, 1, size=(300, 3))
     spread = dependence.measure(as_source(X), np.full(3, 0.3), 0.5, centring_variance=1e-4)
     assert events == ["calibrate", "read"]

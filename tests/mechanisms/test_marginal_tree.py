@@ -13,6 +13,7 @@ from app.mechanisms.chebyshev import gaussian_expansion
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import GaussianMixtureBatch
+from tests.mechanisms.conftest import log_calls
 
 
 def test_rho_budget_is_the_largest_rho_within_the_budget() -> None:
@@ -913,18 +914,8 @@ def test_every_noise_record_is_made_before_a_row_is_read(monkeypatch: pytest.Mon
     are made from public values before the rows are read: a record that failed would fail
     with nothing read and nothing spent."""
     events: list[object] = []
-    at_scale, histograms = noise.gaussian_at_scale, marginals.exact_histograms
-
-    def logged_record(*args: object) -> noise.NoiseCalibration:
-        events.append(("record", args[1]))
-        return at_scale(*args)  # type: ignore[arg-type]
-
-    def logged_read(*args: object) -> np.ndarray:
-        events.append("read")
-        return histograms(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(noise, "gaussian_at_scale", logged_record)
-    monkeypatch.setattr(marginals, "exact_histograms", logged_read)
+    log_calls(monkeypatch, noise, "gaussian_at_scale", events, lambda *a: ("record", a[1]))
+    log_calls(monkeypatch, marginals, "exact_histograms", events, lambda *a: "read")
     X = np.random.default_rng(5).uniform(-1, 1, size=(400, 4))
     released = marginal_tree.measure(X, 1.0, 1e-6)
     b = released.pair_bins

@@ -12,6 +12,7 @@ from app.mechanisms import chebyshev, marginals, noise
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import GaussianMixtureBatch
+from tests.mechanisms.conftest import log_calls
 
 
 @pytest.mark.parametrize("atoms", [False, True])
@@ -386,18 +387,8 @@ def test_measure_calibrates_once_before_the_rows_are_read(
     """The histograms' noise is calibrated from public values before the rows are read,
     and the draw uses that calibration (no second calibration after the read)."""
     events: list[object] = []
-    calibrate, read = noise.calibrate, marginals.exact_histograms
-
-    def logged_calibrate(*args: object, **kwargs: object) -> noise.NoiseCalibration:
-        events.append(kwargs["dimension"])
-        return calibrate(*args, **kwargs)  # type: ignore[arg-type]
-
-    def logged_read(*args: object, **kwargs: object) -> np.ndarray:
-        events.append("read")
-        return read(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(noise, "calibrate", logged_calibrate)
-    monkeypatch.setattr(marginals, "exact_histograms", logged_read)
+    log_calls(monkeypatch, noise, "calibrate", events, lambda *a, **k: k["dimension"])
+    log_calls(monkeypatch, marginals, "exact_histograms", events, lambda *a, **k: "read")
     X = np.random.default_rng(6).uniform(-1, 1, size=(300, 3))
     m = marginals.measure(X, 0.9, delta, bins=5, bound_atoms=False)
     assert events[-2:] == [3 * 5, "read"], events

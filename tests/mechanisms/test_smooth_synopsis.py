@@ -27,7 +27,7 @@ from app.mechanisms.queries import (
     Polynomial,
     ProductQuery,
 )
-from tests.mechanisms.conftest import exact_synopsis
+from tests.mechanisms.conftest import exact_synopsis, log_calls
 
 ALPHA = 1e-6
 DRAWS = 2000
@@ -776,18 +776,8 @@ def test_the_moment_noise_is_calibrated_before_a_row_is_read(
     a calibration that fails does so with nothing read (the plan's own calibrations, which
     choose the basis, come earlier still)."""
     events: list[object] = []
-    calibrate, read = noise.calibrate, ss.moments
-
-    def logged_calibrate(*args: object, **kwargs: object) -> noise.NoiseCalibration:
-        events.append(kwargs["dimension"])
-        return calibrate(*args, **kwargs)  # type: ignore[arg-type]
-
-    def logged_read(*args: object, **kwargs: object) -> np.ndarray:
-        events.append("read")
-        return read(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(noise, "calibrate", logged_calibrate)
-    monkeypatch.setattr(ss, "moments", logged_read)
+    log_calls(monkeypatch, noise, "calibrate", events, lambda *a, **k: k["dimension"])
+    log_calls(monkeypatch, ss, "moments", events, lambda *a, **k: "read")
     X = np.random.default_rng(3).uniform(-1, 1, size=(200, 2))
     released = ss.measure(X, 1.0, 1e-6, co_spread=False)
     R = released.index_set.size
