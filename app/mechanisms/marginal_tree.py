@@ -1292,36 +1292,43 @@ class TreeMeasurements:
         models = self._stored_models(arrays)
         if models is None or len(models) != 1:
             return False
+        if self.joint_model != "copula" and not np.array_equal(models[0].group, self.group):
+            return False  # the block law's groups are the release's own
         self.__dict__["model"] = models[0]  # the cached_property's own slot
         return True
 
     def _stored_models(self, arrays: Mapping[str, NDArray[Any]]) -> tuple[TreeModel, ...] | None:
         """The tree laws of :func:`_model_arrays` over this release's edges, or ``None``
-        when the arrays are missing or do not fit its shape (``d`` columns of ``cells``
-        cells; edge tables over coarse groups or fine cells)."""
+        when the arrays are missing or do not fit this release: ``d`` columns of ``cells``
+        cells, finite non-negative values, and the layout of its :attr:`joint_model` (the
+        copula law over the fine cells, each its own group; the block law over
+        ``pair_bins`` groups)."""
         try:
             p, P, joint = (np.asarray(arrays[k], dtype=np.float64) for k in ("p", "P", "joint"))
             group = np.asarray(arrays["group"], dtype=np.int64)
         except (KeyError, ValueError, TypeError):
             return None
         d, cells = self.d, self.one_way.cells
+        width = cells if self.joint_model == "copula" else self.pair_bins
         count = p.shape[0] if p.ndim == 3 else 0
         fits = (
             count >= 1
             and p.shape == group.shape == (count, d, cells)
-            and P.ndim == 3
-            and P.shape[:2] == (count, d)
-            and joint.ndim == 4
-            and joint.shape[:2] == (count, d - 1)
-            and joint.shape[2] == joint.shape[3] in (P.shape[2], cells)
-            and bool(np.all((group >= 0) & (group < P.shape[2])))
+            and P.shape == (count, d, width)
+            and joint.shape == (count, d - 1, width, width)
+            and all(bool(np.all(np.isfinite(a) & (a >= 0))) for a in (p, P, joint))
+            and bool(np.all((group >= 0) & (group < width)))
+            and (self.joint_model != "copula" or bool(np.all(group == np.arange(cells))))
         )
         if not fits:
             return None
-        return tuple(
-            TreeModel(p=p[r], P=P[r], group=group[r], edges=self.edges, joint=tuple(joint[r]))
-            for r in range(count)
-        )
+        try:
+            return tuple(
+                TreeModel(p=p[r], P=P[r], group=group[r], edges=self.edges, joint=tuple(joint[r]))
+                for r in range(count)
+            )
+        except (MechanismError, ValueError, FloatingPointError):
+            return None
 
     @functools.cached_property
     def noise_replicates(self) -> tuple[TreeModel, ...]:

@@ -868,8 +868,18 @@ def test_synthesis_stores_the_answers_bootstrap(tmp_path: Path, method: str) -> 
         assert "model" in independent.__dict__
         (a, _), (b, _) = (adapter.answer(law, info, queries) for law in (independent, fresh))
         assert a["value"] != pytest.approx(b["value"], rel=1e-6)
-        for misfit in ({"p": np.zeros((1, 3, 2))}, {**changed, "joint": changed["joint"][:, :1]}):
-            np.savez(tmp_path / TREE_LAW_FILE, **misfit)  # another release's shapes
+        coarse = marginal_tree._model_arrays((fresh.coarse_model,))  # the block layout
+        assert coarse["P"].shape[2] < changed["P"].shape[2]
+        negative = {**changed, "p": -changed["p"]}
+        for misfit in (
+            {"p": np.zeros((1, 3, 2))},  # another release's shapes
+            {**changed, "joint": changed["joint"][:, :1]},
+            coarse,  # the block law on a copula release: wrong answers if taken
+            {**coarse, "joint": changed["joint"]},  # coarse margins, fine tables: a 500
+            negative,
+            {**changed, "joint": np.full_like(changed["joint"], np.nan)},
+        ):
+            np.savez(tmp_path / TREE_LAW_FILE, **misfit)
             assert "model" not in adapter.load(payload, info, tmp_path).__dict__
         (tmp_path / TREE_LAW_FILE).write_bytes(b"not a zip file")
         assert "model" not in adapter.load(payload, info, tmp_path).__dict__

@@ -588,7 +588,7 @@ class SmoothSynthetic(registry.Mechanism):
         extra: dict[str, ArtifactInfo] = {}
         replicates, bootstrap_report = _moment_replicates(release, progress)
         if replicates is not None:
-            np.savez(workdir / REPLICATES_FILE, allow_pickle=False, **replicates.to_arrays())
+            _save_arrays(workdir / REPLICATES_FILE, replicates.to_arrays())
             extra[REPLICATES_FILE] = ArtifactInfo(
                 REPLICATES_FILE,
                 "application/octet-stream",
@@ -932,7 +932,7 @@ def _synthesize_law(
     sampled = time.perf_counter()
     # the answers' standard errors (a function of the measurements alone, the same on
     # every synthesis): computed here, in the background, not on the first answer
-    np.savez(workdir / REPLICATES_FILE, **law.noise_replicate_arrays())
+    _save_arrays(workdir / REPLICATES_FILE, law.noise_replicate_arrays())
     extra = {
         REPLICATES_FILE: ArtifactInfo(
             REPLICATES_FILE,
@@ -944,7 +944,7 @@ def _synthesize_law(
     if isinstance(law, marginal_tree.TreeMeasurements):
         # the law the support was drawn from, fitted above: stored so that the first
         # answer on a freshly loaded release does not fit it again
-        np.savez(workdir / TREE_LAW_FILE, allow_pickle=False, **law.model_arrays())
+        _save_arrays(workdir / TREE_LAW_FILE, law.model_arrays())
         extra[TREE_LAW_FILE] = ArtifactInfo(
             TREE_LAW_FILE,
             "application/octet-stream",
@@ -992,6 +992,13 @@ def _stored_replicates(artifacts: Path) -> dict[str, NDArray[Any]] | None:
     read in full, or ``None``: a version synthesised before they were stored, one whose
     refits failed or were skipped, or an unreadable file."""
     return _stored_arrays(artifacts / REPLICATES_FILE)
+
+
+def _save_arrays(path: Path, arrays: Mapping[str, NDArray[Any]]) -> None:
+    """``arrays`` as a ``.npz`` artifact (plain numeric arrays: nothing is pickled; no
+    ``allow_pickle`` argument, which numpy before 2.1 would store as one more array)."""
+    named: dict[str, Any] = dict(arrays)
+    np.savez(path, **named)
 
 
 def _stored_arrays(stored: Path) -> dict[str, NDArray[Any]] | None:
