@@ -215,6 +215,50 @@ def test_a_batch_over_the_exponent_budget_is_refused(monkeypatch: pytest.MonkeyP
     with pytest.raises(InvalidRequest) as refused:  # 40 + 11 = 51 monomials, 1020 entries
         parse([ten] * 4 + [sums], info)
     assert refused.value.message.startswith(
-        "these polynomials have 51 monomials in normalised units over 20 columns, 1020 "
-        "exponents; at most 1000 per request"
+        "these polynomials have at least 51 monomials in normalised units over 20 columns, "
+        "1020 exponents; at most 1000 per request"
     )
+
+
+def test_an_expansion_stops_as_soon_as_it_passes_the_budgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A polynomial whose lower bound fits but whose expansion does not is refused while
+    it expands, before its dense exponent table is built (review: one query of 97 terms
+    on 10 columns each passed its bound of 1024 monomials and built a 99,232 x 1000
+    table, 1.5 GB, before the pair budget refused it)."""
+    info = _info([(0.0, 1.0)] * 20)
+    monkeypatch.setattr(smooth_queries, "MAX_EXPONENT_ENTRIES", 30 * 20)
+    pairs = [(2 * i, 2 * i + 1) for i in range(10)] + [(0, 2), (1, 3)]
+    query = {
+        "type": "polynomial",
+        "space": "original",
+        "terms": [{"coefficient": 1, "powers": {f"c{a}": 1, f"c{b}": 1}} for a, b in pairs],
+    }  # 1 + 20 + 12 = 33 monomials; the bound sees the 12 distinct leading ones
+    form = PolynomialForm.model_validate(query)
+    assert smooth_queries._monomials_at_least(form, smooth_queries._Columns(info)) == 12
+    built: list[int] = []
+    polynomial = smooth_queries.Polynomial
+
+    def building(**arrays: Any) -> Any:
+        built.append(len(arrays["coefficients"]))
+        return polynomial(**arrays)
+
+    monkeypatch.setattr(smooth_queries, "Polynomial", building)
+    with pytest.raises(InvalidRequest) as refused:
+        parse([query], info)
+    message = refused.value.message
+    assert message.startswith("these polynomials have at least ")
+    assert 30 < int(message.split()[5]) <= 33
+    assert built == []
+    # the same query within the budget: expanded in full, its 33 monomials exact
+    monkeypatch.setattr(smooth_queries, "MAX_EXPONENT_ENTRIES", 33 * 20)
+    (parsed,) = parse([query], info)
+    assert built == [33]
+    exponents, _ = _dense(form, info)
+    assert parsed.exponents.tolist() == exponents.tolist()
+    # and the pair budget stops it the same way
+    monkeypatch.setattr(smooth_queries, "MAX_CENTER_PAIRS", 30 * 30)
+    with pytest.raises(InvalidRequest, match=r"^these queries have at least"):
+        parse([query], info)
+    assert built == [33]

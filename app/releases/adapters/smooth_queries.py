@@ -299,8 +299,20 @@ def _check_width(sigma: NDArray[np.float64]) -> None:
         )
 
 
+class _OverBudget(Exception):
+    """:func:`_polynomial` stopped: the monomials so far (``count``, a lower bound on its
+    final number: rows are never dropped) already exceed the budget it was given."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.count = count
+
+
 def _polynomial(
-    form: PolynomialForm, info: DatasetInfo, columns: _Columns | None = None
+    form: PolynomialForm,
+    info: DatasetInfo,
+    columns: _Columns | None = None,
+    budget: int | None = None,
 ) -> Polynomial:
     """Expand ``sum_j a_j prod_i (a_i + b_i x'_i)^(p_ji)`` into monomials of ``x'``
     (refused before expanding when the terms would give more than :data:`MAX_MONOMIALS`:
@@ -309,7 +321,9 @@ def _polynomial(
     Monomials are keyed sparsely while expanding (their ``(column, power)`` pairs with a
     non-zero power, by column), so a monomial costs its own columns, not the table's
     ``d``; the dense ``(J, d)`` exponents are built once at the end, in the order the
-    monomials first appear (the order, values and summation order of a dense expansion)."""
+    monomials first appear (the order, values and summation order of a dense expansion).
+    With a ``budget``, :class:`_OverBudget` as soon as the monomials pass it (checked
+    after each term, before anything dense is built)."""
     columns = _Columns(info) if columns is None else columns
     if form.space == "original":
         size = sum(math.prod(p + 1 for p in term.powers.values()) for term in form.terms)
@@ -340,6 +354,8 @@ def _polynomial(
         for combination, value in zip(itertools.product(*choices), values, strict=True):
             key = tuple(sorted([*fixed, *(entry for entry in combination if entry[1])]))
             total[key] = total.get(key, 0.0) + value
+        if budget is not None and len(total) > budget:
+            raise _OverBudget(len(total))
     if not total:
         total = {(): 0.0}
     keys = list(total)
@@ -383,18 +399,18 @@ def _monomials_at_least(form: PolynomialForm, columns: _Columns) -> int:
     return max(1, largest, len(leading))
 
 
-def _too_many_exponents(monomials: int, d: int, exact: bool) -> InvalidRequest:
+def _too_many_exponents(monomials: int, d: int) -> InvalidRequest:
     return InvalidRequest(
-        f"these polynomials have {'' if exact else 'at least '}{monomials} monomials in "
+        f"these polynomials have at least {monomials} monomials in "
         f"normalised units over {d} columns, {monomials * d} exponents; at most "
         f"{MAX_EXPONENT_ENTRIES} per request: split the batch or use fewer terms, lower "
         "powers or fewer columns per term"
     )
 
 
-def _too_many_pairs(pairs: int, exact: bool) -> InvalidRequest:
+def _too_many_pairs(pairs: int) -> InvalidRequest:
     return InvalidRequest(
-        f"these queries have {'' if exact else 'at least '}{pairs} pairs of kernels (sum over "
+        f"these queries have at least {pairs} pairs of kernels (sum over "
         f"queries of centres^2 or monomials^2 in normalised units); at most {MAX_CENTER_PAIRS} "
         "per request: split the batch or use fewer centres, lower powers or fewer columns per "
         "term"
@@ -439,40 +455,50 @@ def parse(queries: Sequence[Mapping[str, Any]], info: DatasetInfo) -> list[Any]:
             f"{MAX_CENTER_PAIRS} per request: split the batch or use fewer centres"
         )
     # refused before any polynomial is expanded when a lower bound on its monomials
-    # already proves the batch over; then re-checked as each is expanded
+    # already proves the batch over; then each expansion stops as soon as it passes what
+    # the budgets leave it
     columns = _Columns(info)
     at_least = [
         _monomials_at_least(f, columns) if isinstance(f, PolynomialForm) else 0 for f in forms
     ]
     pairs += sum(m * m for m in at_least)
     if pairs > MAX_CENTER_PAIRS:
-        raise _too_many_pairs(pairs, exact=False)
+        raise _too_many_pairs(pairs)
     monomials = sum(at_least)
     if monomials * info.d > MAX_EXPONENT_ENTRIES:
-        raise _too_many_exponents(monomials, info.d, exact=False)
+        raise _too_many_exponents(monomials, info.d)
     out: list[Any] = []
     for position, form in enumerate(forms):
+        # the most monomials a polynomial may have with the others' counts as they stand
+        # (expanded, or their lower bounds): past it, refused mid-expansion
+        other_pairs = pairs - at_least[position] ** 2
+        other_monomials = monomials - at_least[position]
+        budget = min(
+            math.isqrt(MAX_CENTER_PAIRS - other_pairs),
+            MAX_EXPONENT_ENTRIES // info.d - other_monomials,
+        )
         try:
             if isinstance(form, GaussianMixtureForm):
                 out.append(_gaussian_mixture(form, info))
             elif isinstance(form, PolynomialForm):
-                out.append(_polynomial(form, info, columns))
+                out.append(_polynomial(form, info, columns, budget))
             else:
                 out.append(_product(form, info, columns))
+        except _OverBudget as over:  # the batch's budgets, not this query's own refusal
+            if other_pairs + over.count**2 > MAX_CENTER_PAIRS:
+                raise _too_many_pairs(other_pairs + over.count**2) from None
+            raise _too_many_exponents(other_monomials + over.count, info.d) from None
         except InvalidRequest as exc:
             raise InvalidRequest(f"queries.{position}: {exc.message}") from None
         except MechanismError as exc:
             raise InvalidRequest(f"queries.{position}: {exc}") from None
         if isinstance(form, PolynomialForm):
             # a polynomial's monomials are its kernels: they count against the same budget
+            # within both budgets (its expansion stops past them): its exact count replaces
+            # its lower bound for the next ones
             count = out[-1].exponents.shape[0]
             pairs += count**2 - at_least[position] ** 2
             monomials += count - at_least[position]
-            last = position == len(forms) - 1  # exact once the last query is expanded
-            if pairs > MAX_CENTER_PAIRS:
-                raise _too_many_pairs(pairs, exact=last)
-            if monomials * info.d > MAX_EXPONENT_ENTRIES:
-                raise _too_many_exponents(monomials, info.d, exact=last)
     return out
 
 
