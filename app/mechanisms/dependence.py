@@ -231,11 +231,7 @@ def measure(
         epsilon=epsilon,
         dimension=1,
     )
-    measurement = noise.NoisyVector(
-        step=STEP,
-        values=noise.sample(calibration, [clipped_mean(source, m)]),
-        calibration=calibration,
-    )
+    measurement = noise.release(calibration, [clipped_mean(source, m)], step=STEP)
     return CoSpread(
         measurement=measurement,
         d=d,

@@ -525,25 +525,12 @@ def gaussian_at_scale(
     )
 
 
-def release(
-    values: ArrayLike,
-    *,
-    step: str,
-    mechanism: str,
-    sensitivity: float,
-    epsilon: float,
-    delta: float = 0.0,
-) -> NoisyVector:
-    """Calibrate for one release of ``values`` and draw it: the usual one-shot measurement."""
-    vector = np.asarray(values, dtype=np.float64).ravel()
-    calibration = calibrate(
-        mechanism,
-        sensitivity=sensitivity,
-        epsilon=epsilon,
-        delta=delta,
-        dimension=int(vector.size),
-    )
-    return NoisyVector(step=step, values=sample(calibration, vector), calibration=calibration)
+def release(calibration: NoiseCalibration, values: ArrayLike, *, step: str) -> NoisyVector:
+    """One release of ``values`` (:func:`sample`) as the noisy vector of measurement step
+    ``step``. The calibration is made beforehand, from public values (:func:`calibrate`):
+    a measurement calibrates, then reads the rows, then releases, so that a budget no
+    scale fits fails before the data are touched."""
+    return NoisyVector(step=step, values=sample(calibration, values), calibration=calibration)
 
 
 # --- internals ---------------------------------------------------------------------------

@@ -396,11 +396,7 @@ def measure(
     calibrations = _calibrate_steps(plan)
     index_set = plan.index_set
     exact = basis.moments(_moment_source(source, plan), index_set)
-    released = noise.NoisyVector(
-        step="moments",
-        values=noise.sample(calibrations.moments, exact),
-        calibration=calibrations.moments,
-    )
+    released = noise.release(calibrations.moments, exact, step="moments")
     parts = [released.calibration.cost_part("moments")]
     pca_record = None
     centre = centre_noise = None

@@ -348,9 +348,8 @@ def test_noisy_moments_are_centred_on_the_exact_moments() -> None:
     index_set = total_degree(3, 500)
     exact = moments(X, index_set)
     s = noise.moment_sensitivity(200, 500)
-    released = noise.release(
-        exact, step="moments", mechanism="laplace", sensitivity=s["l1"], epsilon=50.0
-    )
+    calibration = noise.calibrate("laplace", sensitivity=s["l1"], epsilon=50.0, dimension=500)
+    released = noise.release(calibration, exact, step="moments")
     errors = released.values - exact
     stddev = released.calibration.stddev
     assert abs(errors.mean()) < 6 * stddev / math.sqrt(500)
@@ -360,14 +359,10 @@ def test_noisy_moments_are_centred_on_the_exact_moments() -> None:
 
 
 def test_noisy_vector_round_trips_through_json() -> None:
-    released = noise.release(
-        np.array([0.1, -0.2, 0.3]),
-        step="moments",
-        mechanism="gaussian",
-        sensitivity=0.01,
-        epsilon=1.0,
-        delta=1e-9,
+    calibration = noise.calibrate(
+        "gaussian", sensitivity=0.01, epsilon=1.0, delta=1e-9, dimension=3
     )
+    released = noise.release(calibration, np.array([0.1, -0.2, 0.3]), step="moments")
     back = noise.NoisyVector.from_dict(json.loads(json.dumps(released.to_dict())))
     np.testing.assert_array_equal(back.values, released.values)
     assert back.calibration == released.calibration
