@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -503,6 +504,140 @@ def test_0010_adds_the_page_order_indexes_and_its_downgrade_drops_them(
     migrations.downgrade(url, "0009")
     assert _indexes(url) == before
     assert set(_release_column(url, "mechanism")) == {release}
+
+
+def _measurements_at(url: str, payloads: dict[uuid.UUID, dict[str, Any]]) -> None:
+    """One stored measurement per release of ``payloads`` (core inserts)."""
+    from sqlalchemy import MetaData
+
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        table = meta.tables["release_measurements"]
+        with engine.begin() as connection:
+            for release_id, payload in payloads.items():
+                connection.execute(
+                    table.insert().values(
+                        release_id=release_id.hex, payload=payload, created_at=datetime.now(UTC)
+                    )
+                )
+    finally:
+        engine.dispose()
+
+
+def _measurement_payloads(url: str) -> dict[uuid.UUID, Any]:
+    from sqlalchemy import MetaData, select
+
+    engine = make_engine(url)
+    try:
+        meta = MetaData()
+        meta.reflect(engine)
+        table = meta.tables["release_measurements"]
+        with engine.connect() as connection:
+            rows = connection.execute(select(table.c.release_id, table.c.payload)).all()
+    finally:
+        engine.dispose()
+    return {uuid.UUID(str(row[0])): row[1] for row in rows}
+
+
+def _measurement_update_refusal(url: str) -> str:
+    """The error of an UPDATE of every stored measurement ("" if none: 0002's append-only
+    trigger is gone)."""
+    import sqlalchemy as sa
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text("UPDATE release_measurements SET payload = payload"))
+    except sa.exc.DBAPIError as exc:
+        return str(exc)
+    finally:
+        engine.dispose()
+    return ""
+
+
+def test_0011_scrubs_the_alpha_of_compressed_releases_with_the_data_as_reference(
+    empty_database: str,
+) -> None:
+    """With the data as reference, alpha (two eigenvalues of the data's covariance) was
+    stored in the measurement record and, before 0a3d900, reported in ``resolved``. 0011
+    nulls both and leaves a declared reference's alpha, other mechanisms and the matrix
+    alone; the append-only trigger refuses updates again afterwards. Its downgrade stores
+    infinity, which the code before f6cff34 reads as a float and today's code ignores."""
+    from app.mechanisms.compressed import GUARANTEE, CompressedRelease
+    from app.releases.adapters.compressed import DATA_REFERENCE_NOTE
+    from app.releases.payloads import pack, unpack
+
+    url = empty_database
+    data, declared, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    reported = {"m": 8, "alpha": 12.5, "alpha_pairwise": 25.0, "alpha_note": None}
+    _releases_at(
+        url,
+        "0010",
+        {
+            data: {
+                "mechanism": "compressed",
+                "params": {},
+                "resolved": reported | {"reference": "data"},
+            },
+            declared: {
+                "mechanism": "compressed",
+                "params": {},
+                "resolved": reported | {"reference": "declared"},
+            },
+            other: {"mechanism": "smooth_synopsis", "params": {}, "resolved": {"alpha": 0.5}},
+        },
+    )
+    record = {
+        "mechanism": "compressed",
+        "guarantee": GUARANTEE,
+        "n": 100,
+        "delta_max": 0.5,
+        "alpha": 12.5,
+        "alpha_pairwise": 25.0,
+        "matrix": pack(np.arange(8.0).reshape(4, 2)),
+        "privacy_cost": {"epsilon": 0.0, "delta": 0.0},
+    }
+    _measurements_at(
+        url,
+        {
+            data: record | {"reference_kind": "data"},
+            declared: record | {"reference_kind": "declared"},
+            other: {"alpha": 0.5, "reference_kind": "data"},
+        },
+    )
+    before = _measurement_payloads(url)
+    migrations.upgrade(url, "0011")
+    after = _measurement_payloads(url)
+    assert after[data] == before[data] | {"alpha": None, "alpha_pairwise": None}
+    assert after[declared] == before[declared]
+    assert after[other] == before[other]
+    resolved = _release_column(url, "resolved")
+    assert resolved[data] == {
+        "m": 8,
+        "alpha": None,
+        "alpha_pairwise": None,
+        "alpha_note": DATA_REFERENCE_NOTE,
+        "reference": "data",
+    }
+    assert resolved[declared]["alpha"] == 12.5
+    assert resolved[other] == {"alpha": 0.5}
+    assert "append-only" in _measurement_update_refusal(url)
+    loaded = CompressedRelease.from_dict(unpack(after[data]))
+    assert loaded.alpha is None
+    assert np.array_equal(loaded.matrix, np.arange(8.0).reshape(4, 2))
+
+    migrations.downgrade(url, "0010")
+    back = _measurement_payloads(url)
+    assert float(unpack(back[data])["alpha"]) == float("inf")  # as the code before f6cff34
+    assert unpack(back[data])["alpha_pairwise"] == float("inf")
+    assert back[declared] == before[declared]
+    assert CompressedRelease.from_dict(unpack(back[data])).alpha is None
+    assert _release_column(url, "resolved")[data]["alpha"] is None
+    assert "append-only" in _measurement_update_refusal(url)
+    migrations.upgrade(url, "0011")
+    assert _measurement_payloads(url)[data]["alpha"] is None
 
 
 def _head_with_a_release(url: str, ledger_kinds: list[str], measured: bool) -> None:

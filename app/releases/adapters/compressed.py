@@ -7,8 +7,9 @@ epsilon, and is recorded in the ledger as ``non_dp``. Without a declared ``refer
 covariance the truncation region depends on the data (see :mod:`app.mechanisms.compressed`)
 and ``alpha`` would be computed from two eigenvalues of the data's own covariance, an exact
 statistic: it is then neither computed, stored nor reported (``alpha: null`` with
-:data:`DATA_REFERENCE_NOTE`). Releases recorded before this rule keep the alpha they
-reported.
+:data:`DATA_REFERENCE_NOTE`). Migration 0011 removed it from the records and responses of
+releases measured before this rule; a ``release.json`` they wrote keeps it until they are
+re-synthesised.
 """
 
 from __future__ import annotations
