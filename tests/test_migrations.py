@@ -96,17 +96,19 @@ def _releases_at(url: str, revision: str, releases: dict[uuid.UUID, dict[str, An
         engine.dispose()
 
 
-def _release_column(url: str, column: str) -> dict[uuid.UUID, Any]:
-    """``releases.column`` by release id (reflected, as :func:`_scalar`)."""
+def _release_column(
+    url: str, column: str, table: str = "releases", key: str = "id"
+) -> dict[uuid.UUID, Any]:
+    """``table.column`` by release id (``table.key``; reflected, as :func:`_scalar`)."""
     from sqlalchemy import MetaData, select
 
     engine = make_engine(url)
     try:
         meta = MetaData()
         meta.reflect(engine)
-        table = meta.tables["releases"]
+        reflected = meta.tables[table]
         with engine.connect() as connection:
-            rows = connection.execute(select(table.c.id, table.c[column])).all()
+            rows = connection.execute(select(reflected.c[key], reflected.c[column])).all()
     finally:
         engine.dispose()
     return {uuid.UUID(str(row[0])): row[1] for row in rows}
@@ -527,18 +529,7 @@ def _measurements_at(url: str, payloads: dict[uuid.UUID, dict[str, Any]]) -> Non
 
 
 def _measurement_payloads(url: str) -> dict[uuid.UUID, Any]:
-    from sqlalchemy import MetaData, select
-
-    engine = make_engine(url)
-    try:
-        meta = MetaData()
-        meta.reflect(engine)
-        table = meta.tables["release_measurements"]
-        with engine.connect() as connection:
-            rows = connection.execute(select(table.c.release_id, table.c.payload)).all()
-    finally:
-        engine.dispose()
-    return {uuid.UUID(str(row[0])): row[1] for row in rows}
+    return _release_column(url, "payload", "release_measurements", "release_id")
 
 
 def _measurement_update_refusal(url: str) -> str:
