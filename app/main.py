@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
@@ -18,7 +20,14 @@ from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddle
 from app import __version__
 from app.answers.endpoints import router as answers_router
 from app.config import Settings, load_settings
-from app.core.errors import ErrorBarrier, install_error_handlers, install_error_schema
+from app.core.deps import key_authenticates
+from app.core.errors import (
+    ErrorBarrier,
+    Unauthorized,
+    install_error_handlers,
+    install_error_schema,
+)
+from app.core.security import INVALID_KEY, MISSING_KEY
 from app.core.services import Services, set_current
 from app.datasets.endpoints import router as datasets_router
 from app.datasets.schemas import UPLOAD_DECLARATIONS
@@ -67,18 +76,46 @@ def withhold_multipart_detail() -> None:
 UPLOAD_PATH = "/v1/datasets"
 
 
+#: A JSON body larger than this is read only from a caller with an active API key.
+UNAUTHENTICATED_BODY_BYTES = 64 << 10
+
+
 class BodyLimit:
     """Refuse request bodies over their route's limit with 413: ``upload_limit`` for the
     dataset upload (``POST /v1/datasets``, also counted as it streams, see
     :mod:`app.datasets.upload`), ``json_limit`` for every other request. The limit is
     checked on Content-Length up front and, for the JSON routes, on the bytes actually
     received (a chunked body has no Content-Length): such a body is read into memory up to
-    the limit and handed to the route only when it fits."""
+    the limit and handed to the route only when it fits.
 
-    def __init__(self, app: ASGIApp, upload_limit: int, json_limit: int) -> None:
+    FastAPI reads and parses a route's JSON body before it resolves the route's
+    dependencies, the caller's key among them; and ``json_limit`` is large (answers
+    batches of 10^4 queries run to tens of MB). So a body larger than
+    :data:`UNAUTHENTICATED_BODY_BYTES` (by Content-Length, or once that many bytes have
+    arrived) is read further only if ``authenticate`` (run in the threadpool) accepts the
+    request's bearer key: otherwise 401, as the route would answer. Every route that takes
+    a body needs a key; the upload checks its key before it reads (:mod:`app.datasets.upload`)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        upload_limit: int,
+        json_limit: int,
+        authenticate: Callable[[str], bool],
+    ) -> None:
         self.app = app
         self.upload_limit = upload_limit
         self.json_limit = json_limit
+        self.authenticate = authenticate
+
+    async def _unauthenticated(self, scope: Scope) -> str | None:
+        """Why the request's key is refused (:data:`MISSING_KEY`, :data:`INVALID_KEY`), or
+        None if it is an active key."""
+        header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
+        scheme, secret = get_authorization_scheme_param(header.decode("latin-1"))
+        if scheme.lower() != "bearer" or not secret:
+            return MISSING_KEY
+        return None if await run_in_threadpool(self.authenticate, secret) else INVALID_KEY
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:
@@ -93,6 +130,19 @@ class BodyLimit:
         )
         await response(scope, receive, send)
 
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Whether a large body may be read; if not, the 401 has been sent."""
+        refusal = await self._unauthenticated(scope)
+        if refusal is None:
+            return True
+        response = JSONResponse(
+            Unauthorized(refusal).body(),
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+        return False
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -105,12 +155,18 @@ class BodyLimit:
             if upload
             else (self.json_limit, "CURATOR_MAX_JSON_BYTES")
         )
+        declared = 0
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await self._refuse(scope, receive, send, limit, setting)
-                return
+            if name == b"content-length" and value.isdigit():
+                declared = int(value)
+        if declared > limit:
+            await self._refuse(scope, receive, send, limit, setting)
+            return
         if upload:
             await self.app(scope, receive, send)
+            return
+        checked = declared > UNAUTHENTICATED_BODY_BYTES
+        if checked and not await self._admitted(scope, receive, send):
             return
         messages: list[Message] = []
         size = 0
@@ -123,6 +179,10 @@ class BodyLimit:
             if size > limit:
                 await self._refuse(scope, receive, send, limit, setting)
                 return
+            if size > UNAUTHENTICATED_BODY_BYTES and not checked:
+                checked = True
+                if not await self._admitted(scope, receive, send):
+                    return
             if not message.get("more_body", False):
                 break
         pending = iter(messages)
@@ -246,6 +306,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
         BodyLimit,
         upload_limit=settings.max_upload_bytes + (8 << 20),
         json_limit=settings.max_json_bytes,
+        authenticate=functools.partial(key_authenticates, services),
     )
     app.add_middleware(
         GZipMiddleware,

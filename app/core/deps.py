@@ -7,14 +7,13 @@ from typing import Annotated, Concatenate, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import Forbidden, Unauthorized
-from app.core.security import ensure_key_active, hash_api_key
+from app.core.security import INVALID_KEY, MISSING_KEY, active_key, ensure_key_active
 from app.core.services import Services
 from app.core.threads import ThreadLimit
-from app.models import ApiKey, User
+from app.models import User
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -123,16 +122,22 @@ def current_user(
     The key's id is kept on ``request.state.api_key_id``
     (:func:`app.core.security.ensure_key_active`)."""
     if credentials is None or not credentials.credentials:
-        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        raise Unauthorized(MISSING_KEY)
     with services.db.transaction(read_only=True) as session:
-        key = session.scalars(
-            select(ApiKey).where(ApiKey.key_hash == hash_api_key(credentials.credentials))
-        ).one_or_none()
-        user = session.get(User, key.user_id) if key is not None else None
-        if key is None or key.revoked_at is not None or user is None:
-            raise Unauthorized("invalid or revoked API key")
+        found = active_key(session, credentials.credentials)
+        if found is None:
+            raise Unauthorized(INVALID_KEY)
+        key, user = found
         request.state.api_key_id = key.id
         return user
+
+
+def key_authenticates(services: Services, secret: str) -> bool:
+    """Whether ``secret`` is an active API key (as :func:`current_user` decides), in a
+    short read-only transaction: the check a large request body waits for before it is
+    read (:class:`app.main.BodyLimit`)."""
+    with services.db.transaction(read_only=True) as session:
+        return active_key(session, secret) is not None
 
 
 CurrentUser = Annotated[User, Depends(current_user)]

@@ -11,14 +11,19 @@ import hashlib
 import secrets
 import uuid
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import Unauthorized
-from app.models import ApiKey
+from app.models import ApiKey, User
 
 KEY_PREFIX = "cur_"
 KEY_BYTES = 32
 DISPLAY_PREFIX_CHARS = 12
+
+#: The 401 messages of a request without a key and of one with an unknown or revoked key.
+MISSING_KEY = "missing API key: send 'Authorization: Bearer <key>'"
+INVALID_KEY = "invalid or revoked API key"
 
 
 def generate_api_key() -> str:
@@ -33,6 +38,17 @@ def display_prefix(key: str) -> str:
     return key[:DISPLAY_PREFIX_CHARS]
 
 
+def active_key(session: Session, secret: str) -> tuple[ApiKey, User] | None:
+    """The key ``secret`` and its user, or None if no such key exists or it is revoked."""
+    key = session.scalars(
+        select(ApiKey).where(ApiKey.key_hash == hash_api_key(secret))
+    ).one_or_none()
+    user = session.get(User, key.user_id) if key is not None else None
+    if key is None or key.revoked_at is not None or user is None:
+        return None
+    return key, user
+
+
 def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     """Check again, in the request's own transaction, that the key it was authenticated
     with (``request.state.api_key_id``) has not been revoked since: every write transaction
@@ -41,4 +57,4 @@ def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     must not be committed on a key revoked meanwhile."""
     key = session.get(ApiKey, key_id)
     if key is None or key.revoked_at is not None:
-        raise Unauthorized("invalid or revoked API key")
+        raise Unauthorized(INVALID_KEY)
