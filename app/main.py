@@ -193,6 +193,41 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+#: Headers every response carries (unless it set its own): no content-type sniffing
+#: (``nosniff``: a downloaded CSV or JSON is never run as a script or page).
+SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"),)
+#: What the API's own responses (``/v1``) carry unless they set it: a new API key, rows of
+#: synthetic data and budgets are not for a shared or browser cache to keep.
+API_CACHE_CONTROL = (b"cache-control", b"no-store")
+
+
+class SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every HTTP response and :data:`API_CACHE_CONTROL` to
+    those under ``/v1`` (also under a proxy's path prefix), leaving a header the response
+    set itself as it is. Added outermost, so the generic 500 gets them too."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        extra = list(SECURITY_HEADERS)
+        if "/v1/" in f"{scope.get('path', '')}/":
+            extra.append(API_CACHE_CONTROL)
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers.extend((name, value) for name, value in extra if name not in present)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
 def operation_id(route: APIRoute) -> str:
     """A route's OpenAPI ``operationId``: its function's name (``create_release``), which
     generated clients name their methods after; FastAPI's default appends the path and
@@ -314,5 +349,6 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
         compresslevel=GZIP_LEVEL,
         exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, *GZIP_EXCLUDED),
     )
-    app.add_middleware(ErrorBarrier)  # last added, so outermost
+    app.add_middleware(ErrorBarrier)
+    app.add_middleware(SecurityHeaders)  # last added, so outermost
     return app

@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 import numpy as np
 import pytest
+from fastapi import Response
 from fastapi.testclient import TestClient
 
 from app.answers.schemas import AnswerRequest
@@ -440,6 +441,43 @@ def test_unhandled_errors_are_answered_and_logged_without_their_message(
     assert secret not in response.text
     assert "unhandled ValueError on GET /boom" in caplog.text
     assert secret not in caplog.text
+
+
+def test_responses_carry_nosniff_and_api_responses_no_store(
+    client: TestClient, admin: Caller
+) -> None:
+    """Every response says nosniff; the API's (``/v1``, also under a proxy's prefix, its
+    errors and the generic 500 included) say no-store, as a new key is in one; a response
+    that sets its own Cache-Control keeps it (security audit)."""
+
+    def boom() -> None:
+        raise ValueError("x")
+
+    def cached() -> Response:
+        return Response("x", headers={"Cache-Control": "max-age=60"})
+
+    client.app.add_api_route("/v1/boom", boom)  # type: ignore[attr-defined]
+    client.app.add_api_route("/v1/cached", cached)  # type: ignore[attr-defined]
+    created = client.post("/v1/users", headers=admin.headers, json={"name": "n", "role": "analyst"})
+    assert created.status_code == 201
+    assert "api_key" in created.json()
+    responses = {
+        "created": created,
+        "me": client.get("/v1/users/me", headers=admin.headers),
+        "401": client.get("/v1/users/me"),
+        "404 under a prefix": client.get("/curator/v1/users/me"),
+        "500": client.get("/v1/boom"),
+    }
+    for name, response in responses.items():
+        assert response.headers["x-content-type-options"] == "nosniff", name
+        assert response.headers["cache-control"] == "no-store", name
+    for path in ("/healthz", "/docs", "/openapi.json", "/v1x"):
+        response = client.get(path)
+        assert response.headers["x-content-type-options"] == "nosniff", path
+        assert "no-store" not in response.headers.get("cache-control", ""), path
+    own = client.get("/v1/cached")
+    assert own.headers["cache-control"] == "max-age=60"
+    assert own.headers["x-content-type-options"] == "nosniff"
 
 
 def test_keys_and_sql_parameters_stay_out_of_messages(client: TestClient) -> None:
