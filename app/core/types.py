@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ValidatorFunctionWrapHandler
@@ -35,3 +36,33 @@ def validated_as_declared(value: Any, handler: ValidatorFunctionWrapHandler) -> 
     its declared type and the OpenAPI schema shows ``T`` (a schema only: e.g. any JSON
     object, checked later by the release type, shown as that type's models)."""
     return handler(value)
+
+
+#: The Unicode categories a name or declared label may not hold: control characters (Cc:
+#: C0, DEL and C1, so NUL, which PostgreSQL text cannot store, and the CR and LF of a
+#: header or log line), format characters (Cf: bidirectional overrides, zero-width spaces,
+#: a byte-order mark), and the line and paragraph separators (Zl, Zp).
+CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+#: Format characters that ordinary text needs: the zero-width non-joiner and joiner
+#: (Persian, Indic scripts, emoji sequences).
+_JOINERS = frozenset({"\u200c", "\u200d"})
+
+
+def control_character_error(text: str) -> str | None:
+    """Why ``text`` cannot be a name or a declared label (the first control character it
+    holds, by code point and position, never the character itself), or None."""
+    for position, char in enumerate(text, start=1):
+        if unicodedata.category(char) in CONTROL_CATEGORIES and char not in _JOINERS:
+            return (
+                f"holds a control character (U+{ord(char):04X}, at character {position}); "
+                "control, format and line or paragraph separator characters are not allowed"
+            )
+    return None
+
+
+def no_control_characters(text: str) -> str:
+    """An ``AfterValidator``: ``text`` unless it holds a control character."""
+    problem = control_character_error(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return text

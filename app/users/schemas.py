@@ -6,16 +6,17 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
+from app.core.types import no_control_characters
 from app.models import Role
 
-#: No control characters (NUL cannot be stored in PostgreSQL text; escapes reach terminals).
+#: No control characters (NUL cannot be stored in PostgreSQL text; escapes reach terminals):
+#: the rule of every name and declared label (``app.core.types.control_character_error``).
 Name = Annotated[
     str,
-    StringConstraints(
-        strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$"
-    ),
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    AfterValidator(no_control_characters),
 ]
 
 

@@ -145,17 +145,19 @@ def test_audit_cursor_and_user_names_are_bounded(client: TestClient, admin: Call
         client.get("/v1/audit?before_id=9223372036854775808", headers=admin.headers).status_code
         == 422
     )
-    for name in ("bad\x00name", "\x1b[31mred"):
+    # C0 and C1 controls, a bidirectional override, a line separator (app.core.types)
+    for name in ("bad\x00name", "\x1b[31mred", "a\x85b", "\u202eevil", "a\u2028b"):
         response = client.post(
             "/v1/users", headers=admin.headers, json={"name": name, "role": "analyst"}
         )
         assert response.status_code == 422, response.text
-    assert (
-        client.post(
-            "/v1/users", headers=admin.headers, json={"name": "Zoë O'Neil", "role": "analyst"}
-        ).status_code
-        == 201
-    )
+        assert "holds a control character (U+" in response.text
+    # joiners are part of ordinary text (here an emoji sequence)
+    for name in ("Zoë O'Neil", "Ada \U0001f469\u200d\U0001f4bb"):
+        response = client.post(
+            "/v1/users", headers=admin.headers, json={"name": name, "role": "analyst"}
+        )
+        assert response.status_code == 201, response.text
 
 
 def test_privacy_parameters_are_json_numbers(client: TestClient, curator: Caller) -> None:
