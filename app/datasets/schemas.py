@@ -8,6 +8,7 @@ it; error messages about the *file* never quote a cell.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import unicodedata
 import uuid
@@ -16,6 +17,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -24,8 +26,11 @@ from pydantic import (
     model_validator,
 )
 
-from app.core.types import integral_number
+from app.core.types import control_character_error, integral_number, no_control_characters
 
+#: Column names and categories have no character rule of their own: these types also read
+#: the declarations stored before there was one (``DatasetOut``, the columns a release
+#: reads). A new declaration's are checked by :func:`declared_text_error`.
 ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Category = Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
 
@@ -39,6 +44,32 @@ MAX_BOUND_WIDTH = sys.float_info.max / 2
 #: 1e-12 (app.ledger.units), its largest total 1e6.
 MIN_EPSILON_TOTAL = 1e-12
 MAX_EPSILON_TOTAL = 1e6
+
+
+#: The first characters on which a spreadsheet reads a cell as a formula (OWASP, "CSV
+#: injection"; its tab and carriage return are control characters, refused anyway).
+FORMULA_TRIGGERS = ("=", "+", "-", "@")
+#: A plain decimal number (sign, digits, a point, an exponent): a spreadsheet reads one that
+#: starts with a sign as a number, not as a formula.
+_PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def declared_text_error(text: str) -> str | None:
+    """Why ``text`` cannot be a new declaration's column name or category, or None. Both
+    are written as they are into the synthetic CSV (its header, a categorical column's
+    cells), which analysts open in spreadsheets: no control characters (the text is then
+    never quoted back), and no formula trigger first unless the text is a plain number."""
+    problem = control_character_error(text)
+    if problem is not None:
+        return problem
+    if text.startswith(FORMULA_TRIGGERS) and _PLAIN_NUMBER.fullmatch(text) is None:
+        return (
+            f"{text!r} starts with {text[0]!r}: a spreadsheet opening the synthetic CSV would "
+            f"run it as a formula; a column name or category may start with "
+            f"{', '.join(FORMULA_TRIGGERS[:-1])} or {FORMULA_TRIGGERS[-1]} only if it is a "
+            "plain number, such as -1 or +2.5"
+        )
+    return None
 
 
 def _epsilon_total_error(epsilon: float) -> str | None:
@@ -148,7 +179,13 @@ class BudgetIn(BaseModel):
         return self
 
 
-DatasetName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+#: A new declaration's name (``DatasetOut`` reads stored names as plain text: a dataset
+#: named before the rule on control characters is still shown).
+DatasetName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    AfterValidator(no_control_characters),
+]
 
 
 class DatasetDeclaration(BaseModel):
@@ -204,6 +241,23 @@ class DatasetDeclaration(BaseModel):
                             f"column {column.name!r}: category {label!r} has leading or "
                             "trailing whitespace; cells are compared without it, so no cell "
                             "could match it"
+                        )
+        return self
+
+    @model_validator(mode="after")
+    def _spreadsheet_safe_text(self) -> DatasetDeclaration:
+        # On the declaration only, as above: datasets declared before keep their names and
+        # categories (README). After _unique_names: categories are checked in NFC, as stored.
+        for i, column in enumerate(self.columns):
+            problem = declared_text_error(column.name)
+            if problem is not None:
+                raise ValueError(f"columns.{i}.name: {problem}")
+            if isinstance(column, CategoricalColumn):
+                for k, category in enumerate(column.categories):
+                    problem = None if isinstance(category, int) else declared_text_error(category)
+                    if problem is not None:
+                        raise ValueError(
+                            f"columns.{i}.categories.{k} (column {column.name!r}): {problem}"
                         )
         return self
 
