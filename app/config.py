@@ -7,7 +7,8 @@
 - ``CURATOR_REDIS_URL`` (default unset): Redis for the job queue; unset means a SQLite
   queue in DATA_DIR.
 - ``CURATOR_DATA_KEY`` (default: generated once into ``<DATA_DIR>/data.key``, mode 0600):
-  the Fernet key that protects raw files at rest.
+  the Fernet key that protects raw files at rest; the key that signs the queue's messages
+  is derived from it (:class:`app.worker.queue.AuthenticatedSerializer`).
 - ``CURATOR_PREVIOUS_DATA_KEYS`` (default unset): comma-separated Fernet keys that still
   open files written under an earlier ``CURATOR_DATA_KEY``, until ``curator
   rotate-data-key`` has re-encrypted them.

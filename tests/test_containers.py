@@ -31,6 +31,23 @@ def test_compose_has_the_services_and_their_order() -> None:
     assert env["CURATOR_DATA_KEY"].startswith("${CURATOR_DATA_KEY:?")  # required, shared by all
 
 
+def test_compose_redis_requires_a_password_the_services_use() -> None:
+    """The queue's messages are signed (a forged job is dropped unread), but whoever
+    reaches Redis could still drop or flood jobs: it has a required password, its health
+    check authenticates, the API and the workers connect with it, and it publishes no port."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    redis = compose["services"]["redis"]
+    command = redis["command"]
+    password = command[command.index("--requirepass") + 1]
+    assert password.startswith("${REDIS_PASSWORD:?")  # required, no default
+    assert redis["environment"]["REDISCLI_AUTH"] == password
+    assert "PONG" in redis["healthcheck"]["test"][-1]  # NOAUTH is not healthy
+    assert "ports" not in redis
+    for name in ("api", "worker", "migrate"):
+        url = compose["services"][name]["environment"]["CURATOR_REDIS_URL"]
+        assert url == f"redis://:{password}@redis:6379/0"
+
+
 def test_dockerfile_is_multistage_nonroot_with_healthcheck() -> None:
     text = (ROOT / "docker" / "Dockerfile").read_text()
     assert text.count("\nFROM ") + text.startswith("FROM ") >= 2

@@ -29,7 +29,7 @@ class Services:
             settings=settings,
             db=Database(settings.resolved_database_url),
             data_key=key,
-            queue=Queue(settings),
+            queue=Queue(settings, key),
         )
 
     def close(self) -> None:

@@ -3,13 +3,23 @@
 Tasks are plain functions registered by name with :func:`task` in the domain packages'
 ``tasks.py`` (listed in ``TASK_MODULES``); a :class:`Queue` binds them to its Huey
 instance. Jobs carry ids only; a task re-reads its rows in its own transaction.
+
+Huey pickles its messages, and unpickling runs code the bytes name: whoever can write to
+the queue's storage (the Redis list ``huey.redis.<name>``, the SQLite ``queue.db``) would
+run code in every worker. So every message is authenticated before it is unpickled
+(:class:`AuthenticatedSerializer`), with a key derived from the data key that the API and
+the workers share already.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
+import hmac
 import importlib
 import logging
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +27,11 @@ from typing import Any
 from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
 from huey.consumer import Consumer
+from huey.serializer import Serializer
 
 from app.config import Settings
 from app.core.errors import frames_only
+from app.storage.tables import KEY_RING_SEPARATOR
 
 log = logging.getLogger("curator.worker")
 
@@ -71,6 +83,73 @@ def task(
     return register
 
 
+#: What the queue's signing keys are derived from, under each Fernet key of the data key ring.
+SIGNING_LABEL = b"curator queue signing v1"
+#: Length of a message's tag (HMAC-SHA256), which precedes the pickle.
+TAG_BYTES = hashlib.sha256().digest_size
+
+
+class UnauthenticatedMessage(ValueError):
+    """A queue message whose tag no signing key verifies. Its message never quotes the
+    message's bytes."""
+
+
+def signing_keys(data_key: bytes) -> list[bytes]:
+    """The queue's signing keys of a data key ring (:func:`app.storage.tables.key_ring`),
+    in its order: HMAC-SHA256 of :data:`SIGNING_LABEL` under each Fernet key's bytes."""
+    return [
+        hmac.new(base64.urlsafe_b64decode(key), SIGNING_LABEL, hashlib.sha256).digest()
+        for key in data_key.split(KEY_RING_SEPARATOR)
+    ]
+
+
+class AuthenticatedSerializer(Serializer):  # type: ignore[misc]
+    """Huey's pickle serializer with every message prefixed by an HMAC-SHA256 tag of the
+    pickle, made with the signing key of the current data key and verified (in constant
+    time) against those of the current and the previous keys (``CURATOR_PREVIOUS_DATA_KEYS``)
+    *before* anything is unpickled: a message queued before a data-key rotation is still
+    taken, and a forged one (unsigned, or signed with another key) is never unpickled.
+
+    A message that fails verification makes :meth:`deserialize` log a warning (its length
+    only, never its bytes) and raise :class:`UnauthenticatedMessage`, whose text is fixed.
+    Huey has removed the message from its storage by then: its consumer logs "Error
+    reading from queue" with that exception and drops the message (the scheduler's reader
+    likewise logs "Unable to deserialize task." and drops it). A genuine job lost so
+    (one queued before this check existed, or under a key no longer configured) carried a
+    release id only: the release still holds its lease (``lease_owner`` ``queued`` until
+    ``lease_expires_at``), and when that expires the sweeper
+    (:func:`app.releases.stages.sweep`) enqueues it again, signed."""
+
+    def __init__(self, data_key: bytes) -> None:
+        super().__init__()
+        keys = signing_keys(data_key)
+        self._signing_key = keys[0]
+        self._verifying_keys = tuple(keys)
+
+    def _tag(self, key: bytes, body: bytes) -> bytes:
+        return hmac.new(key, body, hashlib.sha256).digest()
+
+    def _serialize(self, data: Any) -> bytes:
+        body = pickle.dumps(data, self.pickle_protocol)
+        return self._tag(self._signing_key, body) + body
+
+    def _deserialize(self, data: bytes) -> Any:
+        data = bytes(data)
+        tag, body = data[:TAG_BYTES], data[TAG_BYTES:]
+        verified = False
+        for key in self._verifying_keys:
+            verified |= hmac.compare_digest(tag, self._tag(key, body))
+        if not verified:
+            log.warning(
+                "dropped a queue message of %d bytes that failed authentication (forged, "
+                "or signed under a data key no longer configured); a release it named is "
+                "re-enqueued by the sweeper when its lease expires",
+                len(data),
+            )
+            raise UnauthenticatedMessage("queue message failed authentication; not unpickled")
+        return pickle.loads(body)  # noqa: S301 - the tag above authenticates it
+
+
 #: How long a standalone worker told to stop (SIGTERM) lets its running stages finish.
 SHUTDOWN_SECONDS = 30
 
@@ -84,15 +163,24 @@ class _EmbeddedConsumer(Consumer):  # type: ignore[misc]
 
 
 class Queue:
-    def __init__(self, settings: Settings) -> None:
+    """The queue of ``settings``; its messages are authenticated with keys derived from
+    ``data_key``, the data key ring (:class:`AuthenticatedSerializer`)."""
+
+    def __init__(self, settings: Settings, data_key: bytes) -> None:
         self.backend = "redis" if settings.redis_url else "sqlite"
         self.huey: Huey
+        serializer = AuthenticatedSerializer(data_key)
         if settings.redis_url:
-            self.huey = RedisHuey(settings.queue_name, url=settings.redis_url, results=False)
+            self.huey = RedisHuey(
+                settings.queue_name, url=settings.redis_url, results=False, serializer=serializer
+            )
         else:
             settings.queue_path.parent.mkdir(parents=True, exist_ok=True)
             self.huey = SqliteHuey(
-                settings.queue_name, filename=str(settings.queue_path), results=False
+                settings.queue_name,
+                filename=str(settings.queue_path),
+                results=False,
+                serializer=serializer,
             )
         for module in TASK_MODULES:
             importlib.import_module(module)

@@ -1,17 +1,37 @@
-"""The job queue: a registered task runs on a consumer, on SQLite and on Redis."""
+"""The job queue: a registered task runs on a consumer, on SQLite and on Redis; a message
+that is not signed with the data key is never unpickled."""
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import sqlite3
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
+from fastapi.testclient import TestClient
+from sqlalchemy import update
 
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means, the default
 from app.config import Settings
+from app.models import Release
+from app.releases.stages import sweep
+from app.storage.tables import key_ring
 from app.worker import queue as queue_module
-from app.worker.queue import Queue, TaskFailed, guarded
+from app.worker.queue import (
+    AuthenticatedSerializer,
+    Queue,
+    TaskFailed,
+    UnauthenticatedMessage,
+    guarded,
+)
+from tests.conftest import Caller
+from tests.releases.helpers import dataset, request_release, run_all, services_of
 
 _seen: dict[str, threading.Event] = {}
 
@@ -22,12 +42,49 @@ def _mark(token: str) -> None:
 
 
 @pytest.fixture(params=["sqlite", "redis"])
-def queue(request: pytest.FixtureRequest, tmp_path: Path) -> Queue:
+def queue_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
     redis_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
-    settings = Settings(
+    return Settings(
         data_dir=tmp_path, redis_url=redis_url, queue_name=f"test-{uuid.uuid4().hex[:10]}"
     )
-    return Queue(settings)
+
+
+@pytest.fixture
+def queue(queue_settings: Settings) -> Queue:
+    return Queue(queue_settings, key_ring(Fernet.generate_key()))
+
+
+class _Planted:
+    """What an attacker with write access to the queue's storage pushes: unpickling it
+    runs ``os.mkdir(marker)``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def _push_raw(queue: Queue, data: bytes) -> None:
+    """Write ``data`` straight into the queue's storage, as an attacker would: the Redis
+    list ``huey.redis.<name>``, or a row of ``queue.db``'s ``task`` table."""
+    storage = queue.huey.storage
+    if queue.backend == "redis":
+        storage.conn.lpush(storage.queue_key, data)
+    else:
+        with sqlite3.connect(storage.filename) as db:
+            db.execute(
+                "insert into task (queue, data, priority) values (?, ?, 0)", (storage.name, data)
+            )
+
+
+def _run_until(queue: Queue, token: str) -> None:
+    consumer = queue.consumer(1, embedded=True)
+    consumer.start()
+    try:
+        assert _seen[token].wait(timeout=20), "the task did not run"
+    finally:
+        consumer.stop(graceful=True)
 
 
 def test_enqueued_task_runs_and_consumer_stops_cleanly(queue: Queue) -> None:
@@ -65,3 +122,94 @@ def test_a_failing_task_reaches_huey_without_its_message(
     assert "failed with ValueError" in caplog.text
     assert "0000-id" in caplog.text
     assert secret not in caplog.text
+
+
+@pytest.mark.parametrize("signed_with", ["nothing", "another key"])
+def test_a_forged_message_is_never_unpickled(
+    queue: Queue, tmp_path: Path, signed_with: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pickle pushed onto the queue's storage, bare or signed with a key that is not the
+    deployment's, is dropped before it is unpickled (its code never runs), logged without
+    its bytes; the genuine job behind it still runs."""
+    marker = tmp_path / f"pwned-{uuid.uuid4().hex}"
+    payload = pickle.dumps(_Planted(marker))
+    if signed_with == "another key":
+        payload = AuthenticatedSerializer(key_ring(Fernet.generate_key()))._serialize(
+            _Planted(marker)
+        )
+    _push_raw(queue, payload)
+    token = uuid.uuid4().hex
+    _seen[token] = threading.Event()
+    queue.enqueue("test.mark", token)  # behind the forged message (FIFO)
+    with caplog.at_level(logging.DEBUG):
+        _run_until(queue, token)
+    assert not marker.exists(), "the forged message was unpickled"
+    assert queue.pending() == 0
+    assert "failed authentication" in caplog.text
+    assert marker.name not in caplog.text
+    queue.huey.storage.flush_all()
+
+
+def test_a_message_queued_before_a_data_key_rotation_still_runs(
+    queue_settings: Settings,
+) -> None:
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    token = uuid.uuid4().hex
+    _seen[token] = threading.Event()
+    Queue(queue_settings, key_ring(old)).enqueue("test.mark", token)
+    rotated = Queue(queue_settings, key_ring(new, [old]))
+    _run_until(rotated, token)
+    assert rotated.pending() == 0
+    rotated.huey.storage.flush_all()
+
+
+def test_the_serializer_signs_with_the_current_key_and_verifies_before_unpickling(
+    tmp_path: Path,
+) -> None:
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    before = AuthenticatedSerializer(key_ring(old))
+    after = AuthenticatedSerializer(key_ring(new, [old]))
+    message = {"args": ("0000-id",)}
+    assert after.deserialize(before.serialize(message)) == message
+    assert after.deserialize(after.serialize(message)) == message
+    # signed with the current key: a worker that has only the old key refuses it
+    with pytest.raises(UnauthenticatedMessage):
+        before.deserialize(after.serialize(message))
+    signed = bytearray(after.serialize(message))
+    signed[-1] ^= 1  # a pickle changed after signing
+    with pytest.raises(UnauthenticatedMessage):
+        after.deserialize(bytes(signed))
+    marker = tmp_path / "pwned"
+    with pytest.raises(UnauthenticatedMessage) as info:
+        after.deserialize(pickle.dumps(_Planted(marker)))
+    assert not marker.exists()
+    assert str(marker) not in str(info.value)
+
+
+def test_a_release_whose_job_was_dropped_as_unauthenticated_is_swept_again(
+    client: TestClient, curator: Caller
+) -> None:
+    """A job dropped because it failed authentication (here: signed under a data key the
+    reading worker does not have) carried only a release id: the release keeps its queued
+    lease, and once that expires the sweeper enqueues it again, signed, and it runs."""
+    services = services_of(client)
+    release_id = request_release(client, curator, dataset(client, curator)).json()["id"]
+    assert services.queue.pending() == 1
+    stranger = Queue(services.settings, key_ring(Fernet.generate_key()))
+    with pytest.raises(UnauthenticatedMessage):
+        stranger.huey.dequeue()
+    assert services.queue.pending() == 0
+    assert sweep(services) == 0  # its lease has not run out yet
+    with services.db.transaction() as session:
+        session.execute(
+            update(Release)
+            .where(Release.id == uuid.UUID(release_id))
+            .values(lease_expires_at=Release.updated_at)  # the wait is over
+        )
+    assert sweep(services) == 1
+    task = services.queue.huey.dequeue()  # verifies under the deployment's key
+    assert task is not None
+    assert task.args == (release_id,)
+    run_all(client, release_id)
+    status = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["status"]
+    assert status == "succeeded"
