@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import socket
+import stat
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -53,11 +55,33 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+#: The umask of every command (:func:`main`): what the service writes in DATA_DIR (the
+#: SQLite database, the queue, release artifacts, the port file) is owner-only.
+UMASK = 0o077
+
+
 def _settings() -> Settings:
     settings = load_settings()
     configure_logging(settings.log_level)
     settings.prepare()
+    _warn_if_shared(settings.data_dir)
     return settings
+
+
+def _warn_if_shared(data_dir: Path) -> None:
+    """Warn when DATA_DIR is open to its group or to others. The files the service writes
+    are 0600 (:data:`UMASK`), but files written before, or by other tools, keep their mode,
+    and the database, the queue and the release artifacts are not encrypted: an
+    owner-only directory keeps them all from other users."""
+    mode = stat.S_IMODE(data_dir.stat().st_mode)
+    if mode & 0o077:
+        log.warning(
+            "CURATOR_DATA_DIR (%s) is accessible to other users (mode %s); its database, "
+            "queue and release artifacts are not encrypted: run: chmod 700 %s",
+            data_dir,
+            oct(mode),
+            data_dir,
+        )
 
 
 def _without_password(url: str) -> str:
@@ -439,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    os.umask(UMASK)  # before any command creates a file (module constant UMASK)
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)

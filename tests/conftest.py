@@ -37,6 +37,16 @@ REDIS_ENV = "CURATOR_TEST_REDIS_URL"
 TABLES = ("audit_events", "ledger_entries", "grants", "releases", "datasets", "api_keys", "users")
 
 
+@pytest.fixture(autouse=True)
+def _restore_umask() -> Iterator[None]:
+    """``curator``'s ``main`` sets the process umask (0077): a test that calls it in
+    process leaves the next test the umask it found."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "template.db"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -61,6 +63,33 @@ def test_configuration_errors_exit_2_with_a_message(
         main(["migrate"])
     assert info.value.code == 2
     assert "configuration error: CURATOR_DATA_KEY is not a Fernet key" in capsys.readouterr().err
+
+
+def test_files_in_an_existing_shared_data_dir_are_owner_only_and_it_is_warned_of(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A DATA_DIR that exists already keeps its mode (0755 here): the files a command
+    writes in it are still 0600 (its umask), and it warns, naming the directory."""
+    data = tmp_path / "shared"
+    data.mkdir()
+    data.chmod(0o755)
+    os.umask(0o022)  # a common default: files 0644 without the command's own umask
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(data))
+    with caplog.at_level(logging.WARNING, logger="curator"):
+        assert _exit(["migrate"], capsys)[0] == 0
+    assert stat.S_IMODE((data / "curator.db").stat().st_mode) == 0o600
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(data) in m and "0o755" in m for m in warnings), warnings
+    caplog.clear()
+    private = tmp_path / "private"  # created by the command: 0700, nothing to warn of
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(private))
+    with caplog.at_level(logging.WARNING, logger="curator"):
+        assert _exit(["migrate"], capsys)[0] == 0
+    assert stat.S_IMODE((private / "curator.db").stat().st_mode) == 0o600
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
 def serve_on_a_free_port(port_file: Path) -> list[str]:

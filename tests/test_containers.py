@@ -52,6 +52,7 @@ def test_dockerfile_is_multistage_nonroot_with_healthcheck() -> None:
     text = (ROOT / "docker" / "Dockerfile").read_text()
     assert text.count("\nFROM ") + text.startswith("FROM ") >= 2
     assert "\nUSER curator" in text
+    assert "chmod 700 /data" in text  # a named volume takes the mode of the image's /data
     assert "\nHEALTHCHECK " in text
     # the installed package carries its migrations (app/migrations): nothing to copy beside it
     assert "alembic" not in text.lower()
