@@ -31,6 +31,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.errors import frames_only
+
 log = logging.getLogger("curator.db")
 
 _ON_COMMIT = "curator_on_commit"
@@ -85,8 +87,12 @@ def _run_hooks(session: Session, key: str) -> None:
     for hook in hooks:
         try:
             hook()
-        except Exception:
-            log.exception("a %s hook failed", key.removeprefix("curator_"))
+        except Exception as exc:
+            # type and frames only: the message or a chained cause can quote a data value
+            # (privacy rule 5), and log.exception would print both
+            failed = type(exc).__name__
+            when = key.removeprefix("curator_")
+            log.error("a %s hook failed with %s\n%s", when, failed, frames_only(exc))
 
 
 class Database:
