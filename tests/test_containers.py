@@ -48,6 +48,21 @@ def test_compose_redis_requires_a_password_the_services_use() -> None:
         assert url == f"redis://:{password}@redis:6379/0"
 
 
+def test_compose_publishes_the_api_on_loopback_and_requires_the_database_password() -> None:
+    """API keys are bearer tokens over plain HTTP: the API is published on the host's
+    loopback unless CURATOR_BIND says otherwise (a TLS proxy goes in front), and
+    PostgreSQL's password has no default (security audit)."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert services["api"]["ports"] == ["${CURATOR_BIND:-127.0.0.1}:${CURATOR_PORT:-8000}:8000"]
+    password = services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    assert password.startswith("${POSTGRES_PASSWORD:?")  # required, no default
+    for name in ("api", "worker", "migrate"):
+        url = services[name]["environment"]["CURATOR_DATABASE_URL"]
+        assert url == f"postgresql+psycopg://curator:{password}@postgres:5432/curator"
+    assert "ports" not in services["postgres"]
+
+
 def test_dockerfile_is_multistage_nonroot_with_healthcheck() -> None:
     text = (ROOT / "docker" / "Dockerfile").read_text()
     assert text.count("\nFROM ") + text.startswith("FROM ") >= 2
