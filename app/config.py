@@ -23,6 +23,8 @@
   renewing it; after that a sweeper hands the stage to another worker.
 - ``CURATOR_QUEUE_NAME`` (default ``curator``): the queue's name (Redis key prefix), so
   that several deployments can share one Redis.
+- ``CURATOR_API_DOCS`` (default true): serve the interactive API pages ``/docs`` and
+  ``/redoc``, which load their scripts from a public CDN; ``/openapi.json`` is always served.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class Settings(BaseSettings):
     #: :func:`app.core.footprint.footprint`); a release larger than this is decoded per
     #: request and not kept. 0 keeps none.
     answer_cache_bytes: int = Field(default=2 << 30, ge=0)
+    #: Serve ``/docs`` and ``/redoc`` (FastAPI's pages load Swagger UI and ReDoc from
+    #: cdn.jsdelivr.net, and a user may paste a key into them).
+    api_docs: bool = True
 
     @field_validator("log_level", mode="before")
     @classmethod

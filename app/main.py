@@ -300,6 +300,8 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
         description="Differentially private synthetic data and synopses of sensitive tables.",
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
     )
     app.state.services = services
     install_error_handlers(app)

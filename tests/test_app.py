@@ -17,6 +17,7 @@ from fastapi import Response
 from fastapi.testclient import TestClient
 
 from app.answers.schemas import AnswerRequest
+from app.config import Settings
 from app.core.services import Services
 from app.datasets.schemas import (
     BudgetUpdate,
@@ -26,7 +27,7 @@ from app.datasets.schemas import (
     GraphDeclaration,
 )
 from app.demo.runner import DATA
-from app.main import UNAUTHENTICATED_BODY_BYTES, BodyLimit
+from app.main import UNAUTHENTICATED_BODY_BYTES, BodyLimit, create_app
 from app.releases import adapters, registry
 from app.releases.schemas import ReleaseCreate, ResynthesizeRequest
 from app.storage.source import EncryptedTableSource
@@ -42,6 +43,17 @@ def test_healthz_and_readyz(client: TestClient) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"status": "ready", "database": "ok", "queue": "ok"}
+
+
+def test_the_interactive_api_pages_can_be_turned_off(settings: Settings) -> None:
+    """/docs and /redoc load their scripts from a public CDN: CURATOR_API_DOCS=false
+    serves neither (404); the schema stays."""
+    for enabled in (True, False):
+        app = create_app(settings.model_copy(update={"api_docs": enabled}))
+        with TestClient(app) as client:
+            for path in ("/docs", "/redoc"):
+                assert client.get(path).status_code == (200 if enabled else 404), path
+            assert client.get("/openapi.json").status_code == 200
 
 
 def test_readyz_reports_an_unreachable_database(client: TestClient) -> None:
