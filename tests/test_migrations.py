@@ -548,14 +548,43 @@ def _measurement_update_refusal(url: str) -> str:
     return ""
 
 
+def _rename_update_trigger(url: str) -> None:
+    """Give 0002's UPDATE trigger on release_measurements another name (an operator's
+    database need not keep the name a migration gave it)."""
+    import sqlalchemy as sa
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(
+                    sa.text(
+                        "ALTER TRIGGER release_measurements_append_only ON release_measurements "
+                        "RENAME TO kept_apart"
+                    )
+                )
+            else:
+                connection.execute(sa.text("DROP TRIGGER release_measurements_no_update"))
+                connection.execute(
+                    sa.text(
+                        "CREATE TRIGGER kept_apart BEFORE UPDATE ON release_measurements "
+                        "BEGIN SELECT RAISE(ABORT, 'release_measurements is append-only'); END"
+                    )
+                )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("renamed", [False, True], ids=["0002_trigger", "renamed_trigger"])
 def test_0011_scrubs_the_alpha_of_compressed_releases_with_the_data_as_reference(
-    empty_database: str,
+    empty_database: str, renamed: bool
 ) -> None:
     """With the data as reference, alpha (two eigenvalues of the data's covariance) was
     stored in the measurement record and, before 0a3d900, reported in ``resolved``. 0011
     nulls both and leaves a declared reference's alpha, other mechanisms and the matrix
-    alone; the append-only trigger refuses updates again afterwards. Its downgrade stores
-    infinity, which the code before f6cff34 reads as a float and today's code ignores."""
+    alone; the append-only trigger (by whatever name) refuses updates again afterwards.
+    Its downgrade stores infinity, which the code before f6cff34 reads as a float and
+    today's code ignores."""
     from app.mechanisms.compressed import GUARANTEE, CompressedRelease
     from app.releases.adapters.compressed import DATA_REFERENCE_NOTE
     from app.releases.payloads import pack, unpack
@@ -598,6 +627,8 @@ def test_0011_scrubs_the_alpha_of_compressed_releases_with_the_data_as_reference
             other: {"alpha": 0.5, "reference_kind": "data"},
         },
     )
+    if renamed:
+        _rename_update_trigger(url)
     before = _measurement_payloads(url)
     migrations.upgrade(url, "0011")
     after = _measurement_payloads(url)

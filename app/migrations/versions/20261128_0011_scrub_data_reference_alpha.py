@@ -17,9 +17,10 @@ computed nor stored; releases measured before then keep it:
 
 This sets both to null in those two places, and gives ``resolved`` the note a release
 measured today carries. Nothing else changes: the noisy matrix, the privacy cost and the
-ledger are untouched. ``release_measurements`` is append-only by trigger (0002); the
-trigger is lifted for this one UPDATE, in the migration's transaction, and restored
-before it commits, so no other writer can change a record meanwhile. The values are gone
+ledger are untouched. ``release_measurements`` is append-only by trigger (0002); its
+UPDATE triggers (found by table, whatever their names) are lifted for this one UPDATE,
+in the migration's transaction, and restored before it commits, so no other writer can
+change a record meanwhile. The values are gone
 for good. A ``release.json`` artifact written before 0a3d900 still holds the alpha it
 reported: a re-synthesis (``POST /v1/releases/{id}/resynthesize``) writes it again
 without.
@@ -68,23 +69,41 @@ _measurements = sa.table(
 
 @contextmanager
 def _measurements_writable() -> Iterator[None]:
-    """Lift 0002's append-only trigger on ``release_measurements`` (UPDATE only on SQLite)
-    and put it back; DDL is transactional on both dialects, so a failure in between rolls
-    the trigger back with the rest."""
-    dialect = op.get_bind().dialect.name
+    """Lift the triggers that make ``release_measurements`` append-only (0002's, by
+    whatever name the database has them) for the block, and put them back as they were.
+    DDL is transactional on both dialects, so a failure in between rolls them back with
+    the rest."""
+    bind = op.get_bind()
+    dialect = bind.dialect.name
     if dialect == "postgresql":
-        op.execute("ALTER TABLE release_measurements DISABLE TRIGGER release_measurements_append_only")
-        yield
-        op.execute("ALTER TABLE release_measurements ENABLE TRIGGER release_measurements_append_only")
-    elif dialect == "sqlite":
-        op.execute("DROP TRIGGER IF EXISTS release_measurements_no_update")
-        yield
-        op.execute(
-            "CREATE TRIGGER release_measurements_no_update BEFORE UPDATE ON release_measurements "
-            "BEGIN SELECT RAISE(ABORT, 'release_measurements is append-only'); END"
+        names = list(
+            bind.execute(
+                sa.text(
+                    "SELECT tgname FROM pg_trigger WHERE tgrelid = "
+                    "'release_measurements'::regclass AND NOT tgisinternal AND tgenabled <> 'D'"
+                )
+            ).scalars()
         )
+        for name in names:
+            op.execute(f'ALTER TABLE release_measurements DISABLE TRIGGER "{name}"')
+        yield
+        for name in names:
+            op.execute(f'ALTER TABLE release_measurements ENABLE TRIGGER "{name}"')
+    elif dialect == "sqlite":
+        triggers = bind.execute(
+            sa.text(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
+                "AND tbl_name = 'release_measurements'"
+            )
+        ).all()
+        updates = [(name, sql) for name, sql in triggers if " UPDATE " in f" {sql.upper()} "]
+        for name, _ in updates:
+            op.execute(f'DROP TRIGGER "{name}"')
+        yield
+        for _, sql in updates:
+            op.execute(sql)
     else:  # pragma: no cover - the service runs on SQLite and PostgreSQL only
-        raise RuntimeError(f"0011 does not know how to lift the trigger on {dialect}")
+        raise RuntimeError(f"0011 does not know how to lift the triggers on {dialect}")
 
 
 def _data_reference_records() -> list[tuple[Any, dict[str, Any], dict[str, Any]]]:
