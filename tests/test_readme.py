@@ -98,16 +98,21 @@ def test_the_error_list_names_every_client_error_code() -> None:
 
 def test_the_readme_states_the_rule_on_declared_names_and_categories() -> None:
     """The schema section states the characters the code refuses, as the code has them."""
-    from app.core.types import CONTROL_CATEGORIES
-    from app.datasets.schemas import FORMULA_TRIGGERS
+    from app.core.types import CONTROL_CATEGORIES, HIDDEN_FORMAT_CHARACTERS
+    from app.datasets.schemas import FORMULA_CALLS, FORMULA_TRIGGERS
 
     text = " ".join((ROOT / "README.md").read_text().split())
     section = text.split("The schema of a table:", 1)[1].split("A graph:", 1)[0]
-    rule = re.search(r"does not start with (.*?), the characters on which a spreadsheet", section)
-    assert rule, "no formula-trigger rule in the schema section"
-    assert tuple(re.findall(r"`(.)`", rule.group(1))) == FORMULA_TRIGGERS
     controls = re.search(r"Unicode categories (.*?):", section)
     assert controls, "no control-character rule in the schema section"
     assert set(re.findall(r"\b(C[cf]|Z[lp])\b", controls.group(1))) == CONTROL_CATEGORIES
+    for low, high in HIDDEN_FORMAT_CHARACTERS:
+        named = f"U+{low:04X}" if low == high else f"U+{low:04X}-U+{high:04X}"
+        assert named in section, named
+    rule = re.search(r"and does not start with (.*?) while it holds (.*?) \(a function", section)
+    assert rule, "no formula rule in the schema section"
+    assert tuple(re.findall(r"`(.)`", rule.group(1))) == FORMULA_TRIGGERS[1:]
+    assert tuple(re.findall(r"`(.)`", rule.group(2))) == FORMULA_CALLS
+    assert f"does not start with `{FORMULA_TRIGGERS[0]}`" in section
     assert "unless it is a plain number" in section
     assert "a dataset declared before it keeps its names and categories" in section

@@ -40,22 +40,40 @@ def validated_as_declared(value: Any, handler: ValidatorFunctionWrapHandler) -> 
 
 #: The Unicode categories a name or declared label may not hold: control characters (Cc:
 #: C0, DEL and C1, so NUL, which PostgreSQL text cannot store, and the CR and LF of a
-#: header or log line), format characters (Cf: bidirectional overrides, zero-width spaces,
-#: a byte-order mark), and the line and paragraph separators (Zl, Zp).
-CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
-#: Format characters that ordinary text needs: the zero-width non-joiner and joiner
-#: (Persian, Indic scripts, emoji sequences).
-_JOINERS = frozenset({"\u200c", "\u200d"})
+#: header or log line) and the line and paragraph separators (Zl, Zp).
+CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+#: The format characters (Cf) it may not hold either, as inclusive code point ranges: those
+#: that hide or reorder text, the zero-width space, word joiner and byte-order mark and the
+#: bidirectional embedding, override and isolate controls ("Trojan Source"). Other format
+#: characters are ordinary text: the joiners and tag characters of emoji (a flag such as
+#: Scotland's), the left-to-right and right-to-left marks that right-to-left input methods
+#: insert, the Arabic letter mark, the soft hyphen.
+HIDDEN_FORMAT_CHARACTERS = (
+    (0x200B, 0x200B),
+    (0x2060, 0x2060),
+    (0xFEFF, 0xFEFF),
+    (0x202A, 0x202E),
+    (0x2066, 0x2069),
+)
+
+
+def _refused(char: str) -> bool:
+    if unicodedata.category(char) in CONTROL_CATEGORIES:
+        return True
+    code = ord(char)
+    return any(low <= code <= high for low, high in HIDDEN_FORMAT_CHARACTERS)
 
 
 def control_character_error(text: str) -> str | None:
     """Why ``text`` cannot be a name or a declared label (the first control character it
     holds, by code point and position, never the character itself), or None."""
     for position, char in enumerate(text, start=1):
-        if unicodedata.category(char) in CONTROL_CATEGORIES and char not in _JOINERS:
+        if _refused(char):
             return (
                 f"holds a control character (U+{ord(char):04X}, at character {position}); "
-                "control, format and line or paragraph separator characters are not allowed"
+                "control characters, line and paragraph separators, zero-width spaces, "
+                "byte-order marks and bidirectional embedding, override and isolate "
+                "controls are not allowed"
             )
     return None
 

@@ -49,6 +49,9 @@ MAX_EPSILON_TOTAL = 1e6
 #: The first characters on which a spreadsheet reads a cell as a formula (OWASP, "CSV
 #: injection"; its tab and carriage return are control characters, refused anyway).
 FORMULA_TRIGGERS = ("=", "+", "-", "@")
+#: What a formula needs to do more than arithmetic on cells: call a function
+#: (``HYPERLINK(...)``, ``WEBSERVICE(...)``) or another program (DDE: ``cmd|' /C calc'!A0``).
+FORMULA_CALLS = ("(", "|", "!")
 #: A plain decimal number (sign, digits, a point, an exponent): a spreadsheet reads one that
 #: starts with a sign as a number, not as a formula.
 _PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
@@ -58,16 +61,29 @@ def declared_text_error(text: str) -> str | None:
     """Why ``text`` cannot be a new declaration's column name or category, or None. Both
     are written as they are into the synthetic CSV (its header, a categorical column's
     cells), which analysts open in spreadsheets: no control characters (the text is then
-    never quoted back), and no formula trigger first unless the text is a plain number."""
+    never quoted back); no ``=`` first, and no ``+``, ``-`` or ``@`` first in a text that
+    also holds ``(``, ``|`` or ``!`` (a formula that calls a function or a program), unless
+    the text is a plain number. A sign alone or before other text (``+``, ``-10 to -5``,
+    ``-1,000``) is data that tables hold (a rhesus factor, a binned range): a spreadsheet
+    may show it as an error or a sum, but runs nothing."""
     problem = control_character_error(text)
     if problem is not None:
         return problem
-    if text.startswith(FORMULA_TRIGGERS) and _PLAIN_NUMBER.fullmatch(text) is None:
+    if not text.startswith(FORMULA_TRIGGERS) or _PLAIN_NUMBER.fullmatch(text) is not None:
+        return None
+    calls = [c for c in FORMULA_CALLS if c in text]
+    if text.startswith("="):
         return (
-            f"{text!r} starts with {text[0]!r}: a spreadsheet opening the synthetic CSV would "
-            f"run it as a formula; a column name or category may start with "
-            f"{', '.join(FORMULA_TRIGGERS[:-1])} or {FORMULA_TRIGGERS[-1]} only if it is a "
-            "plain number, such as -1 or +2.5"
+            f"{text!r} starts with '=': a spreadsheet opening the synthetic CSV would run it "
+            "as a formula; a column name or category may not start with '='"
+        )
+    if calls:
+        return (
+            f"{text!r} starts with {text[0]!r} and holds {calls[0]!r}: a spreadsheet opening "
+            "the synthetic CSV would run it as a formula; a column name or category that "
+            f"starts with {', '.join(FORMULA_TRIGGERS[1:-1])} or {FORMULA_TRIGGERS[-1]} may "
+            f"not hold {', '.join(FORMULA_CALLS[:-1])} or {FORMULA_CALLS[-1]} (a function "
+            "call or another program)"
         )
     return None
 

@@ -50,18 +50,19 @@ def _controls(text: str) -> list[str]:
         ),
         pytest.param(
             with_columns(AGE, _named(WEIGHT, "+cmd|' /C calc'!A0"), BLOOD, SMOKER),
-            f"columns.1.name: \"+cmd|' /C calc'!A0\" starts with '+': {AS_FORMULA}",
+            f"columns.1.name: \"+cmd|' /C calc'!A0\" starts with '+' and holds '|': {AS_FORMULA}",
             id="column-name-plus",
         ),
         pytest.param(
-            # a sign, then not a plain number: a spreadsheet computes -2+3
-            with_columns(AGE, WEIGHT, BLOOD, _named(SMOKER, "-2+3")),
-            f"columns.3.name: '-2+3' starts with '-': {AS_FORMULA}",
+            # DDE after a sum: a sign first does not make it a number
+            with_columns(AGE, WEIGHT, BLOOD, _named(SMOKER, "-2+3+cmd|' /C calc'!A0")),
+            f"columns.3.name: \"-2+3+cmd|' /C calc'!A0\" starts with '-' and holds '|': "
+            f"{AS_FORMULA}",
             id="column-name-minus",
         ),
         pytest.param(
             with_columns(AGE, WEIGHT, _named(BLOOD, "@SUM(A1:A9)"), SMOKER),
-            f"columns.2.name: '@SUM(A1:A9)' starts with '@': {AS_FORMULA}",
+            f"columns.2.name: '@SUM(A1:A9)' starts with '@' and holds '(': {AS_FORMULA}",
             id="column-name-at",
         ),
         pytest.param(
@@ -80,8 +81,9 @@ def _controls(text: str) -> list[str]:
             id="category-equals",
         ),
         pytest.param(
-            with_columns(AGE, WEIGHT, _blood("A", "B", "-1+1", "O"), SMOKER),
-            f"columns.2.categories.2 (column 'blood'): '-1+1' starts with '-': {AS_FORMULA}",
+            with_columns(AGE, WEIGHT, _blood("A", "B", "-1+WEBSERVICE(A1)", "O"), SMOKER),
+            "columns.2.categories.2 (column 'blood'): '-1+WEBSERVICE(A1)' starts with '-' and "
+            f"holds '(': {AS_FORMULA}",
             id="category-minus",
         ),
         pytest.param(
@@ -138,8 +140,12 @@ def test_plain_numbers_and_ordinary_text_are_declared_as_they_are(
     client: TestClient, curator: Caller
 ) -> None:
     """A sign first is fine when the whole text is a plain number (a spreadsheet reads
-    -1 and +2.5 as numbers), and a trigger anywhere but first is ordinary text."""
-    categories = ["-1", "+2.5", "-.5", "+1e3", -7, "a=b", "x-y", "e@mail"]
+    -1 and +2.5 as numbers) or holds no function or program call (a rhesus factor's + and
+    -, a binned range, a count with a thousands separator: data that tables hold), and a
+    trigger anywhere but first is ordinary text (review of the first rule, which refused
+    every one of these)."""
+    signs = ["+", "-", "-10 to -5", "-1,000", "@home", "+/-"]
+    categories = ["-1", "+2.5", "-.5", "+1e3", -7, "a=b", "x-y", "e@mail", *signs]
     schema = {
         "name": "  -signed  ",
         "columns": [
@@ -149,7 +155,8 @@ def test_plain_numbers_and_ordinary_text_are_declared_as_they_are(
         ],
         "budget": {"epsilon": 1},
     }
-    cells = ["-1", "+2.5", "-.5", "+1e3", "-7", "a=b", "x-y", "e@mail"]
+    cells = ["-1", "+2.5", "-.5", "+1e3", "-7", "a=b", "x-y", "e@mail", "+", "-"]
+    cells += ["-10 to -5", '"-1,000"', "@home", "+/-"]
     rows = [f"{i % 5},{cell},{i % 2}" for i, cell in enumerate(cells)]
     header = "-1,c,Ada \U0001f469\u200d\U0001f4bb"
     response = upload(client, curator, csv_bytes(header, rows), schema)

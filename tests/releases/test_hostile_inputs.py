@@ -146,14 +146,17 @@ def test_audit_cursor_and_user_names_are_bounded(client: TestClient, admin: Call
         == 422
     )
     # C0 and C1 controls, a bidirectional override, a line separator (app.core.types)
-    for name in ("bad\x00name", "\x1b[31mred", "a\x85b", "\u202eevil", "a\u2028b"):
+    for name in ("bad\x00name", "\x1b[31mred", "a\x85b", "\u202eevil", "a\u2028b", "a\u200bb"):
         response = client.post(
             "/v1/users", headers=admin.headers, json={"name": name, "role": "analyst"}
         )
         assert response.status_code == 422, response.text
         assert "holds a control character (U+" in response.text
-    # joiners are part of ordinary text (here an emoji sequence)
-    for name in ("Zoë O'Neil", "Ada \U0001f469\u200d\U0001f4bb"):
+    # other format characters are part of ordinary text: an emoji sequence's joiner, a
+    # flag's tag characters (Scotland), a right-to-left mark, a soft hyphen
+    scotland = "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f"
+    ordinary = ("Zoë O'Neil", "Ada \U0001f469\u200d\U0001f4bb", f"ana {scotland}")
+    for name in (*ordinary, "\u05d3\u05e0\u05d4\u200f (QA)", "Zimmer\u00admann"):
         response = client.post(
             "/v1/users", headers=admin.headers, json={"name": name, "role": "analyst"}
         )
