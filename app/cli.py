@@ -55,9 +55,12 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-#: The umask of every command (:func:`main`): what the service writes in DATA_DIR (the
-#: SQLite database, the queue, release artifacts, the port file) is owner-only.
-UMASK = 0o077
+#: The bits every command (:func:`main`) adds to the process umask: what the service writes
+#: in DATA_DIR (the SQLite database, the queue, release artifacts, the port file) is never
+#: open to other users. Group bits stay as the operator's umask has them: a deployment whose
+#: API and workers run as two users of one group (a setgid DATA_DIR, umask 007) keeps
+#: working.
+UMASK_OTHERS = 0o007
 
 
 def _settings() -> Settings:
@@ -69,15 +72,15 @@ def _settings() -> Settings:
 
 
 def _warn_if_shared(data_dir: Path) -> None:
-    """Warn when DATA_DIR is open to its group or to others. The files the service writes
-    are 0600 (:data:`UMASK`), but files written before, or by other tools, keep their mode,
-    and the database, the queue and the release artifacts are not encrypted: an
-    owner-only directory keeps them all from other users."""
+    """Warn when DATA_DIR is open to users outside its group. The files the service writes
+    are not (:data:`UMASK_OTHERS`), but files written before, or by other tools, keep their
+    mode, and the database, the queue and the release artifacts are not encrypted: a
+    directory closed to others keeps them all from other users."""
     mode = stat.S_IMODE(data_dir.stat().st_mode)
-    if mode & 0o077:
+    if mode & 0o007:
         log.warning(
-            "CURATOR_DATA_DIR (%s) is accessible to other users (mode %s); its database, "
-            "queue and release artifacts are not encrypted: run: chmod 700 %s",
+            "CURATOR_DATA_DIR (%s) is accessible to users outside its group (mode %s); its "
+            "database, queue and release artifacts are not encrypted: run: chmod o-rwx %s",
             data_dir,
             oct(mode),
             data_dir,
@@ -463,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    os.umask(UMASK)  # before any command creates a file (module constant UMASK)
+    # before any command creates a file: the operator's umask, closed to others
+    os.umask(os.umask(0) | UMASK_OTHERS)
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)

@@ -39,7 +39,7 @@ TABLES = ("audit_events", "ledger_entries", "grants", "releases", "datasets", "a
 
 @pytest.fixture(autouse=True)
 def _restore_umask() -> Iterator[None]:
-    """``curator``'s ``main`` sets the process umask (0077): a test that calls it in
+    """``curator``'s ``main`` sets the process umask (adds 007): a test that calls it in
     process leaves the next test the umask it found."""
     mask = os.umask(0o022)
     os.umask(mask)

@@ -65,31 +65,43 @@ def test_configuration_errors_exit_2_with_a_message(
     assert "configuration error: CURATOR_DATA_KEY is not a Fernet key" in capsys.readouterr().err
 
 
-def test_files_in_an_existing_shared_data_dir_are_owner_only_and_it_is_warned_of(
+def test_files_in_an_existing_data_dir_are_closed_to_others_and_an_open_one_is_warned_of(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A DATA_DIR that exists already keeps its mode (0755 here): the files a command
-    writes in it are still 0600 (its umask), and it warns, naming the directory."""
+    writes in it are still closed to other users (its umask adds 007 to the operator's),
+    and it warns, naming the directory. A group-shared directory (API and workers as two
+    users of one group, umask 007) keeps its group access and is not warned of."""
+
+    def migrate_in(data: Path) -> list[str]:
+        monkeypatch.setenv("CURATOR_DATA_DIR", str(data))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="curator"):
+            assert _exit(["migrate"], capsys)[0] == 0
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
     data = tmp_path / "shared"
     data.mkdir()
     data.chmod(0o755)
     os.umask(0o022)  # a common default: files 0644 without the command's own umask
-    monkeypatch.setenv("CURATOR_DATA_DIR", str(data))
-    with caplog.at_level(logging.WARNING, logger="curator"):
-        assert _exit(["migrate"], capsys)[0] == 0
-    assert stat.S_IMODE((data / "curator.db").stat().st_mode) == 0o600
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = migrate_in(data)
+    assert stat.S_IMODE((data / "curator.db").stat().st_mode) == 0o640
     assert any(str(data) in m and "0o755" in m for m in warnings), warnings
-    caplog.clear()
+    group = tmp_path / "group"
+    group.mkdir()
+    group.chmod(0o2770)
+    os.umask(0o007)
+    assert migrate_in(group) == []
+    shared = stat.S_IMODE((group / "curator.db").stat().st_mode)
+    assert shared & 0o040  # the group reads it (SQLite creates its files 0644 before the umask)
+    assert not shared & 0o007
+    os.umask(0o077)
     private = tmp_path / "private"  # created by the command: 0700, nothing to warn of
-    monkeypatch.setenv("CURATOR_DATA_DIR", str(private))
-    with caplog.at_level(logging.WARNING, logger="curator"):
-        assert _exit(["migrate"], capsys)[0] == 0
+    assert migrate_in(private) == []
     assert stat.S_IMODE((private / "curator.db").stat().st_mode) == 0o600
-    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
 def serve_on_a_free_port(port_file: Path) -> list[str]:
