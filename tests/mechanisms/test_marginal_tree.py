@@ -920,3 +920,42 @@ def test_every_noise_record_is_made_before_a_row_is_read(monkeypatch: pytest.Mon
     released = marginal_tree.measure(X, 1.0, 1e-6)
     b = released.pair_bins
     assert events == [("record", 4 * released.one_way.cells), ("record", 3 * b * b), "read"]
+
+
+@pytest.mark.parametrize("joint_model", ["copula", "blocks"])
+def test_stored_laws_are_taken_only_in_the_layout_of_the_release(joint_model: str) -> None:
+    """restore_model takes the release's own model_arrays (the copula law over the fine
+    cells, each its own group; the blocks law over pair_bins groups, the release's own)
+    and nothing else: two laws, an infinite value, groups out of place or out of range;
+    restore_noise_replicates takes two laws or more in the same layout."""
+    record = _small_tree(5).to_dict() | {"joint_model": joint_model}
+    fitted = marginal_tree.TreeMeasurements.from_dict(record)
+    arrays = fitted.model_arrays()
+    b, cells = fitted.pair_bins, fitted.one_way.cells
+    assert arrays["P"].shape[2] == (cells if joint_model == "copula" else b)
+
+    def taken(stored: dict[str, np.ndarray], replicates: bool = False) -> bool:
+        fresh = marginal_tree.TreeMeasurements.from_dict(record)
+        name = "noise_replicates" if replicates else "model"
+        restore = fresh.restore_noise_replicates if replicates else fresh.restore_model
+        done = restore(stored)
+        assert done == (name in fresh.__dict__)
+        return done
+
+    assert taken(arrays)
+    two = {k: np.concatenate([v, v]) for k, v in arrays.items()}
+    assert not taken(two)
+    assert taken(two, replicates=True)
+    assert not taken(arrays, replicates=True)  # one law is no bootstrap
+    infinite = {**arrays, "P": arrays["P"].copy()}
+    infinite["P"][0, 0, 0] = np.inf
+    assert not taken(infinite)
+    group = arrays["group"]
+    moved = np.where(group == group[0, 0, 0], group[0, 0, -1], group)  # still in range
+    assert not np.array_equal(moved, group)
+    assert moved.max() < arrays["P"].shape[2]
+    assert not taken({**arrays, "group": moved})
+    wide = group.copy()
+    wide[0, 0, 0] = arrays["P"].shape[2]  # no such group
+    assert not taken({**two, "group": np.concatenate([wide, wide])}, replicates=True)
+    assert not taken({**two, "group": two["group"][:, :1]}, replicates=True)  # one column's
