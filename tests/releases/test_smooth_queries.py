@@ -262,3 +262,69 @@ def test_an_expansion_stops_as_soon_as_it_passes_the_budgets(
     with pytest.raises(InvalidRequest, match=r"^these queries have at least"):
         parse([query], info)
     assert built == [33]
+
+
+def test_an_expansion_is_refused_at_the_first_term_past_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The budget is checked after each term: a polynomial past it stops there, with the
+    monomials of the terms expanded so far (terms of two new columns each in original
+    units: 1 + 3 k monomials after k terms), not once every term is expanded."""
+    info = _info([(0.0, 1.0)] * 24)
+    terms = [{"coefficient": 1, "powers": {f"c{2 * i}": 1, f"c{2 * i + 1}": 1}} for i in range(12)]
+    form = PolynomialForm.model_validate(
+        {"type": "polynomial", "space": "original", "terms": terms}
+    )
+    columns = smooth_queries._Columns(info)
+    factors = columns.factors
+    expanded: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        expanded.append(1)
+        return factors(*args)
+
+    monkeypatch.setattr(columns, "factors", counted)
+    with pytest.raises(smooth_queries._OverBudget) as over:
+        smooth_queries._polynomial(form, info, columns, budget=10)
+    assert over.value.count == 13  # 1 + 3 * 4: the fourth term passed 10
+    assert len(expanded) == 4
+    expanded.clear()
+    full = smooth_queries._polynomial(form, info, columns, budget=37)  # 1 + 3 * 12, at it
+    assert full.exponents.shape[0] == 37
+    assert len(expanded) == 12
+
+
+def test_an_expanded_polynomial_counts_exactly_against_the_next_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a polynomial is expanded its exact count replaces its lower bound in both
+    budgets: three polynomials of 11 monomials (each seen as at least 10) fit budgets of
+    33 monomials and 3 x 11^2 pairs, and not one less of either; a batch whose bounds are
+    exact and sum to the pair budget is admitted."""
+    info = _info([(0.0, 1.0)] * 20)
+    sums = {
+        "type": "polynomial",
+        "space": "original",
+        "terms": [{"coefficient": 1, "powers": {f"c{i}": 1}} for i in range(10)],
+    }  # 11 monomials (10 linear ones and the constant), at least 10 seen
+    monkeypatch.setattr(smooth_queries, "MAX_EXPONENT_ENTRIES", 33 * 20)
+    assert [q.exponents.shape[0] for q in parse([sums] * 3, info)] == [11, 11, 11]
+    monkeypatch.setattr(smooth_queries, "MAX_EXPONENT_ENTRIES", 32 * 20)
+    with pytest.raises(InvalidRequest) as refused:
+        parse([sums] * 3, info)
+    assert refused.value.message.startswith(
+        "these polynomials have at least 33 monomials in normalised units over 20 columns"
+    )
+    monkeypatch.undo()
+    monkeypatch.setattr(smooth_queries, "MAX_CENTER_PAIRS", 3 * 11**2)
+    assert len(parse([sums] * 3, info)) == 3
+    monkeypatch.setattr(smooth_queries, "MAX_CENTER_PAIRS", 3 * 11**2 - 1)
+    with pytest.raises(InvalidRequest) as refused:
+        parse([sums] * 3, info)
+    assert refused.value.message.startswith("these queries have at least 363 pairs of kernels")
+    ten = {
+        "type": "polynomial",
+        "terms": [{"coefficient": 1, "powers": {f"c{i}": 1}} for i in range(10)],
+    }  # normalised units: 10 monomials, and a bound of 10
+    monkeypatch.setattr(smooth_queries, "MAX_CENTER_PAIRS", 3 * 10**2)
+    assert len(parse([ten] * 3, info)) == 3
