@@ -436,6 +436,21 @@ def test_trigonometric_table_matches_the_recurrence_at_low_degree() -> None:
         chebyshev_table(x, 3, "cosine")
 
 
+def test_trigonometric_table_at_low_degree_and_outside_the_interval() -> None:
+    """Every degree from 2 on is computed whatever the table's degree (T_2 = 2 x^2 - 1,
+    T_3 = 4 x^3 - 3 x), and x outside [-1, 1] is clipped before arccos (T_j(1.5) = T_j(1)
+    = 1 and T_j(-2) = T_j(-1) = (-1)^j for j >= 2; T_1 = x as in the recurrence)."""
+    x = np.array([0.3, -0.6, 0.9, 1.0, -1.0, 0.0])
+    expected = np.stack([np.ones_like(x), x, 2 * x**2 - 1, 4 * x**3 - 3 * x])
+    for degree in (2, 3):
+        table = chebyshev_table(x, degree, "trigonometric")
+        np.testing.assert_allclose(table, expected[: degree + 1], rtol=0, atol=1e-15)
+    outside = chebyshev_table(np.array([1.5, -2.0]), 4, "trigonometric")
+    np.testing.assert_allclose(
+        outside, [[1.0, 1.0], [1.5, -2.0], [1.0, 1.0], [1.0, -1.0], [1.0, 1.0]], rtol=0, atol=1e-15
+    )
+
+
 def test_trigonometric_table_at_high_degree() -> None:
     """Degree 10^5: the table is cos(j arccos x) computed one value at a time, and within
     1e-9 of the recurrence (module doc: 6.2e-10 up to 10^5, 8.2e-9 up to 10^6)."""
@@ -486,6 +501,8 @@ def test_trigonometric_values_do_not_depend_on_the_block() -> None:
         (total_degree(30, 87_381), "recurrence"),  # 3 rows x 30 columns
         (total_degree(30, 465), "recurrence"),
         (IndexSet.from_terms(2000, [[[7, 5000]]]), "recurrence"),  # one column, 2^18 rows
+        # one column used of 100: 52 rows a block (the unused columns are not in the table)
+        (IndexSet.from_terms(100, [[[3, k]] for k in range(1, 20_001)]), "trigonometric"),
     ],
 )
 def test_the_table_form_follows_the_width_of_a_default_block(
