@@ -1467,6 +1467,33 @@ def test_the_default_answer_bound_refuses_the_audited_batches() -> None:
     assert work(protocol, 2, None) <= MAX_ANSWER_WORK
 
 
+def test_answer_work_is_its_documented_sum() -> None:
+    """answer_work counts the cells' Chebyshev means once for the released law and its
+    bootstrap replicates (``answers`` computes them once), then each law's contraction
+    (marginals) or, on a tree, every coefficient's value on every cell once and each law's
+    messages: a narrow query on a release of 4096 cells fits the bound, which it would not
+    if the means were counted once a law."""
+    from app.mechanisms import bootstrap
+    from app.mechanisms.chebyshev import separable_layout
+    from app.mechanisms.queries import GaussianMixture
+    from app.releases.adapters import smooth_synthetic as adapter
+
+    d, cells, groups, laws = 2, 4096, 6, 1 + bootstrap.REPLICATES
+    (block,) = separable_layout([GaussianMixture(np.zeros((1, d)), np.ones(1), 0.003)], d)
+    assert block.shape is not None
+    rows, kernels, length = block.shape
+    entries = rows * kernels * d * length
+    common = adapter.QUERY_WORK + adapter.MIXTURE_EXPANSION_WORK * entries
+    means = adapter.CELL_MEAN_WORK * cells * length
+    marginals = adapter.answer_work([block], d=d, cells=cells, groups=None)
+    assert marginals == common + means + laws * 3 * entries
+    assert marginals <= adapter.MAX_ANSWER_WORK < laws * means
+    messages = laws * rows * kernels * d * (cells * (groups + 48) // 4 + 50)
+    assert adapter.answer_work([block], d=d, cells=cells, groups=groups) == (
+        common + means + entries * (cells // 4 + 20) + messages
+    )
+
+
 def test_moments_that_would_measure_too_long_are_refused(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
