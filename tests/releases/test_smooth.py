@@ -889,6 +889,25 @@ def test_synthesis_stores_the_answers_bootstrap(tmp_path: Path, method: str) -> 
     assert "noise_replicates" not in adapter.load(payload, info, tmp_path).__dict__
 
 
+def test_a_stored_tree_law_is_taken_without_the_replicates(tmp_path: Path) -> None:
+    """A tree release's stored law and its bootstrap laws are taken independently: a
+    version whose replicates file is missing or unreadable still takes its fitted law
+    (the replicates are then computed on the first answer, the law is not fitted)."""
+    from app.mechanisms import marginal_tree
+    from app.releases.adapters import smooth_synthetic as adapter
+
+    X = np.random.default_rng(1).uniform(-1, 1, size=(400, 3))
+    law = marginal_tree.measure(X, 2.0, 1e-6)
+    adapter._save_arrays(tmp_path / adapter.TREE_LAW_FILE, law.model_arrays())
+    for replicates in (None, b"not a zip file"):
+        if replicates is not None:
+            (tmp_path / adapter.REPLICATES_FILE).write_bytes(replicates)
+        fresh = marginal_tree.TreeMeasurements.from_dict(law.to_dict())
+        adapter._restore_replicates(fresh, tmp_path)
+        assert "model" in fresh.__dict__
+        assert "noise_replicates" not in fresh.__dict__
+
+
 def test_smooth_synopsis_end_to_end(client: TestClient, curator: Caller, analyst: Caller) -> None:
     dataset_id, data = _dataset(client, curator, n=2000)
     body = {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"smoothness": 4}}
