@@ -461,6 +461,15 @@ def test_the_nudges_after_a_calibration_are_bounded(
         monkeypatch.undo()
 
 
+def test_a_scale_the_map_already_admits_is_not_nudged() -> None:
+    """The nudges step only while OpenDP's map is over budget: a scale whose map is the
+    budget exactly is kept (sensitivity 1 at rho = 1/2: scale 1, a map of exactly 1/2)."""
+    assert noise._vector_gaussian(1.0).map(1.0) == 0.5
+    assert noise.gaussian_scale_for_rho(1.0, 0.5) == 1.0
+    assert noise._noisy_max(1.0).map(1.0) == 0.5
+    assert noise.noisy_max_scale(1.0, 0.5) == 1.0
+
+
 class _BreaksAfter:
     """A privacy map that is ``honest`` for its first ``limit`` evaluations and then
     charges ``over`` (``limit=None``: never breaks; ``calls`` counts the evaluations)."""
