@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
+from huey.consumer import Consumer
 from sqlalchemy import update
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means, the default
@@ -78,13 +79,15 @@ def _push_raw(queue: Queue, data: bytes) -> None:
             )
 
 
-def _run_until(queue: Queue, token: str) -> None:
+def _run_until(queue: Queue, token: str) -> Consumer:
+    """Consume ``queue`` until the task marking ``token`` has run; the stopped consumer."""
     consumer = queue.consumer(1, embedded=True)
     consumer.start()
     try:
         assert _seen[token].wait(timeout=20), "the task did not run"
     finally:
         consumer.stop(graceful=True)
+    return consumer
 
 
 def test_enqueued_task_runs_and_consumer_stops_cleanly(queue: Queue) -> None:
@@ -93,12 +96,7 @@ def test_enqueued_task_runs_and_consumer_stops_cleanly(queue: Queue) -> None:
     _seen[token] = threading.Event()
     queue.enqueue("test.mark", token)
     assert queue.pending() == 1
-    consumer = queue.consumer(1, embedded=True)
-    consumer.start()
-    try:
-        assert _seen[token].wait(timeout=20), "the task did not run"
-    finally:
-        consumer.stop(graceful=True)
+    consumer = _run_until(queue, token)
     assert queue.pending() == 0
     assert all(not t.is_alive() for _, t in consumer.worker_threads)
     queue.huey.storage.flush_all()
