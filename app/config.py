@@ -143,8 +143,8 @@ class Settings(BaseSettings):
             # owner-only (0700) where we create them: raw tables are encrypted, but the
             # database, the queue and the release artifacts are not, and the default key
             # file sits here too. An existing directory keeps the mode it was given (the
-            # curator command warns when it is open to others, and its umask makes the
-            # files it writes 0600).
+            # curator command warns when it is open to others, and its umask keeps the
+            # files it writes closed to them).
             for path in (self.data_dir, self.datasets_dir, self.releases_dir, self.tmp_dir):
                 path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
