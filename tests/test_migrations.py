@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import uuid
@@ -577,7 +578,7 @@ def _rename_update_trigger(url: str) -> None:
 
 @pytest.mark.parametrize("renamed", [False, True], ids=["0002_trigger", "renamed_trigger"])
 def test_0011_scrubs_the_alpha_of_compressed_releases_with_the_data_as_reference(
-    empty_database: str, renamed: bool
+    empty_database: str, renamed: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With the data as reference, alpha (two eigenvalues of the data's covariance) was
     stored in the measurement record and, before 0a3d900, reported in ``resolved``. 0011
@@ -630,7 +631,15 @@ def test_0011_scrubs_the_alpha_of_compressed_releases_with_the_data_as_reference
     if renamed:
         _rename_update_trigger(url)
     before = _measurement_payloads(url)
-    migrations.upgrade(url, "0011")
+    with caplog.at_level(logging.WARNING, logger="curator.migrations"):
+        migrations.upgrade(url, "0011")
+    # the releases whose release.json still holds a reported alpha, by id
+    logged = [r.getMessage() for r in caplog.records if r.name == "curator.migrations"]
+    assert len(logged) == 1
+    assert "1 compressed releases reported alpha" in logged[0]
+    assert str(data) in logged[0]
+    assert str(declared) not in logged[0]
+    assert "12.5" not in logged[0]
     after = _measurement_payloads(url)
     assert after[data] == before[data] | {"alpha": None, "alpha_pairwise": None}
     assert after[declared] == before[declared]

@@ -22,8 +22,8 @@ UPDATE triggers (found by table, whatever their names) are lifted for this one U
 in the migration's transaction, and restored before it commits, so no other writer can
 change a record meanwhile. The values are gone
 for good. A ``release.json`` artifact written before 0a3d900 still holds the alpha it
-reported: a re-synthesis (``POST /v1/releases/{id}/resynthesize``) writes it again
-without.
+reported (the upgrade logs those releases' ids, ids only): a re-synthesis
+(``POST /v1/releases/{id}/resynthesize``) writes it again without.
 
 The code before f6cff34 reads a stored alpha as a float (``float(data["alpha"])``) and
 fails on null, so the downgrade writes infinity there ("the bound does not apply", which
@@ -31,6 +31,7 @@ that code took for a singular covariance): no statistic, and a record that code 
 Today's code ignores the stored alpha of a data reference.
 """
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -42,6 +43,8 @@ revision: str = "0011"
 down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+log = logging.getLogger("curator.migrations")
 
 #: ``app.releases.adapters.compressed.DATA_REFERENCE_NOTE`` as of this revision.
 DATA_REFERENCE_NOTE = (
@@ -143,8 +146,10 @@ def _rewrite(alpha: Any, note: bool) -> None:
                 )
     if not note:
         return
+    reported = []
     for release_id, _, resolved in records:
         if resolved.get("alpha") is not None or resolved.get("alpha_pairwise") is not None:
+            reported.append(str(release_id))
             scrubbed = {
                 **resolved,
                 "alpha": None,
@@ -154,6 +159,14 @@ def _rewrite(alpha: Any, note: bool) -> None:
             bind.execute(
                 _releases.update().where(_releases.c.id == release_id).values(resolved=scrubbed)
             )
+    if reported:
+        log.warning(
+            "0011: %d compressed releases reported alpha (a statistic of the data) before "
+            "it was withheld; their release.json artifacts still hold it until each is "
+            "re-synthesised (POST /v1/releases/{id}/resynthesize): %s",
+            len(reported),
+            ", ".join(reported),
+        )
 
 
 def upgrade() -> None:
