@@ -26,6 +26,7 @@ from app.core.deps import key_authenticates
 from app.core.errors import (
     ErrorBarrier,
     Unauthorized,
+    error_response,
     install_error_handlers,
     install_error_schema,
 )
@@ -120,15 +121,6 @@ class BodyLimit:
             asyncio.AbstractEventLoop, asyncio.Lock
         ] = weakref.WeakKeyDictionary()
 
-    async def _unauthenticated(self, scope: Scope) -> str | None:
-        """Why the request's key is refused (:data:`MISSING_KEY`, :data:`INVALID_KEY`), or
-        None if it is an active key."""
-        header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
-        scheme, secret = get_authorization_scheme_param(header.decode("latin-1"))
-        if scheme.lower() != "bearer" or not secret:
-            return MISSING_KEY
-        return None if await run_in_threadpool(self.authenticate, secret) else INVALID_KEY
-
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:
         response = JSONResponse(
@@ -143,16 +135,17 @@ class BodyLimit:
         await response(scope, receive, send)
 
     async def _admitted(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Whether a large body may be read; if not, the 401 has been sent."""
-        refusal = await self._unauthenticated(scope)
-        if refusal is None:
+        """Whether a large body may be read: the request's bearer key is active. If not,
+        the route's 401 (:data:`MISSING_KEY` or :data:`INVALID_KEY`) has been sent."""
+        header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
+        scheme, secret = get_authorization_scheme_param(header.decode("latin-1"))
+        if scheme.lower() != "bearer" or not secret:
+            refusal = MISSING_KEY
+        elif await run_in_threadpool(self.authenticate, secret):
             return True
-        response = JSONResponse(
-            Unauthorized(refusal).body(),
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-        await response(scope, receive, send)
+        else:
+            refusal = INVALID_KEY
+        await error_response(Unauthorized(refusal))(scope, receive, send)
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -209,11 +209,17 @@ _STATUS_CODES = {
 }
 
 
+def error_response(exc: ServiceError) -> JSONResponse:
+    """The response of ``exc``: its body and status, and for a 401 the
+    ``WWW-Authenticate`` challenge (the route's handler and ``app.main.BodyLimit``)."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
