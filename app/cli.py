@@ -261,8 +261,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_create_user(args: argparse.Namespace) -> int:
+    from app.core.types import Name
     from app.users import service
-    from app.users.schemas import Name
 
     try:
         name = TypeAdapter(Name).validate_python(args.name)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ValidatorFunctionWrapHandler
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    StringConstraints,
+    ValidatorFunctionWrapHandler,
+)
 
 #: Floats hold every integer up to here exactly; past it ``2^53 + 1`` reads as ``2^53``.
 EXACT_FLOAT_INTEGERS = 2**53
@@ -84,3 +89,12 @@ def no_control_characters(text: str) -> str:
     if problem is not None:
         raise ValueError(problem)
     return text
+
+
+#: A name a person gives (a user, a dataset): trimmed, 1-200 characters, no control
+#: character (NUL cannot be stored in PostgreSQL text; escapes reach terminals).
+Name = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    AfterValidator(no_control_characters),
+]

@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -26,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.core.types import control_character_error, integral_number, no_control_characters
+from app.core.types import Name, control_character_error, integral_number
 
 #: Column names and categories have no character rule of their own: these types also read
 #: the declarations stored before there was one (``DatasetOut``, the columns a release
@@ -71,12 +70,12 @@ def declared_text_error(text: str) -> str | None:
         return problem
     if not text.startswith(FORMULA_TRIGGERS) or _PLAIN_NUMBER.fullmatch(text) is not None:
         return None
-    calls = [c for c in FORMULA_CALLS if c in text]
     if text.startswith("="):
         return (
             f"{text!r} starts with '=': a spreadsheet opening the synthetic CSV would run it "
             "as a formula; a column name or category may not start with '='"
         )
+    calls = [c for c in FORMULA_CALLS if c in text]
     if calls:
         return (
             f"{text!r} starts with {text[0]!r} and holds {calls[0]!r}: a spreadsheet opening "
@@ -195,21 +194,12 @@ class BudgetIn(BaseModel):
         return self
 
 
-#: A new declaration's name (``DatasetOut`` reads stored names as plain text: a dataset
-#: named before the rule on control characters is still shown).
-DatasetName = Annotated[
-    str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
-    AfterValidator(no_control_characters),
-]
-
-
 class DatasetDeclaration(BaseModel):
     """The ``schema`` form field of ``POST /v1/datasets`` for a table."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: DatasetName
+    name: Name  # DatasetOut reads stored names as plain text (named before the rule)
     kind: Literal["table"] = "table"
     columns: Annotated[list[Column], Field(min_length=1, max_length=MAX_COLUMNS)]
     budget: BudgetIn
@@ -287,7 +277,7 @@ class GraphDeclaration(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: DatasetName
+    name: Name
     kind: Literal["graph"]
     vertices: Annotated[int, Field(ge=2, le=MAX_VERTICES), BeforeValidator(integral_number)]
     budget: BudgetIn

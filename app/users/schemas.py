@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict
 
-from app.core.types import no_control_characters
+from app.core.types import Name
 from app.models import Role
-
-#: No control characters (NUL cannot be stored in PostgreSQL text; escapes reach terminals):
-#: the rule of every name and declared label (``app.core.types.control_character_error``).
-Name = Annotated[
-    str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
-    AfterValidator(no_control_characters),
-]
 
 
 class UserCreate(BaseModel):
