@@ -311,7 +311,7 @@ class _OverBudget(Exception):
 def _polynomial(
     form: PolynomialForm,
     info: DatasetInfo,
-    columns: _Columns | None = None,
+    columns: _Columns,
     budget: int | None = None,
 ) -> Polynomial:
     """Expand ``sum_j a_j prod_i (a_i + b_i x'_i)^(p_ji)`` into monomials of ``x'``
@@ -324,7 +324,6 @@ def _polynomial(
     monomials first appear (the order, values and summation order of a dense expansion).
     With a ``budget``, :class:`_OverBudget` as soon as the monomials pass it (checked
     after each term, before anything dense is built)."""
-    columns = _Columns(info) if columns is None else columns
     if form.space == "original":
         size = sum(math.prod(p + 1 for p in term.powers.values()) for term in form.terms)
         if size > MAX_MONOMIALS:
@@ -417,8 +416,7 @@ def _too_many_pairs(pairs: int) -> InvalidRequest:
     )
 
 
-def _product(form: ProductForm, info: DatasetInfo, columns: _Columns | None = None) -> ProductQuery:
-    columns = _Columns(info) if columns is None else columns
+def _product(form: ProductForm, info: DatasetInfo, columns: _Columns) -> ProductQuery:
     factors: list[Any] = [None] * info.d
     for name, factor in form.factors.items():
         i = columns.index(name)

@@ -987,13 +987,6 @@ def _moment_replicates(
     return replicates, f"{int(replicates.sizes.sum())} support points"
 
 
-def _stored_replicates(artifacts: Path) -> dict[str, NDArray[Any]] | None:
-    """The arrays of the bootstrap replicates the synthesis stored (:data:`REPLICATES_FILE`),
-    read in full, or ``None``: a version synthesised before they were stored, one whose
-    refits failed or were skipped, or an unreadable file."""
-    return _stored_arrays(artifacts / REPLICATES_FILE)
-
-
 def _save_arrays(path: Path, arrays: Mapping[str, NDArray[Any]]) -> None:
     """``arrays`` as a ``.npz`` artifact (plain numeric arrays: nothing is pickled; no
     ``allow_pickle`` argument, which numpy before 2.1 would store as one more array)."""
@@ -1002,7 +995,9 @@ def _save_arrays(path: Path, arrays: Mapping[str, NDArray[Any]]) -> None:
 
 
 def _stored_arrays(stored: Path) -> dict[str, NDArray[Any]] | None:
-    """The arrays of a ``.npz`` artifact, read in full, or ``None`` (missing or unreadable)."""
+    """The arrays of a ``.npz`` artifact, read in full, or ``None``: missing (a version
+    synthesised before the artifact was stored, or one whose bootstrap refits failed or
+    were skipped) or unreadable."""
     if not stored.is_file():
         return None
     try:
@@ -1017,7 +1012,7 @@ def _restore_replicates(
 ) -> None:
     """The stored bootstrap laws and a tree release's fitted law, if they fit this release
     (otherwise they are computed on the first answer: the same values, later)."""
-    arrays = _stored_replicates(artifacts)
+    arrays = _stored_arrays(artifacts / REPLICATES_FILE)
     if arrays is not None:
         law.restore_noise_replicates(arrays)
     if isinstance(law, marginal_tree.TreeMeasurements):
@@ -1029,7 +1024,7 @@ def _restore_replicates(
 def _load_support_replicates(artifacts: Path, d: int) -> ss.SupportReplicates | None:
     """The stored bootstrap supports of a moments release, or ``None`` (none stored, or
     a file that is unreadable or does not fit: its answers then have no standard error)."""
-    arrays = _stored_replicates(artifacts)
+    arrays = _stored_arrays(artifacts / REPLICATES_FILE)
     if arrays is None:
         return None
     try:
