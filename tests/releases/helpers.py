@@ -52,6 +52,25 @@ def run_all(client: TestClient, release_id: str) -> None:
     run_synthesize(services, uuid.UUID(release_id))
 
 
+def finished_release(
+    client: TestClient,
+    curator: Caller,
+    dataset_id: str,
+    body: dict[str, Any],
+    reader: Caller | None = None,
+) -> dict[str, Any]:
+    """Request a release (202), run its stages, and read it back as ``reader`` (the
+    curator by default): it must have succeeded."""
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    headers = (reader or curator).headers
+    release: dict[str, Any] = client.get(f"/v1/releases/{release_id}", headers=headers).json()
+    assert release["status"] == "succeeded", release
+    return release
+
+
 def race_same_key(
     client: TestClient, caller: Caller, dataset_id: str, body: dict[str, Any], copies: int = 10
 ) -> None:

@@ -22,6 +22,7 @@ from tests.datasets.test_graphs import upload_graph
 from tests.releases.helpers import (
     assert_sessions_free_while_held,
     budget,
+    finished_release,
     race_same_key,
     request_release,
     run_all,
@@ -99,12 +100,8 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
     assert preview["resolved"]["domain_size"] == 8
     assert preview["resolved"]["public_column"] == "movie"
     assert preview["accuracy"]["rmse_bound"] > 0
-    release = request_release(client, curator, dataset_id, body)
-    assert release.status_code == 202, release.text
-    release_id = release.json()["id"]
-    run_all(client, release_id)
-    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
-    assert done["status"] == "succeeded", done
+    done = finished_release(client, curator, dataset_id, body)
+    release_id = done["id"]
     assert done["privacy_cost"]["epsilon"] <= 2.0
     assert done["resolved"]["domain_size"] == 8
 

@@ -20,7 +20,7 @@ from app.mechanisms.smooth_synopsis import Synopsis
 from app.releases.adapters import smooth_synopsis as smooth_synopsis_adapter
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
-from tests.releases.helpers import budget, request_release, run_all, services_of
+from tests.releases.helpers import budget, finished_release, request_release, run_all, services_of
 
 BOUNDS = {"x": (0.0, 10.0), "y": (-5.0, 5.0), "z": (100.0, 200.0)}
 
@@ -470,12 +470,8 @@ def test_smooth_synthetic_tree_end_to_end(
         "grid_size": 10_000,
     }
     assert budget(client, curator, dataset_id)["entries"] == []
-    response = request_release(client, curator, dataset_id, body)
-    assert response.status_code == 202, response.text
-    release_id = response.json()["id"]
-    run_all(client, release_id)
-    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
-    assert release["status"] == "succeeded", release
+    release = finished_release(client, curator, dataset_id, body)
+    release_id = release["id"]
     assert release["privacy_cost"]["epsilon"] <= 2.0
     assert release["privacy_cost"]["delta"] <= 1e-6
     resolved = release["resolved"]
