@@ -91,6 +91,7 @@ def answer(
         if release.published_version is None:
             raise Conflict(f"the release is {release.status}; answers exist once it succeeded")
         mechanism = registry.get(release.mechanism)
+        guarantee = mechanism.guarantee_for(release.params)
         info = release_info(session, release)
         key = (release.id, release.published_version)
         loaded = _cache.get(key)
@@ -116,7 +117,7 @@ def answer(
     return AnswersOut(
         release_id=release_id,
         mechanism=mechanism.name,
-        guarantee=mechanism.guarantee,
+        guarantee=guarantee,
         answers=answers,
     )
 

@@ -53,8 +53,9 @@ moving references bisect an entry of the data's ``Sigma`` and independent repeat
 ``reference`` the data's own ``Sigma`` is used (``reference_kind = "data"``): the
 truncation region then moves with the data, which the paper's proof does not cover (an
 output that a neighbour's region excludes has probability at most ``1/n^2`` by Lemma 4.4,
-an additive failure probability), and ``alpha`` is computed from two eigenvalues of the
-data's ``Sigma``, so ``alpha`` itself is a statistic of the data: it is not computed
+an additive failure probability), so such a release claims no guarantee
+(:data:`DATA_REFERENCE_GUARANTEE`); and ``alpha`` would be computed from two eigenvalues of
+the data's ``Sigma``, so ``alpha`` itself is a statistic of the data: it is not computed
 (``alpha = None``), so it is neither stored with the measurement nor reported
 (:mod:`app.releases.adapters.compressed`).
 
@@ -107,6 +108,13 @@ C2 = math.sqrt(8.0) * math.e
 C = math.sqrt(2.0 * (C1 + C2))
 
 GUARANTEE = "distributional privacy (paper 002), not differential privacy"
+#: The guarantee of a release with the data as its own reference: Theorem 4.6 is proved
+#: for a truncation region fixed in advance (a public ``Sigma_1``), so none is claimed.
+DATA_REFERENCE_GUARANTEE = (
+    "no proven privacy guarantee: paper 002's distributional privacy (Theorem 4.6) needs a "
+    "declared reference covariance (params.reference), and with the data's own the "
+    "truncation region moves with the data; not differential privacy"
+)
 
 #: Redraws of ``Phi`` before giving up. Under Lemma 4.4 each draw is truncated with
 #: probability <= 1/n^2, so reaching this limit has probability <= n^(-2 * MAX_DRAWS).
@@ -122,6 +130,12 @@ _BLOCK_ENTRIES = 1 << 22
 MAX_PROJECTION_ENTRIES = 5 * 10**9
 
 ReferenceKind = Literal["declared", "data"]
+
+
+def guarantee_of(reference_kind: ReferenceKind) -> str:
+    """What a release with this reference may claim: :data:`GUARANTEE` for a declared
+    reference, :data:`DATA_REFERENCE_GUARANTEE` (no proven guarantee) for the data's own."""
+    return GUARANTEE if reference_kind == "declared" else DATA_REFERENCE_GUARANTEE
 
 
 def min_rows(n: int, p: int) -> int:
@@ -219,6 +233,8 @@ class PCAResult:
 class CompressedRelease:
     """The compressed matrix ``Phi X`` with its distributional-privacy bound.
 
+    ``guarantee`` follows from ``reference_kind`` (:func:`guarantee_of`): paper 002's
+    distributional privacy for a declared reference, no proven guarantee for the data's own.
     ``privacy_cost`` has ``kind="distributional"`` and epsilon 0 so that it can never be
     added to an epsilon sum; the guarantee is ``alpha`` (Theorem 4.6, comparing with the
     reference) and ``alpha_pairwise = 2 alpha`` (Remark 4.7, any two databases of
@@ -231,7 +247,7 @@ class CompressedRelease:
     delta_max: float
     alpha: float | None
     reference_kind: ReferenceKind
-    guarantee: str = GUARANTEE
+    guarantee: str = field(init=False)
     privacy_cost: PrivacyCost = field(init=False)
 
     def __post_init__(self) -> None:
@@ -250,8 +266,7 @@ class CompressedRelease:
                 raise MechanismError("alpha must be None with the data as reference")
         elif self.alpha is None or not (self.alpha >= 0.0):
             raise MechanismError("alpha must be >= 0 (inf when the bound does not apply)")
-        if self.guarantee != GUARANTEE:
-            raise MechanismError(f"guarantee must read {GUARANTEE!r}")
+        object.__setattr__(self, "guarantee", guarantee_of(self.reference_kind))
         matrix.setflags(write=False)
         object.__setattr__(self, "matrix", matrix)
         object.__setattr__(self, "n", int(self.n))
@@ -323,7 +338,9 @@ class CompressedRelease:
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CompressedRelease:
         """A stored record; one with the data as reference recorded before ``alpha`` was
-        left out of it loads without it (it was never reported)."""
+        left out of it loads without it (it was never reported). The stored ``guarantee``
+        is not read: it follows from ``reference_kind`` (records with the data as
+        reference stored :data:`GUARANTEE` before :data:`DATA_REFERENCE_GUARANTEE`)."""
         kind = str(data["reference_kind"])
         return cls(
             matrix=np.asarray(data["matrix"], dtype=np.float64),
@@ -331,7 +348,6 @@ class CompressedRelease:
             delta_max=float(data["delta_max"]),  # type: ignore[arg-type]
             alpha=None if kind == "data" else float(data["alpha"]),  # type: ignore[arg-type]
             reference_kind=kind,  # type: ignore[arg-type]
-            guarantee=str(data.get("guarantee", GUARANTEE)),
         )
 
 

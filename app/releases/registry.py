@@ -166,6 +166,12 @@ class Mechanism(ABC):
         if self.requires_delta and delta <= 0:
             raise InvalidRequest(f"{self.name} with these parameters needs delta > 0")
 
+    def guarantee_for(self, params: Mapping[str, Any]) -> str:
+        """The guarantee a release with these params (as stored, or as the request's JSON)
+        carries, as every response names it. By default :attr:`guarantee`; a mechanism
+        whose guarantee depends on a parameter says which applies."""
+        return self.guarantee
+
     def post_processing_for(self, stored: Mapping[str, Any]) -> frozenset[str]:
         """The :attr:`post_processing` fields a re-synthesis of a release with these
         stored params may change (the list a refusal names). By default all of them."""

@@ -161,7 +161,8 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
     if mechanism.privacy_kind == "non_dp":
         if body.epsilon is not None or body.delta:
             raise InvalidRequest(
-                f"{mechanism.name} is not differentially private ({mechanism.guarantee}); "
+                f"{mechanism.name} is not differentially private "
+                f"({mechanism.guarantee_for(body.params)}); "
                 "omit epsilon and delta"
             )
         _check_opt_in(dataset, mechanism)
@@ -388,7 +389,7 @@ def create_release(
         mechanism=body.mechanism,
         epsilon=checked.epsilon,
         delta=checked.delta,
-        guarantee=checked.mechanism.guarantee,
+        guarantee=checked.mechanism.guarantee_for(checked.params_json),
     )
     release_id = str(release.id)
     on_commit(session, lambda: services.queue.enqueue(MEASURE_TASK, release_id))
@@ -421,7 +422,7 @@ def to_out(session: Session, release: Release) -> ReleaseOut:
         id=release.id,
         dataset_id=release.dataset_id,
         mechanism=release.mechanism,
-        guarantee=mechanism.guarantee if mechanism else "unknown",
+        guarantee=mechanism.guarantee_for(release.params) if mechanism else "unknown",
         status=release.status,
         progress=release.progress,
         message=release.message,
@@ -616,7 +617,7 @@ def preview(
     )
     return PreviewOut(
         mechanism=checked.mechanism.name,
-        guarantee=checked.mechanism.guarantee,
+        guarantee=checked.mechanism.guarantee_for(checked.params_json),
         epsilon=body.epsilon,
         delta=checked.delta,
         columns=checked.info.names,

@@ -41,7 +41,9 @@ def test_constants_of_lemma_b1() -> None:
 
 def test_label_and_cost_say_not_dp() -> None:
     released = cp.release(correlated(2000, 0), m=400, delta_max=0.05)
-    assert released.guarantee == "distributional privacy (paper 002), not differential privacy"
+    # with the data as its own reference Theorem 4.6 does not apply: no guarantee claimed
+    assert released.guarantee == cp.DATA_REFERENCE_GUARANTEE
+    assert released.guarantee.startswith("no proven privacy guarantee")
     assert "not differential privacy" in str(released.to_dict()["guarantee"])
     assert released.privacy_cost.kind == "distributional"
     assert released.privacy_cost.epsilon == 0.0
@@ -63,8 +65,18 @@ def test_label_and_cost_say_not_dp() -> None:
         )
     with pytest.raises(MechanismError, match="alpha must be >= 0"):
         cp.CompressedRelease(released.matrix, 2000, 0.05, alpha=None, reference_kind="declared")
-    with pytest.raises(MechanismError, match="guarantee"):
-        cp.CompressedRelease.from_dict(released.to_dict() | {"guarantee": "epsilon-DP"})
+    # the guarantee follows from the reference, whatever a record says: one stored before
+    # the data-reference label (it claimed paper 002's guarantee) loads with the honest one
+    for stored in ("epsilon-DP", cp.GUARANTEE):
+        relabelled = cp.CompressedRelease.from_dict(released.to_dict() | {"guarantee": stored})
+        assert relabelled.guarantee == cp.DATA_REFERENCE_GUARANTEE
+    declared = cp.release(
+        correlated(2000, 0), m=400, delta_max=0.5, reference=normalised_cov(correlated(2000, 0))
+    )
+    assert declared.reference_kind == "declared"
+    assert declared.guarantee == cp.GUARANTEE
+    assert declared.guarantee == "distributional privacy (paper 002), not differential privacy"
+    assert cp.CompressedRelease.from_dict(declared.to_dict()).guarantee == cp.GUARANTEE
 
 
 def test_phi_entries_are_n01_over_n() -> None:

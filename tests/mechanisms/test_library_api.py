@@ -73,6 +73,6 @@ def test_the_other_mechanisms_as_design_section_6() -> None:
     X = np.clip(rng.normal(0.0, 0.3, size=(1000, 4)), -1, 1)
     cp = compressed.release(X, m=500, delta_max=0.05, rng=rng)
     assert cp.matrix.shape == (500, 4)
-    assert "distributional" in cp.guarantee
+    assert cp.guarantee.startswith("no proven privacy guarantee")  # no declared reference
     assert cp.privacy_cost["kind"] != "dp"
     assert len(cp.pca(2).explained_variance) == 2

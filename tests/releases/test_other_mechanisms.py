@@ -467,17 +467,22 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     )
     assert small.status_code == 422
     assert "must be at least" in small.json()["error"]["message"]
+    # with the data as its own reference Theorem 4.6 does not apply: no guarantee is
+    # claimed, from the preview and the request on (the design audit: it claimed paper 002's)
+    preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
+    assert preview.json()["resolved"]["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
     response = request_release(client, curator, dataset_id, body)
     assert response.status_code == 202, response.text
-    assert (
-        response.json()["guarantee"]
-        == "distributional privacy (paper 002), not differential privacy"
-    )
+    assert response.json()["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
+    assert cp.DATA_REFERENCE_GUARANTEE.startswith("no proven privacy guarantee")
     release_id = response.json()["id"]
     run_all(client, release_id)
     done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert done["status"] == "succeeded", done
     assert done["privacy_cost"]["kind"] == "distributional"
+    assert done["guarantee"] == done["resolved"]["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
     # the data as its own reference: no alpha, which would be a statistic of the data
     assert done["resolved"]["reference"] == "data"
     assert (done["resolved"]["alpha"], done["resolved"]["alpha_pairwise"]) == (None, None)
@@ -486,6 +491,7 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
         f"/v1/releases/{release_id}/artifacts/release.json", headers=curator.headers
     ).json()
     assert (card["alpha"], card["alpha_note"]) == (None, done["resolved"]["alpha_note"])
+    assert card["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
     # nor is it kept with the stored measurement (privacy-rules audit: it was, unreported)
     from app.models import ReleaseMeasurement
     from app.releases.payloads import unpack
@@ -503,15 +509,24 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
         {**body, "params": {"delta_max": 0.1, "reference": [[1.0, 0.0], [0.0, 1.0]]}},
     )
     assert declared.status_code == 202, declared.text
+    assert declared.json()["guarantee"] == cp.GUARANTEE
+    assert cp.GUARANTEE == "distributional privacy (paper 002), not differential privacy"
     run_all(client, declared.json()["id"])
-    resolved = client.get(f"/v1/releases/{declared.json()['id']}", headers=curator.headers).json()[
-        "resolved"
-    ]
+    shown = client.get(f"/v1/releases/{declared.json()['id']}", headers=curator.headers).json()
+    assert shown["guarantee"] == cp.GUARANTEE
+    resolved = shown["resolved"]
+    assert resolved["guarantee"] == cp.GUARANTEE
     assert resolved["reference"] == "declared"
     assert resolved["alpha"] == pytest.approx(53.62, abs=0.01)  # Theorem 4.6 at I, 0.1, n, p, m
     assert resolved["alpha_pairwise"] == 2 * resolved["alpha"]
     answers = _answers(client, curator, release_id, [{"type": "pca", "k": 1}]).json()
-    assert answers["guarantee"] == "distributional privacy (paper 002), not differential privacy"
+    assert answers["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
+    assert answers["answers"][0]["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
+    declared_answers = _answers(
+        client, curator, declared.json()["id"], [{"type": "pca", "k": 1}]
+    ).json()
+    assert declared_answers["guarantee"] == cp.GUARANTEE
+    assert declared_answers["answers"][0]["guarantee"] == cp.GUARANTEE
     value = answers["answers"][0]["value"]
     assert len(value["components"]) == 1
     assert len(value["components"][0]) == 2

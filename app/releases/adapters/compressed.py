@@ -1,15 +1,17 @@
 """Release type ``compressed``: paper 002's random projection ``Phi X``.
 
-NOT differential privacy. The guarantee is paper 002's distributional privacy, with the
-bound ``alpha`` of Theorem 4.6 (infinite where the theorem's conditions fail); every
-response names it. The release needs the curator's opt-in on the dataset, takes no
-epsilon, and is recorded in the ledger as ``non_dp``. Without a declared ``reference``
-covariance the truncation region depends on the data (see :mod:`app.mechanisms.compressed`)
-and ``alpha`` would be computed from two eigenvalues of the data's own covariance, an exact
-statistic: it is then neither computed, stored nor reported (``alpha: null`` with
-:data:`DATA_REFERENCE_NOTE`). Migration 0011 removed it from the records and responses of
-releases measured before this rule; a ``release.json`` they wrote keeps it until they are
-re-synthesised.
+NOT differential privacy. With a declared ``reference`` covariance the guarantee is paper
+002's distributional privacy, with the bound ``alpha`` of Theorem 4.6 (infinite where the
+theorem's conditions fail); every response names it. The release needs the curator's
+opt-in on the dataset, takes no epsilon, and is recorded in the ledger as ``non_dp``.
+Without a declared ``reference`` the truncation region depends on the data (see
+:mod:`app.mechanisms.compressed`), which the theorem does not cover, so the release claims
+no guarantee (:data:`app.mechanisms.compressed.DATA_REFERENCE_GUARANTEE`, in every
+response from the request on); and ``alpha`` would be computed from two eigenvalues of the
+data's own covariance, an exact statistic: it is then neither computed, stored nor reported
+(``alpha: null`` with :data:`DATA_REFERENCE_NOTE`). Migration 0011 removed it from the
+records and responses of releases measured before this rule; a ``release.json`` they wrote
+keeps it (and the old label) until they are re-synthesised.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class CompressedParams(BaseModel):
     reference: list[list[float]] | None = Field(
         default=None,
         description="declared reference normalised covariance Sigma_1 (p x p); without it the "
-        "data's own is used and no alpha is reported (it would be a statistic of the data)",
+        "data's own is used, the release claims no proven guarantee (Theorem 4.6 needs a "
+        "declared reference) and no alpha is reported (it would be a statistic of the data)",
     )
 
 
@@ -113,6 +116,11 @@ class Compressed(registry.Mechanism):
     #: retried with moving references, bisected an entry of it to 2e-8 in 24 requests.
     single_release: ClassVar[bool] = True
 
+    def guarantee_for(self, params: Mapping[str, Any]) -> str:
+        """Paper 002's distributional privacy with a declared reference; no proven guarantee
+        with the data's own (:func:`app.mechanisms.compressed.guarantee_of`)."""
+        return cp.guarantee_of("data" if params.get("reference") is None else "declared")
+
     def _m(self, info: DatasetInfo, params: BaseModel) -> int:
         assert isinstance(params, CompressedParams)
         return params.m if params.m is not None else cp.min_rows(info.n_rows, info.d)
@@ -148,7 +156,7 @@ class Compressed(registry.Mechanism):
                 "m": m,
                 "min_m": cp.min_rows(info.n_rows, info.d),
                 "truncation_radius": cp.truncation_radius(info.n_rows, info.d, m, params.delta_max),
-                "guarantee": self.guarantee,
+                "guarantee": self.guarantee_for(params.model_dump()),
             },
             "accuracy": {
                 "note": "alpha (Theorem 4.6) and the PCA projector bound are computed at release "
