@@ -9,10 +9,13 @@ Totals compose by basic (sequential) composition: epsilons add and deltas add.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from app.mechanisms.errors import MechanismError
+
+#: The keys of a :class:`PrivacyCost` read as a mapping, in :meth:`PrivacyCost.as_dict`'s order.
+_KEYS = ("kind", "epsilon", "delta", "parts")
 
 
 def check_budget(epsilon: float, delta: float) -> None:
@@ -39,12 +42,17 @@ class CostPart:
 
 
 @dataclass(frozen=True)
-class PrivacyCost:
+class PrivacyCost(Mapping[str, object]):
     """Total (epsilon, delta) of a release and the steps that make it up.
 
     ``kind`` is ``"dp"`` for differential privacy. A guarantee that is not
     differential privacy (paper 002's distributional privacy) uses its own kind and
     is never added to epsilon sums.
+
+    Also a read-only mapping (DESIGN.md §6 reads ``privacy_cost`` as the dict
+    ``{"epsilon": ..., "delta": ...}``): ``cost["epsilon"]``, ``dict(cost)`` and
+    ``cost.keys()`` give :meth:`as_dict`'s ``kind``, ``epsilon``, ``delta`` and ``parts``.
+    Equality and hashing stay the dataclass's (field by field).
     """
 
     epsilon: float
@@ -81,6 +89,12 @@ class PrivacyCost:
         library API of DESIGN.md §6 reads a release's ``privacy_cost`` as the dict
         ``{"epsilon": ..., "delta": ...}``; the fields are the same values."""
         return self.as_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KEYS)
+
+    def __len__(self) -> int:
+        return len(_KEYS)
 
     def as_dict(self) -> dict[str, object]:
         return {

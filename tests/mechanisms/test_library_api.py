@@ -43,6 +43,16 @@ def test_smooth_mechanisms_as_design_section_6() -> None:
     assert rel.answer(q) == pytest.approx(float(rel.weights @ q.evaluate(rel.points)))
     assert rel.privacy_cost["epsilon"] == rel.privacy_cost.epsilon <= 1.0
     assert rel.privacy_cost["delta"] == 0.0
+    # "{"epsilon": ..., "delta": ...}": read as a mapping too (the design audit: dict() of it
+    # raised KeyError: 0)
+    as_dict = dict(rel.privacy_cost)
+    assert as_dict == rel.privacy_cost.as_dict()
+    assert (as_dict["epsilon"], as_dict["delta"]) == (rel.privacy_cost.epsilon, 0.0)
+    assert list(rel.privacy_cost) == ["kind", "epsilon", "delta", "parts"]
+    assert len(rel.privacy_cost) == 4
+    assert "epsilon" in rel.privacy_cost
+    assert "alpha" not in rel.privacy_cost
+    assert rel.privacy_cost.get("delta") == 0.0
 
     syn = smooth_synopsis.measure(X, epsilon=1.0, delta=0.0, smoothness=4, basis_size=None, rng=rng)
     # over 200 releases: rms error 0.0013, worst 0.0042 (the synopsis's accuracy is
