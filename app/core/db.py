@@ -4,10 +4,11 @@ One rule: the caller owns the transaction. A request gets a session from
 :func:`get_session` (committed after the endpoint returns, before the response is sent;
 rolled back on any error), and a service given that session never commits it; a worker
 stage uses :meth:`Database.transaction`. A use case whose slow part (decoding a
-release, answering, rotating keys, validating an upload) must not hold one of the
-process's few sessions opens its own short transactions with
-:meth:`Database.transaction` instead of taking the request's (``answers.service``,
-``releases.service.preview``, ``datasets.service.rotate_data_key``). Work that must happen only once the transaction has
+release and answering, checking a release request, re-encrypting files) must not hold
+one of the process's few sessions opens its own short transactions with
+:meth:`Database.transaction` instead of taking the request's
+(``answers.service.answer``, ``releases.service.preview`` and the release request's
+checks, ``datasets.service.rotate_data_key``, a CLI command). Work that must happen only once the transaction has
 committed (enqueueing a job) or undone when it rolls back (deleting a file written for
 it) is registered with :func:`on_commit` / :func:`on_rollback`.
 
