@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from app.config import Settings
-from app.core.errors import BudgetExhausted, Conflict
+from app.core.errors import BudgetExhausted, Conflict, InvalidRequest
 from app.core.services import Services
 from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
@@ -293,3 +293,31 @@ def test_reservations_ignore_a_repeatable_read_default(settings: Settings) -> No
         _race(services, 10, 0.1, attempts=20, read_first=True)
     finally:
         services.close()
+
+
+def test_a_negative_reservation_is_refused_before_the_database(services: Services) -> None:
+    """The service refuses a negative epsilon or delta itself (InvalidRequest, a 422), in
+    either amount; the database's ``amounts_nonnegative`` constraint alone would answer
+    with an IntegrityError (a 500)."""
+    dataset_id = _dataset(services, 1.0, 1e-6)
+    (release_id,) = _releases(services, dataset_id, 1)
+    for epsilon, delta in [(-1, 0), (0, -1), (10, -1)]:
+        with (
+            pytest.raises(InvalidRequest, match="cannot be negative"),
+            services.db.transaction() as session,
+        ):
+            ledger.reserve(session, dataset_id, release_id, epsilon, delta, WORKER)
+    assert _balance(services, dataset_id).epsilon_remaining == epsilon_units(1.0, charge=False)
+
+
+def test_an_epsilon_total_of_zero_is_refused(services: Services) -> None:
+    """budget.epsilon must be positive: 0 is refused by the service (422), not left to the
+    database's check constraint; the total is unchanged."""
+    dataset_id = _dataset(services, 1.0, 0.0)
+    for total in (0, -1):
+        with (
+            pytest.raises(InvalidRequest, match="must be positive"),
+            services.db.transaction() as session,
+        ):
+            ledger.set_totals(session, dataset_id, total, None)
+    assert _balance(services, dataset_id).epsilon_total == epsilon_units(1.0, charge=False)
