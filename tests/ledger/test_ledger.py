@@ -321,3 +321,39 @@ def test_an_epsilon_total_of_zero_is_refused(services: Services) -> None:
         ):
             ledger.set_totals(session, dataset_id, total, None)
     assert _balance(services, dataset_id).epsilon_total == epsilon_units(1.0, charge=False)
+
+
+def test_delta_alone_exhausts_a_budget(services: Services) -> None:
+    """A reservation that fits in epsilon but not in delta is refused: the delta check is
+    not implied by the epsilon one. Exactly the remaining delta still fits."""
+    dataset_id = _dataset(services, 10.0, 1e-6)
+    a, b, c = _releases(services, dataset_id, 3)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, a, 1, delta_units(6e-7, charge=True), WORKER)
+    with pytest.raises(BudgetExhausted) as info, services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, b, 1, delta_units(4e-7, charge=True) + 1, WORKER)
+    assert info.value.extra["remaining"]["delta"] == pytest.approx(4e-7, rel=1e-12)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, c, 1, delta_units(4e-7, charge=True), WORKER)
+    balance = _balance(services, dataset_id)
+    assert balance.delta_remaining == 0
+    assert balance.delta_reserved == balance.delta_total
+
+
+def test_a_refund_returns_delta_too(services: Services) -> None:
+    """Refunding gives back the reservation's delta as well as its epsilon; a commit keeps
+    both spent. Exact ledger sums, in units."""
+    dataset_id = _dataset(services, 1.0, 1e-6)
+    a, b = _releases(services, dataset_id, 2)
+    eps_a, dlt_a = epsilon_units(0.3, charge=True), delta_units(2e-7, charge=True)
+    eps_b, dlt_b = epsilon_units(0.2, charge=True), delta_units(3e-7, charge=True)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, a, eps_a, dlt_a, WORKER)
+        ledger.reserve(session, dataset_id, b, eps_b, dlt_b, WORKER)
+        ledger.commit(session, a, WORKER)
+        ledger.refund(session, b, WORKER)
+    balance = _balance(services, dataset_id)
+    assert (balance.epsilon_spent, balance.delta_spent) == (eps_a, dlt_a)
+    assert (balance.epsilon_reserved, balance.delta_reserved) == (0, 0)
+    assert balance.delta_remaining == balance.delta_total - dlt_a
+    assert balance.epsilon_remaining == balance.epsilon_total - eps_a
