@@ -357,3 +357,38 @@ def test_a_refund_returns_delta_too(services: Services) -> None:
     assert (balance.epsilon_reserved, balance.delta_reserved) == (0, 0)
     assert balance.delta_remaining == balance.delta_total - dlt_a
     assert balance.epsilon_remaining == balance.epsilon_total - eps_a
+
+
+def test_a_refunded_reservation_settles_no_more(services: Services) -> None:
+    """After a refund, neither a commit nor a second refund is written: the service says
+    so (409) before the database's partial unique index would (an IntegrityError)."""
+    dataset_id = _dataset(services, 1.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, 10, 0, WORKER)
+        ledger.refund(session, release_id, WORKER)
+    for settle in (ledger.commit, ledger.refund):
+        with (
+            pytest.raises(Conflict, match="already refunded"),
+            services.db.transaction() as session,
+        ):
+            settle(session, release_id, WORKER)
+    assert _balance(services, dataset_id).epsilon_remaining == epsilon_units(1.0, charge=False)
+
+
+def test_a_non_dp_entry_counts_as_having_read_the_data(services: Services) -> None:
+    """has_read_data: a commit or a non_dp entry means the worker read the data; a
+    reservation alone or a refund does not."""
+    dataset_id = _dataset(services, 1.0, 0.0)
+    reserved, refunded, committed, non_dp = _releases(services, dataset_id, 4)
+    with services.db.transaction() as session:
+        for release_id in (reserved, refunded, committed):
+            ledger.reserve(session, dataset_id, release_id, 10, 0, WORKER)
+        ledger.refund(session, refunded, WORKER)
+        ledger.commit(session, committed, WORKER)
+        ledger.record_non_dp(session, dataset_id, non_dp, WORKER)
+    with services.db.transaction(read_only=True) as session:
+        read = {
+            r: ledger.has_read_data(session, r) for r in (reserved, refunded, committed, non_dp)
+        }
+    assert read == {reserved: False, refunded: False, committed: True, non_dp: True}
