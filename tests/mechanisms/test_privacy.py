@@ -47,3 +47,36 @@ def test_check_budget_rejects(epsilon: float, delta: float) -> None:
 def test_negative_part_rejected() -> None:
     with pytest.raises(MechanismError, match="epsilon of step 'x'"):
         CostPart("x", -0.1)
+
+
+@pytest.mark.parametrize("delta", [-1e-12, 1.0, 2.0, math.nan])
+def test_a_part_with_a_delta_outside_zero_one_is_rejected(delta: float) -> None:
+    with pytest.raises(MechanismError, match="delta of step 'x'"):
+        CostPart("x", 0.1, delta)
+
+
+def test_within_is_inclusive_at_zero_and_at_the_tolerance() -> None:
+    """A cost equal to its request is within it, also at epsilon = delta = 0 (a release
+    that is not differential privacy reserves nothing and reports a zero cost), and so is
+    a cost exactly at the relative tolerance."""
+    assert PrivacyCost(0.0, 0.0, kind="non_dp").within(0.0, 0.0)
+    assert PrivacyCost(0.5, 1e-9).within(0.5, 1e-9)
+    edge = 0.5 * (1 + 1e-12)
+    assert PrivacyCost(edge).within(0.5, 0.0)
+    assert not PrivacyCost(math.nextafter(edge, math.inf)).within(0.5, 0.0)
+
+
+def test_a_non_dp_cost_keeps_its_kind_through_dict() -> None:
+    """The kind is stored: a guarantee that is not DP must not load back as ``"dp"``."""
+    cost = PrivacyCost(0.0, 0.0, kind="non_dp")
+    again = PrivacyCost.from_dict(cost.as_dict())
+    assert again == cost
+    assert again.kind == "non_dp"
+
+
+@pytest.mark.parametrize("epsilon", [math.inf, math.nan, -1e-300])
+def test_a_cost_with_an_epsilon_not_finite_and_nonnegative_is_rejected(epsilon: float) -> None:
+    with pytest.raises(MechanismError, match="must be >= 0"):
+        PrivacyCost(epsilon)
+    with pytest.raises(MechanismError, match="must be >= 0"):
+        CostPart("x", epsilon)
