@@ -515,3 +515,35 @@ def test_the_root_searches_end_with_bounded_nudges(monkeypatch: pytest.MonkeyPat
     monkeypatch.undo()
     noise.rho_budget.cache_clear()
     assert noise.rho_budget(0.75, 1e-7) == expected
+
+
+def test_laplace_approx_compositions_count_in_the_zcdp_route() -> None:
+    """k releases of R coordinates compose in zCDP exactly like one release of k R
+    coordinates: the zCDP route charges k R (linf / b)^2 / 2, so the calibrated scale for
+    k = 4 is twice that for k = 1 (sqrt(k)); the pure route's k R linf / b is larger here."""
+    n, R, delta = 569, 1000, 1e-10
+    linf = noise.moment_sensitivity(n, R)["linf"]
+    one = noise.calibrate("laplace_approx", sensitivity=linf, epsilon=1.0, delta=delta, dimension=R)
+    four = noise.calibrate(
+        "laplace_approx", sensitivity=linf, epsilon=1.0, delta=delta, dimension=R, compositions=4
+    )
+    assert (one.accounting, four.accounting) == ("zcdp", "zcdp")
+    assert four.scale / one.scale == pytest.approx(2.0, rel=1e-6)
+    assert noise.cost_of_scale("laplace_approx", one.scale, linf, R, delta, 4) == (
+        noise.cost_of_scale("laplace_approx", one.scale, linf, 4 * R, delta, 1)
+    )
+
+
+def test_a_calibration_charging_more_delta_than_requested_is_refused() -> None:
+    fields = {
+        "mechanism": "gaussian",
+        "sensitivity": 0.1,
+        "dimension": 3,
+        "scale": 1.0,
+        "epsilon": 0.5,
+        "target_epsilon": 0.5,
+        "target_delta": 1e-9,
+    }
+    noise.NoiseCalibration(**fields, delta=1e-9)  # type: ignore[arg-type]
+    with pytest.raises(MechanismError, match="exceeds the requested budget"):
+        noise.NoiseCalibration(**fields, delta=1.0000001e-9)  # type: ignore[arg-type]
