@@ -1634,3 +1634,57 @@ def test_a_graphs_delta_is_not_warned_about_its_private_edge_count(
         assert shown["id"] == graph_id
         assert shown["n_rows"] is None
         assert shown["warnings"] == [], shown
+
+
+def test_one_row_read_counts_as_read() -> None:
+    """_has_read: a single row read by this attempt, or an earlier attempt that opened the
+    data, means the data may have been read (spent); no row and no earlier opening does
+    not (refunded)."""
+    claim = stages.Claim(
+        release_id=uuid.uuid4(),
+        owner="w",
+        mechanism="test_means",
+        dataset_id=uuid.uuid4(),
+        epsilon=1,
+        delta=0,
+        columns=[],
+        params={},
+        synthesis_params={},
+        synthesis_version=1,
+        seed=0,
+        cancel_requested=False,
+    )
+    source = type("Source", (), {"rows_read": 0})()
+    assert not stages._has_read(claim, None)
+    assert not stages._has_read(claim, source)  # type: ignore[arg-type]
+    source.rows_read = 1
+    assert stages._has_read(claim, source)  # type: ignore[arg-type]
+    assert stages._has_read(dataclasses.replace(claim, read_before=True), None)
+
+
+def test_a_measure_job_for_a_measured_release_draws_no_new_noise(
+    client: TestClient, curator: Caller
+) -> None:
+    """A measure job delivered again once the release was measured (a duplicate enqueue)
+    finds it synthesising and does nothing: the stored noisy values, the ledger and the
+    status stay as they were."""
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    services = services_of(client)
+    run_measure(services, uuid.UUID(release_id))
+    with services.db.transaction(read_only=True) as session:
+        stored = session.get(ReleaseMeasurement, uuid.UUID(release_id))
+        assert stored is not None
+        payload = dict(stored.payload)
+    run_measure(services, uuid.UUID(release_id))
+    with services.db.transaction(read_only=True) as session:
+        again = session.get(ReleaseMeasurement, uuid.UUID(release_id))
+        release = session.get(Release, uuid.UUID(release_id))
+        assert again is not None
+        assert release is not None
+        assert dict(again.payload) == payload
+        assert (release.status, release.attempts) == ("synthesizing", 0)
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    run_synthesize(services, uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "succeeded"
