@@ -8,9 +8,10 @@ release and answering, checking a release request, re-encrypting files) must not
 one of the process's few sessions opens its own short transactions with
 :meth:`Database.transaction` instead of taking the request's
 (``answers.service.answer``, ``releases.service.preview`` and the release request's
-checks, ``datasets.service.rotate_data_key``, a CLI command). Work that must happen only once the transaction has
-committed (enqueueing a job) or undone when it rolls back (deleting a file written for
-it) is registered with :func:`on_commit` / :func:`on_rollback`.
+checks, ``datasets.service.rotate_data_key``, a CLI command). Work that must happen
+only once the transaction has committed (enqueueing a job) or undone when it rolls back
+(deleting a file written for it) is registered with :func:`on_commit` /
+:func:`on_rollback`.
 
 SQLite: a transaction that may write starts with ``BEGIN IMMEDIATE``, so write
 transactions are serialised by the database itself (the budget check and the ledger
