@@ -24,6 +24,7 @@ from app.config import ConfigError, Settings, load_settings
 from app.core import migrations
 from app.core.errors import NotFound
 from app.core.services import Services, set_current
+from app.core.threads import limit_blas_threads
 from app.models import Role
 
 log = logging.getLogger("curator")
@@ -69,6 +70,18 @@ def _settings() -> Settings:
     settings.prepare()
     _warn_if_shared(settings.data_dir)
     return settings
+
+
+def _limit_blas(settings: Settings) -> None:
+    """``CURATOR_BLAS_THREADS`` for this process (:func:`app.core.threads.limit_blas_threads`)."""
+    if settings.blas_threads:
+        counts = limit_blas_threads(settings.blas_threads)
+        log.info(
+            "BLAS: at most %d thread(s) per matrix product in each of %d libraries "
+            "(CURATOR_BLAS_THREADS)",
+            max(counts, default=0),
+            len(counts),
+        )
 
 
 def _warn_if_shared(data_dir: Path) -> None:
@@ -194,6 +207,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     refused = _check_schema(settings, migrate=not args.no_migrate)
     if refused is not None:
         return refused
+    _limit_blas(settings)
     app = create_app(settings, embedded_worker=not args.no_worker)
     refused = _check_queue(app.state.services)
     if refused is not None:
@@ -241,6 +255,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return refused
     from app.releases.stages import Sweeper
 
+    _limit_blas(settings)
     services = Services.build(settings)
     refused = _check_queue(services)
     if refused is not None:

@@ -19,6 +19,11 @@
   releases for answers.
 - ``CURATOR_LOG_LEVEL`` (default ``INFO``).
 - ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
+- ``CURATOR_BLAS_THREADS`` (default 1): threads each BLAS library (OpenBLAS under numpy and
+  scipy) may use for one matrix product in ``curator serve`` and ``curator worker``; 0
+  leaves the libraries' own default (one per core). The service already runs requests and
+  release stages in threads of their own, and a BLAS pool per call on top oversubscribes
+  the cores (:func:`app.core.threads.limit_blas_threads`).
 - ``CURATOR_LEASE_SECONDS`` (default 60): how long a worker holds a release stage without
   renewing it; after that a sweeper hands the stage to another worker.
 - ``CURATOR_QUEUE_NAME`` (default ``curator``): the queue's name (Redis key prefix), so
@@ -66,6 +71,8 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(default=64 << 20, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     worker_threads: int = Field(default=1, ge=1, le=64)
+    #: Threads per BLAS library for one matrix product; 0: the libraries' default.
+    blas_threads: int = Field(default=1, ge=0, le=256)
     queue_name: str = Field(default="curator", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     lease_seconds: float = Field(default=60.0, ge=0.5, le=3600)
     #: Memory each API process keeps of decoded releases for answers (estimated by

@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 from app.config import Settings
 from app.core import migrations
 from app.core.services import Services
+from app.core.threads import limit_blas_threads
 from app.main import create_app
 from app.models import Role
 from app.users import service as users
@@ -35,6 +36,12 @@ from app.users import service as users
 PG_ENV = "CURATOR_TEST_DATABASE_URL"
 REDIS_ENV = "CURATOR_TEST_REDIS_URL"
 TABLES = ("audit_events", "ledger_entries", "grants", "releases", "datasets", "api_keys", "users")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One BLAS thread per product, as ``curator serve`` and ``worker`` run
+    (``CURATOR_BLAS_THREADS``): the suite runs on every core already (pytest-xdist)."""
+    limit_blas_threads(1)
 
 
 @pytest.fixture(autouse=True)

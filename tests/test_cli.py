@@ -150,6 +150,8 @@ def test_serve_migrates_answers_and_stops_cleanly(tmp_path: Path, stop: signal.S
     assert "Application shutdown complete" in output
     assert "embedded worker started" in output
     assert "embedded worker stopped" in output
+    # one BLAS thread per product (CURATOR_BLAS_THREADS), in numpy's and scipy's OpenBLAS
+    assert "BLAS: at most 1 thread(s) per matrix product in each of 2 libraries" in output
     assert not (tmp_path / "port.partial").exists()
 
 

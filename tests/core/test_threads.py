@@ -1,0 +1,54 @@
+"""app.core.threads.limit_blas_threads: one BLAS thread per product in the service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from threadpoolctl import ThreadpoolController
+
+from app.config import Settings
+from app.core.threads import limit_blas_threads
+
+
+@pytest.fixture
+def restored_blas() -> Iterator[None]:
+    """The process's BLAS limits as they were before the test."""
+    controller = ThreadpoolController()
+    before = {info["filepath"]: info["num_threads"] for info in controller.info()}
+    yield
+    for library in ThreadpoolController().lib_controllers:
+        if library.filepath in before:
+            library.set_num_threads(before[library.filepath])
+
+
+def _blas_threads() -> list[int]:
+    return [int(i["num_threads"]) for i in ThreadpoolController().select(user_api="blas").info()]
+
+
+@pytest.mark.usefixtures("restored_blas")
+def test_limit_reaches_numpy_and_scipy_blas() -> None:
+    ThreadpoolController().limit(limits=2, user_api="blas")  # as on a 2-core machine
+    assert limit_blas_threads(1) == [1, 1]  # numpy's OpenBLAS and scipy's own
+    assert _blas_threads() == [1, 1]
+    a = np.arange(64.0).reshape(8, 8)
+    assert np.array_equal(a @ a.T, (a @ a.T).T)  # products still run
+    assert limit_blas_threads(3) == [3, 3]
+
+
+@pytest.mark.usefixtures("restored_blas")
+def test_zero_leaves_the_libraries_as_they_are() -> None:
+    ThreadpoolController().limit(limits=2, user_api="blas")
+    assert limit_blas_threads(0) == [2, 2]
+    assert _blas_threads() == [2, 2]
+
+
+def test_the_setting_defaults_to_one_and_admits_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CURATOR_BLAS_THREADS", raising=False)
+    assert Settings().blas_threads == 1
+    monkeypatch.setenv("CURATOR_BLAS_THREADS", "0")
+    assert Settings().blas_threads == 0
+    monkeypatch.setenv("CURATOR_BLAS_THREADS", "-1")
+    with pytest.raises(ValueError, match="blas_threads"):
+        Settings()
