@@ -959,3 +959,66 @@ def test_stored_laws_are_taken_only_in_the_layout_of_the_release(joint_model: st
     wide[0, 0, 0] = arrays["P"].shape[2]  # no such group
     assert not taken({**two, "group": np.concatenate([wide, wide])}, replicates=True)
     assert not taken({**two, "group": two["group"][:, :1]}, replicates=True)  # one column's
+
+
+def _brute_pair_counts(codes: np.ndarray, b: int) -> np.ndarray:
+    """The count of every pair as all_pair_counts made it before its one-hot products: one
+    bincount per pair."""
+    d = codes.shape[1]
+    return np.stack(
+        [
+            np.bincount(codes[:, i].astype(np.int64) * b + codes[:, j], minlength=b * b).reshape(
+                b, b
+            )
+            for i, j in marginal_tree.all_pairs(d)
+        ]
+    ).reshape(-1, b, b)
+
+
+@pytest.mark.parametrize(
+    ("d", "b", "batch_rows", "max_rows", "chunk_bytes"),
+    [
+        (2, 2, 65_536, 8192, 16 << 20),
+        (3, 4, 1, 8192, 16 << 20),  # one row a batch
+        (7, 3, 50, 16, 16 << 20),  # chunks of 16 rows inside batches of 50
+        (11, 5, 777, 8192, 4 * 11 * 5 * 5),  # 5 rows a chunk, bands of one column
+        (23, 4, 333, 100, 4 * 23 * 4 * 12),  # bands of 3 columns, a short last one
+        (6, 16, 400, 8192, 16 << 20),  # the largest pair_bins
+    ],
+)
+def test_all_pair_counts_one_hot_products_equal_the_per_pair_bincounts(
+    d: int,
+    b: int,
+    batch_rows: int,
+    max_rows: int,
+    chunk_bytes: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one-hot Gram products of all_pair_counts count exactly what one bincount per
+    pair counted, integer for integer, across batch, chunk and band boundaries, with
+    groups of uneven sizes and some groups never used."""
+    monkeypatch.setattr(marginal_tree, "PAIR_COUNT_MAX_ROWS", max_rows)
+    monkeypatch.setattr(marginal_tree, "PAIR_COUNT_CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(d * 100 + b)
+    n, bins = 1237, 9
+    X = np.clip(rng.normal(0, 0.5, size=(n, d)) + 0.4 * rng.normal(size=(n, 1)), -1, 1)
+    X[rng.random(size=X.shape) < 0.05] = 1.0  # the bounds' atoms
+    X[rng.random(size=X.shape) < 0.05] = -1.0
+    source = as_source(X, batch_rows=batch_rows)
+    group = rng.integers(0, b, size=(d, bins + 2))
+    group[0] = 0  # a column all in one group
+    rows, counts = marginal_tree.all_pair_counts(source, bins, True, group, b)
+    codes = marginal_tree.coarse_codes(source, bins, True, group)
+    expected = _brute_pair_counts(codes, b)
+    assert rows == n
+    assert counts.dtype == np.int64
+    assert counts.shape == (d * (d - 1) // 2, b, b)
+    np.testing.assert_array_equal(counts, expected)
+    assert (counts.sum(axis=(1, 2)) == n).all()
+
+
+def test_all_pair_counts_refuses_groups_outside_the_tables() -> None:
+    X = np.zeros((10, 3))
+    group = np.full((3, 6), 4)
+    with pytest.raises(MechanismError, match="pair_bins"):
+        marginal_tree.all_pair_counts(as_source(X), 4, True, group, 4)
