@@ -743,6 +743,16 @@ MAX_FINE_TABLE_CELLS = 1 << 18
 #: tables get :mod:`~app.mechanisms.marginals` by default (the adapter's
 #: ``default_method``); a request for the tree is refused.
 MAX_TREE_COLUMNS = 1000
+#: Most work of :func:`all_pair_counts` at request time (:func:`pair_count_work`,
+#: ``n d (d - 1) / 2`` pair-rows; ``MAX_TREE_COLUMNS`` above was calibrated at
+#: ``n = 1000`` only). Measured here (2 cores shared with other jobs, load ~4, OpenBLAS
+#: on 1 or 2 threads) with the one-hot products at ``pair_bins = 4``: 0.6-1.4 ns a
+#: pair-row (``n = 10^5, d = 191``: 1.2-2.5 s; ``n = 4 10^5, d = 300``: 15 s, 0.85 ns;
+#: ``n = 2 10^4, d = 1000``: 7-9 s); wider tables cost ``(pair_bins / 4)^2`` as much
+#: (0.71 ns at 8, 0.53-0.68 ns at 16, per 4 x 4 pair-row). At <= 1.4 ns, 4 10^11 is at most
+#: ~9 minutes of counting (5-6 minutes at the usual 0.8 ns): ``d = 1000`` up to 8 10^5
+#: rows, ``d = 191`` up to 2.2 10^7.
+MAX_PAIR_COUNT_WORK = 4 * 10**11
 #: Bytes of candidate tables :func:`fit_copula_table` builds at once (a block of
 #: :data:`COPULA_CORRELATIONS` for every edge; at least one correlation). All 161 at once
 #: held ~650 fine tables' worth per edge: 2.2 GB for 99 edges of 66 x 66 cells.
@@ -766,6 +776,14 @@ def fine_table_cells(d: int, cells: int) -> int:
     """``(d - 1) cells^2``: the entries of the law's fine edge tables (module doc, "Joint
     law inside the groups"), which every fit, bootstrap replicate and answer holds."""
     return (d - 1) * cells * cells
+
+
+def pair_count_work(n: int, d: int, pair_bins: int) -> int:
+    """The work of :func:`all_pair_counts` in pair-rows of ``4 x 4`` tables: ``n d (d - 1)
+    / 2``, times ``(pair_bins / 4)^2`` for wider tables (its one-hot products grow as
+    ``(d pair_bins)^2``; narrower ones cost about as much as ``4 x 4``). Bounded by
+    :data:`MAX_PAIR_COUNT_WORK`."""
+    return n * (d * (d - 1) // 2) * max(pair_bins, DEFAULT_PAIR_BINS) ** 2 // 16
 
 
 def check_fit_size(d: int, cells: int) -> None:
@@ -1105,6 +1123,13 @@ def plan(
     b = DEFAULT_PAIR_BINS if pair_bins is None else pair_bins
     if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16:
         raise MechanismError(f"pair_bins ({pair_bins!r}) must be an integer in [2, 16]")
+    if pair_count_work(n, d, b) > MAX_PAIR_COUNT_WORK:
+        raise MechanismError(
+            f"counting every pair's table of {n} rows and {d} columns "
+            f"({pair_count_work(n, d, b):.3g} pair-rows at pair_bins {b}) is more than the "
+            f"tree's {MAX_PAIR_COUNT_WORK:.3g} (about 10 minutes of measuring): choose "
+            "fewer columns or rows, or method 'marginals'"
+        )
     if grouping is not None:
         check_grouping(grouping)
     B, atoms = marginals.resolve(n, d, epsilon, delta, bins, bound_atoms)

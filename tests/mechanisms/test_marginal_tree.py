@@ -505,7 +505,7 @@ def test_the_copula_fit_holds_a_block_of_candidates_not_all_of_them(
     np.testing.assert_array_equal(t_one, t_all)
 
 
-def test_plan_keeps_the_fine_tables_within_their_limit() -> None:
+def test_plan_keeps_the_fine_tables_within_their_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Declared bins whose fine edge tables exceed ``MAX_FINE_TABLE_CELLS`` are refused
     before a row is read (two columns of 4096 bins: 16.8 10^6 entries); default bins are
     lowered to fit (300 columns at n = 10^9 would default to 64 bins, 1.3 10^6 entries)."""
@@ -533,6 +533,11 @@ def test_plan_keeps_the_fine_tables_within_their_limit() -> None:
     fits = marginal_tree.plan(1000, 2, 1.0, 1e-6, bins=500, bound_atoms=False)
     assert marginal_tree.fine_table_cells(2, fits.cells) <= limit
     assert marginals.resolve(10**9, 300, 1.0, 1e-6)[0] == marginals.MAX_BINS
+    # (10^9 rows of 300 columns are refused for their pair-count work, 4.5 10^13
+    # pair-rows; the bins are checked here with that bound lifted)
+    with pytest.raises(MechanismError, match="pair-rows"):
+        marginal_tree.plan(10**9, 300, 1.0, 1e-6)
+    monkeypatch.setattr(marginal_tree, "MAX_PAIR_COUNT_WORK", 10**15)
     wide = marginal_tree.plan(10**9, 300, 1.0, 1e-6)
     assert marginal_tree.fine_table_cells(300, wide.cells) <= limit
     assert marginal_tree.fine_table_cells(300, wide.cells + 1) > limit
@@ -1022,3 +1027,23 @@ def test_all_pair_counts_refuses_groups_outside_the_tables() -> None:
     group = np.full((3, 6), 4)
     with pytest.raises(MechanismError, match="pair_bins"):
         marginal_tree.all_pair_counts(as_source(X), 4, True, group, 4)
+
+
+def test_plan_bounds_the_pair_count_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan refuses, from public n, d and pair_bins, a tree whose pair counts would take
+    more than MAX_PAIR_COUNT_WORK (about 10 minutes here), before anything is read."""
+    assert marginal_tree.pair_count_work(1000, 3, 4) == 3000
+    assert marginal_tree.pair_count_work(1000, 3, 2) == 3000  # overheads as at 4 x 4
+    assert marginal_tree.pair_count_work(1000, 3, 16) == 3000 * 16
+    # the service's bound: n = 10^5 rows of 191 columns (the audit's case) pass, and the
+    # largest tree of MAX_TREE_COLUMNS still takes some 10^5 rows
+    limit = marginal_tree.MAX_PAIR_COUNT_WORK
+    assert marginal_tree.pair_count_work(10**5, 191, 4) <= limit
+    assert marginal_tree.pair_count_work(10**5, marginal_tree.MAX_TREE_COLUMNS, 4) <= limit
+    assert marginal_tree.pair_count_work(10**7, marginal_tree.MAX_TREE_COLUMNS, 4) > limit
+    marginal_tree.plan(5000, 4, 1.0, 1e-6)
+    monkeypatch.setattr(marginal_tree, "MAX_PAIR_COUNT_WORK", 5000 * 6 - 1)
+    with pytest.raises(MechanismError, match=r"5000 rows and 4 columns \(3e\+04 pair-rows"):
+        marginal_tree.plan(5000, 4, 1.0, 1e-6)
+    with pytest.raises(MechanismError, match="method 'marginals'"):
+        marginal_tree.measure(np.zeros((5000, 4)), 1.0, 1e-6)

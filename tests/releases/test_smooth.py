@@ -647,6 +647,38 @@ def test_a_table_wider_than_the_tree_allows_gets_marginals_or_a_422(
     assert budget(client, curator, dataset_id)["entries"] == []
 
 
+def test_a_tree_whose_pair_counts_are_too_much_work_gets_marginals_or_a_422(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting every pair's table is ``n d (d - 1) / 2`` pair-rows (``MAX_TREE_COLUMNS``
+    was calibrated at n = 1000 only): above ``MAX_PAIR_COUNT_WORK`` a request that names
+    no method gets 'marginals', and one that asks for the tree is a 422 naming the work
+    before anything is reserved; wider pair tables count as more work."""
+    from app.mechanisms import marginal_tree
+
+    dataset_id, _ = _dataset(client, curator)  # 500 rows, 3 columns: 1500 pair-rows
+    body = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "delta": 1e-6}
+
+    def preview(json: dict[str, Any]) -> Any:
+        return client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=json)
+
+    assert preview(body).json()["resolved"]["method"] == "tree"
+    monkeypatch.setattr(marginal_tree, "MAX_PAIR_COUNT_WORK", 1000)
+    assert preview(body).json()["resolved"]["method"] == "marginals"
+    narrow = {**body, "columns": ["x", "y"]}  # 500 pair-rows
+    assert preview(narrow).json()["resolved"]["method"] == "tree"
+    for asked, fragment in (
+        ({**body, "params": {"method": "tree"}}, "of 500 rows and 3 columns (1.5e+03 pair-rows"),
+        ({**narrow, "params": {"pair_bins": 8}}, "(2e+03 pair-rows at pair_bins 8)"),
+    ):
+        for response in (preview(asked), request_release(client, curator, dataset_id, asked)):
+            assert response.status_code == 422, response.text
+            message = response.json()["error"]["message"]
+            assert fragment in message, message
+            assert "more than the tree's 1e+03" in message, message
+    assert budget(client, curator, dataset_id)["entries"] == []
+
+
 @pytest.mark.parametrize(
     ("epsilon", "delta", "params", "fragment"),
     [

@@ -782,7 +782,9 @@ def default_method(
     ``bench/results/smooth_marginals.md``) and each column's histogram has at least
     :data:`app.mechanisms.marginal_tree.DEFAULT_PAIR_BINS` cells, ``"marginals"``
     otherwise, and above :data:`app.mechanisms.marginal_tree.MAX_TREE_COLUMNS` columns
-    (the tree's selection grows as ``d^3``). A request that sets ``pair_bins`` or
+    (the tree's selection grows as ``d^3``) or
+    :data:`app.mechanisms.marginal_tree.MAX_PAIR_COUNT_WORK` (counting every pair's
+    table grows as ``n d^2``). A request that sets ``pair_bins`` or
     ``pair_grouping`` asks for the tree.
 
     The cells: with a small budget for ``n`` and ``d`` the histograms resolve to 2 or 3
@@ -798,6 +800,9 @@ def default_method(
         return "marginals"
     if params is not None and {"pair_bins", "pair_grouping"} & params.model_fields_set:
         return "tree"
+    work = marginal_tree.pair_count_work(n, d, marginal_tree.DEFAULT_PAIR_BINS)
+    if work > marginal_tree.MAX_PAIR_COUNT_WORK:
+        return "marginals"
     bins, atoms = params.bins if params else None, params.bound_atoms if params else None
     try:
         B, with_atoms = marginals.resolve(n, d, epsilon, delta, bins, atoms)
