@@ -1286,10 +1286,15 @@ class TreeMeasurements:
         means = marginals.cell_means(self.one_way.bins, self.one_way.atoms, length)
         return cell_values(expansion, means)
 
-    def noise_replicate_arrays(self) -> dict[str, NDArray[Any]]:
+    def noise_replicate_arrays(
+        self, progress: Callable[[float], None] | None = None
+    ) -> dict[str, NDArray[Any]]:
         """:attr:`noise_replicates` as arrays to store beside the release (computed once,
         where the release is synthesised, instead of on its first answer): each
-        replicate's ``p``, ``P``, ``group`` and edge tables, stacked."""
+        replicate's ``p``, ``P``, ``group`` and edge tables, stacked. ``progress`` is
+        told the fraction of the refits done after each one (if they are not cached)."""
+        if progress is not None and "noise_replicates" not in self.__dict__:
+            self.__dict__["noise_replicates"] = self._refit_replicates(progress)
         return _model_arrays(self.noise_replicates)
 
     def restore_noise_replicates(self, arrays: Mapping[str, NDArray[Any]]) -> bool:
@@ -1361,8 +1366,18 @@ class TreeMeasurements:
         measurements simulated under the released law (:func:`simulated_measurements`),
         seeded by the released values (:func:`app.mechanisms.bootstrap.seed_of`).
         Post-processing only."""
+        return self._refit_replicates(None)
+
+    def _refit_replicates(self, progress: Callable[[float], None] | None) -> tuple[TreeModel, ...]:
+        """:attr:`noise_replicates`, calling ``progress(k / B)`` after the ``k``-th refit
+        (each a copula fit and raking: the longest part of a tree synthesis)."""
         rng = np.random.default_rng(bootstrap.seed_of(self.one_way.frequencies, self.tables))
-        return tuple(simulated_measurements(self, rng).model for _ in range(bootstrap.REPLICATES))
+        models = []
+        for k in range(bootstrap.REPLICATES):
+            models.append(simulated_measurements(self, rng).model)
+            if progress is not None:
+                progress((k + 1) / bootstrap.REPLICATES)
+        return tuple(models)
 
     @functools.cached_property
     def group(self) -> NDArray[np.int64]:

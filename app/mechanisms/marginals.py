@@ -107,7 +107,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -341,10 +341,17 @@ class MarginalMeasurements:
             replicates.append(replace(self, frequencies=simulated).marginals())
         return np.stack(replicates)
 
-    def noise_replicate_arrays(self) -> dict[str, NDArray[np.float64]]:
+    def noise_replicate_arrays(
+        self, progress: Callable[[float], None] | None = None
+    ) -> dict[str, NDArray[np.float64]]:
         """:attr:`noise_replicates` as arrays to store beside the release (computed once,
-        where the release is synthesised, instead of on its first answer)."""
-        return {"p": self.noise_replicates}
+        where the release is synthesised, instead of on its first answer). ``progress``
+        (as :meth:`app.mechanisms.marginal_tree.TreeMeasurements.noise_replicate_arrays`)
+        is told 1 once they are: these refits are quick."""
+        arrays = {"p": self.noise_replicates}
+        if progress is not None:
+            progress(1.0)
+        return arrays
 
     def restore_noise_replicates(self, arrays: Mapping[str, NDArray[Any]]) -> bool:
         """Take :attr:`noise_replicates` from :meth:`noise_replicate_arrays` of this

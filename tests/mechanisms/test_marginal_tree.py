@@ -8,7 +8,7 @@ import opendp.prelude as dp
 import pytest
 from scipy.special import chdtri
 
-from app.mechanisms import marginal_tree, marginals, noise
+from app.mechanisms import bootstrap, marginal_tree, marginals, noise
 from app.mechanisms.chebyshev import gaussian_expansion
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
@@ -1047,3 +1047,26 @@ def test_plan_bounds_the_pair_count_work(monkeypatch: pytest.MonkeyPatch) -> Non
         marginal_tree.plan(5000, 4, 1.0, 1e-6)
     with pytest.raises(MechanismError, match="method 'marginals'"):
         marginal_tree.measure(np.zeros((5000, 4)), 1.0, 1e-6)
+
+
+def test_noise_replicates_report_progress_after_each_refit_and_stay_the_same() -> None:
+    """A tree synthesis spends most of its time in the bootstrap refits: with a progress
+    callback, noise_replicate_arrays reports the fraction done after each refit, in
+    increasing steps up to 1, and the replicates are the ones computed without it (the
+    same seed and draws)."""
+    tree = _small_tree(5)  # its noise is OpenDP's: copies of one record, not two trees
+    seen: list[float] = []
+    fresh = marginal_tree.TreeMeasurements.from_dict(tree.to_dict())
+    with_progress = fresh.noise_replicate_arrays(progress=seen.append)
+    assert len(seen) == bootstrap.REPLICATES
+    assert all(a < b for a, b in itertools.pairwise(seen))
+    assert seen[0] > 0
+    assert seen[-1] == 1.0
+    without = marginal_tree.TreeMeasurements.from_dict(tree.to_dict()).noise_replicate_arrays()
+    assert with_progress.keys() == without.keys()
+    for key in without:
+        np.testing.assert_array_equal(with_progress[key], without[key])
+    # cached: asking again refits nothing and reports nothing
+    seen.clear()
+    fresh.noise_replicate_arrays(progress=seen.append)
+    assert seen == []
