@@ -35,10 +35,10 @@ from app.datasets.schemas import (
     ContinuousColumn,
     PublicColumn,
 )
+from app.storage import tables
 from app.storage.tables import EncryptedTableWriter
 
 CSV_BLOCK_BYTES = 4 << 20
-PARQUET_BATCH_ROWS = 65_536
 #: The longest cell, in bytes. A declared category is at most 200 characters (800 bytes
 #: of UTF-8), a number or a flag far less, so no valid cell comes near it. What it bounds
 #: is a Parquet decompression bomb: one long string stored once in a column's dictionary
@@ -544,7 +544,9 @@ def _open(
     )
     names = list(parquet.schema_arrow.names)
     present = [n for n in declared if n in names]
-    return names, parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=present)
+    # batches of about 64 MiB of float64 however wide (tables.batch_rows), whatever the
+    # file's row groups
+    return names, parquet.iter_batches(batch_size=tables.batch_rows(len(declared)), columns=present)
 
 
 def _in_declared(path: str, declared: set[str]) -> bool:

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from app.storage.tables import ROW_GROUP_ROWS, iter_batches
+from app.storage import tables
+from app.storage.tables import iter_batches
 
 ProgressFn = Callable[[int], None]
 
@@ -29,10 +30,16 @@ class EncryptedTableSource:
     key: bytes = field(repr=False)  # never in a repr that a log line could format
     columns: Sequence[str]
     n_rows: int
-    batch_rows: int = ROW_GROUP_ROWS
+    #: Rows of a batch; 0 (the default): :func:`app.storage.tables.batch_rows` of the
+    #: columns, so that a batch holds about 64 MiB of float64 however wide it is.
+    batch_rows: int = 0
     #: Called with the number of rows read so far (all passes), after every batch.
     on_rows: ProgressFn | None = None
     rows_read: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_rows <= 0:
+            self.batch_rows = tables.batch_rows(len(self.columns))
 
     @property
     def n_cols(self) -> int:

@@ -32,7 +32,23 @@ import pyarrow.parquet.encryption as pe
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 FOOTER_KEY_ID = "curator-footer"
+#: The most rows of a batch or of a row group written (:func:`batch_rows`).
 ROW_GROUP_ROWS = 65_536
+#: The fewest rows of a batch, however wide the table (a smaller one costs more in
+#: per-batch overhead than it saves in memory).
+MIN_BATCH_ROWS = 1024
+#: What a batch of rows may hold as float64, ``8 d`` bytes a row (:func:`batch_rows`).
+BATCH_BYTES = 64 << 20
+
+
+def batch_rows(d: int) -> int:
+    """Rows of a batch of ``d`` columns: about :data:`BATCH_BYTES` of float64, at most
+    :data:`ROW_GROUP_ROWS` and at least :data:`MIN_BATCH_ROWS` (``clamp(64 MiB // 8d, 1024,
+    65536)``): a fixed 65,536 rows was 1 GiB of float64 at ``d = 2000``. Used for the row
+    groups written, the batches read and the batches validated. Files already stored keep
+    the row groups they were written with: readers ask for batches of rows, whatever the
+    row groups."""
+    return min(ROW_GROUP_ROWS, max(MIN_BATCH_ROWS, BATCH_BYTES // (8 * max(d, 1))))
 
 
 #: What separates the keys of a key ring (module doc).
@@ -100,18 +116,20 @@ def _decryption(key: bytes) -> pe.FileDecryptionProperties:
 
 
 class EncryptedTableWriter:
-    """Write record batches to an encrypted Parquet file (row groups of ``ROW_GROUP_ROWS``)."""
+    """Write record batches to an encrypted Parquet file (row groups of at most
+    :func:`batch_rows` of the schema's columns)."""
 
     def __init__(self, path: Path, schema: pa.Schema, key: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.rows = 0
+        self.row_group_rows = batch_rows(len(schema))
         self._writer = pq.ParquetWriter(
             str(path), schema, encryption_properties=_encryption(key), compression="zstd"
         )
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
+        self._writer.write_batch(batch, row_group_size=self.row_group_rows)
         self.rows += batch.num_rows
 
     def close(self) -> None:
@@ -127,13 +145,15 @@ def iter_batches(
     path: Path,
     key: bytes,
     columns: Sequence[str] | None = None,
-    batch_rows: int = ROW_GROUP_ROWS,
+    rows: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
+    """Batches of ``rows`` rows (default :func:`batch_rows` of the columns read), whatever
+    the file's row groups."""
     parquet = open_table(path, key)
     try:
-        yield from parquet.iter_batches(
-            batch_size=batch_rows, columns=list(columns) if columns else None
-        )
+        if rows is None:
+            rows = batch_rows(len(columns) if columns else len(parquet.schema_arrow))
+        yield from parquet.iter_batches(batch_size=rows, columns=list(columns) if columns else None)
     finally:
         parquet.close()
 
@@ -166,7 +186,7 @@ def rotate(path: Path, ring: bytes) -> bool:
     try:
         writer = EncryptedTableWriter(staging, source.schema_arrow, current)
         try:
-            for batch in source.iter_batches(batch_size=ROW_GROUP_ROWS):
+            for batch in source.iter_batches(batch_size=writer.row_group_rows):
                 writer.write(batch)
         finally:
             writer.close()

@@ -16,6 +16,7 @@ from cryptography.fernet import Fernet
 from app.datasets import validation
 from app.datasets.schemas import ContinuousColumn
 from app.storage import spool as spool_module
+from app.storage import tables
 from app.storage.spool import EncryptedSpool
 
 GROUP_ROWS = 2048
@@ -47,7 +48,7 @@ def test_a_parquet_upload_is_read_one_row_group_at_a_time(
     monkeypatch.setattr(spool_module, "_RECORD", 12 + 4096 + 16)
     spool = EncryptedSpool(tmp_path / "spool")
     spool.write(raw.getvalue())
-    monkeypatch.setattr(validation, "PARQUET_BATCH_ROWS", GROUP_ROWS)
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", GROUP_ROWS)
     held: list[int] = []
     writer_class = validation.EncryptedTableWriter
 
