@@ -39,6 +39,16 @@ from app.storage import tables
 from app.storage.tables import EncryptedTableWriter
 
 CSV_BLOCK_BYTES = 4 << 20
+#: The CSV reader's block grows with the declared columns (:func:`csv_block_bytes`): a
+#: block of 4 MiB was 285 rows at d = 2000, and each was written as a row group of its own.
+CSV_BLOCK_BYTES_PER_COLUMN = 32 << 10
+
+
+def csv_block_bytes(d: int) -> int:
+    """The CSV reader's block for ``d`` declared columns: ``max(4 MiB, d * 32 KiB)``."""
+    return max(CSV_BLOCK_BYTES, d * CSV_BLOCK_BYTES_PER_COLUMN)
+
+
 #: The longest cell, in bytes. A declared category is at most 200 characters (800 bytes
 #: of UTF-8), a number or a flag far less, so no valid cell comes near it. What it bounds
 #: is a Parquet decompression bomb: one long string stored once in a column's dictionary
@@ -126,7 +136,9 @@ def _byte_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase) -> str:
+def _describe_arrow_error(
+    exc: Exception, fmt: FileFormat, reader: io.RawIOBase, block_bytes: int
+) -> str:
     """A message for a pyarrow read error that never quotes the file's contents."""
     text = str(exc)
     if "Empty CSV file" in text:
@@ -136,9 +148,9 @@ def _describe_arrow_error(exc: Exception, fmt: FileFormat, reader: io.RawIOBase)
         if head and b"\n" not in head and b"\r" not in head:
             # pyarrow's word for a first block without a line end: a header and no rows,
             # or a first line longer than the block, which rows may follow
-            if reader.seek(0, io.SEEK_END) > CSV_BLOCK_BYTES:
+            if reader.seek(0, io.SEEK_END) > block_bytes:
                 return (
-                    f"the first line is longer than {_byte_size(CSV_BLOCK_BYTES)}, the most "
+                    f"the first line is longer than {_byte_size(block_bytes)}, the most "
                     "the CSV reader takes at once: a header of very long names, or a file "
                     "without line ends?"
                 )
@@ -502,14 +514,16 @@ class RaggedRows:
             problems.add_rows(None, problem, self.count)
 
 
-def _csv_options(ragged: RaggedRows) -> tuple[pacsv.ReadOptions, pacsv.ParseOptions]:
+def _csv_options(
+    ragged: RaggedRows, block_bytes: int
+) -> tuple[pacsv.ReadOptions, pacsv.ParseOptions]:
     # newlines_in_values: a quoted cell may hold a line end (RFC 4180); without it the
     # reader cuts its blocks at any line end, inside such a cell too, and refused a valid
     # file as ragged or unreadable depending on where a block boundary fell.
     # use_threads=False: the handler of ragged rows learns their numbers only then (no
     # cost measured: the streaming reader converts one block at a time)
     return (
-        pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
+        pacsv.ReadOptions(block_size=block_bytes, use_threads=False),
         pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=ragged),
     )
 
@@ -518,7 +532,7 @@ def _open(
     reader: Any, fmt: FileFormat, declared: list[str], ragged: RaggedRows
 ) -> tuple[list[str], Iterator[pa.RecordBatch]]:
     if fmt == "csv":
-        read_options, parse_options = _csv_options(ragged)
+        read_options, parse_options = _csv_options(ragged, csv_block_bytes(len(declared)))
         stream = pacsv.open_csv(
             reader,
             read_options=read_options,
@@ -585,9 +599,11 @@ def _check_parquet_sizes(reader: Any, declared: list[str], problems: Problems) -
         )
 
 
-def _header_names(reader: Any, fmt: FileFormat, ragged: RaggedRows) -> list[str]:
+def _header_names(
+    reader: Any, fmt: FileFormat, declared: list[str], ragged: RaggedRows
+) -> list[str]:
     if fmt == "csv":
-        read_options, parse_options = _csv_options(ragged)
+        read_options, parse_options = _csv_options(ragged, csv_block_bytes(len(declared)))
         stream = pacsv.open_csv(
             reader,
             read_options=read_options,
@@ -710,7 +726,7 @@ def validate_and_store(
     try:
         if fmt == "csv":
             _refuse_other_separators(reader, declared)
-        file_names = _header_names(reader, fmt, header_ragged)
+        file_names = _header_names(reader, fmt, declared, header_ragged)
         reader.seek(0)
         problems = Problems()
         _check_header(file_names, declared, problems)
@@ -722,16 +738,30 @@ def validate_and_store(
         checks = [make_check(spec, policy) for spec in columns]
         schema = pa.schema([pa.field(c.name, c.arrow_type, nullable=False) for c in checks])
         writer: EncryptedTableWriter | None = None
+        # validated rows not written yet, fewer than a row group: a CSV block is a few
+        # hundred rows of a wide table, and written as it came each was a row group
+        group_rows = tables.batch_rows(len(checks))
+        pending: pa.Table | None = None
         n_rows = 0
         try:
             for batch in batches:
                 n_rows += batch.num_rows
                 arrays = [_process(check, batch.column(check.name), problems) for check in checks]
                 if problems:
+                    pending = None
                     continue  # keep counting problems; nothing more is written
+                validated = pa.Table.from_arrays(arrays, schema=schema)
+                pending = validated if pending is None else pa.concat_tables([pending, validated])
+                whole = pending.num_rows - pending.num_rows % group_rows
+                if whole:
+                    if writer is None:
+                        writer = EncryptedTableWriter(destination, schema, key)
+                    writer.write(pending.slice(0, whole))
+                    pending = pending.slice(whole)
+            if pending is not None and pending.num_rows and not problems:
                 if writer is None:
                     writer = EncryptedTableWriter(destination, schema, key)
-                writer.write(pa.RecordBatch.from_arrays(arrays, schema=schema))
+                writer.write(pending)
         finally:
             if writer is not None:
                 writer.close()
@@ -745,7 +775,9 @@ def validate_and_store(
             problems = Problems()
             stopped.report(problems)
             problems.raise_if_any()
-        raise file_problem(_describe_arrow_error(exc, fmt, reader)) from None
+        raise file_problem(
+            _describe_arrow_error(exc, fmt, reader, csv_block_bytes(len(declared)))
+        ) from None
     except BaseException:
         destination.unlink(missing_ok=True)
         raise

@@ -128,8 +128,10 @@ class EncryptedTableWriter:
             str(path), schema, encryption_properties=_encryption(key), compression="zstd"
         )
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        self._writer.write_batch(batch, row_group_size=self.row_group_rows)
+    def write(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Write the rows as row groups of ``row_group_rows`` (the last one may be short:
+        a caller that writes many small batches buffers them to ``row_group_rows``)."""
+        self._writer.write(batch, row_group_size=self.row_group_rows)
         self.rows += batch.num_rows
 
     def close(self) -> None:

@@ -66,6 +66,7 @@ def test_quoted_line_ends_are_read_wherever_the_reader_cuts_its_blocks(
     (A CRLF inside a quoted cell is left out: cut between its CR and LF, pyarrow drops the
     LF, apache/arrow#51368.)"""
     monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 256)
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES_PER_COLUMN", 0)
     # in a public column: a category may not hold a line end (test_declared_text.py)
     columns = [COLUMNS[0], {"name": "c", "kind": "public"}, COLUMNS[2]]
     rows = ["1,A,1"] * shift + ['2,"B\nA",0', "3,A,1"] * 100
@@ -844,6 +845,7 @@ def test_a_header_longer_than_a_read_block_is_named_as_such(
     though rows followed it (found by the resource audit). The block is made 64 KiB here,
     under the tests' upload limit."""
     monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 64 << 10)
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES_PER_COLUMN", 0)
     name = "N" * (70 << 10)
     content = f"x,c,b,{name}\n1,A,1,z\n2,B,0,z\n".encode()
     response = upload(client, curator, content, with_columns(*COLUMNS))
@@ -956,6 +958,7 @@ def test_a_single_line_of_exactly_a_read_block_is_a_header_without_rows(
     """A file without a line end that fits the CSV reader's block is one line, a header
     and no rows; only one longer than the block is named as a first line too long."""
     monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 64 << 10)
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES_PER_COLUMN", 0)
     for size, problem in (
         (64 << 10, "the file has no data rows (it is a single line)"),
         ((64 << 10) + 1, "the first line is longer than 64 KiB"),

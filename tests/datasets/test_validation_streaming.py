@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from cryptography.fernet import Fernet
 
+from app.core.errors import InvalidUpload
 from app.datasets import validation
 from app.datasets.schemas import ContinuousColumn
 from app.storage import spool as spool_module
@@ -73,3 +74,64 @@ def test_a_parquet_upload_is_read_one_row_group_at_a_time(
     assert len(held) == GROUPS
     group_bytes = GROUP_ROWS * COLUMNS * 8
     assert max(held) < 8 * group_bytes, (held[:3], len(raw.getvalue()))
+
+
+def test_csv_block_grows_with_the_declared_columns() -> None:
+    assert validation.csv_block_bytes(3) == 4 << 20
+    assert validation.csv_block_bytes(128) == 4 << 20
+    assert validation.csv_block_bytes(2000) == 2000 * (32 << 10)  # 62.5 MiB: ~2000 rows
+
+
+def _row_groups(path: Path) -> list[int]:
+    parquet = tables.open_table(path, KEY)
+    try:
+        return [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+    finally:
+        parquet.close()
+
+
+@pytest.mark.parametrize("rows", [1000, 300, 7])
+def test_small_csv_blocks_are_gathered_into_whole_row_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int
+) -> None:
+    """Each block the CSV reader parsed was written as a row group of its own (285 rows at
+    d = 2000); validated rows are now gathered to tables.batch_rows(d) a row group, the
+    last one shorter. Scaled down: blocks of 1 KiB (about 40 rows), row groups of 256."""
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 1 << 10)
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES_PER_COLUMN", 0)
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 256)
+    values = np.round(np.random.default_rng(rows).uniform(0, 1, size=(rows, COLUMNS)), 3)
+    names = [f"x{j}" for j in range(COLUMNS)]
+    text = ",".join(names) + "\n" + "".join(",".join(map(str, row)) + "\n" for row in values)
+    columns = [ContinuousColumn(name=name, kind="continuous", lower=0, upper=1) for name in names]
+    destination = tmp_path / "t.parquet"
+    stored = validation.validate_and_store(
+        io.BytesIO(text.encode()), len(text), list(columns), "reject", destination, KEY
+    )
+    assert stored.n_rows == rows
+    assert _row_groups(destination) == [256] * (rows // 256) + ([rows % 256] if rows % 256 else [])
+    parquet = tables.open_table(destination, KEY)
+    try:
+        table = parquet.read()
+    finally:
+        parquet.close()
+    stored_values = np.column_stack([table.column(name).to_numpy() for name in names])
+    np.testing.assert_array_equal(stored_values, 2.0 * values - 1.0)
+
+
+def test_a_csv_with_problems_after_whole_row_groups_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES", 1 << 10)
+    monkeypatch.setattr(validation, "CSV_BLOCK_BYTES_PER_COLUMN", 0)
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 64)
+    names = [f"x{j}" for j in range(COLUMNS)]
+    lines = [",".join(names)] + [",".join(["0.5"] * COLUMNS)] * 500 + [",".join(["2"] * COLUMNS)]
+    text = "\n".join(lines) + "\n"
+    columns = [ContinuousColumn(name=name, kind="continuous", lower=0, upper=1) for name in names]
+    destination = tmp_path / "t.parquet"
+    with pytest.raises(InvalidUpload):
+        validation.validate_and_store(
+            io.BytesIO(text.encode()), len(text), list(columns), "reject", destination, KEY
+        )
+    assert not destination.exists()
