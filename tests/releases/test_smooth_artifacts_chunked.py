@@ -72,16 +72,51 @@ def _groups(path: Path) -> list[int]:
     return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
 
 
-def test_write_artifacts_chunks_by_batch_rows(
+def test_write_artifacts_chunks_by_sample_chunk_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default chunk is app.storage.tables.batch_rows of the columns and the weight
-    (about 64 MiB of float64, at most 65,536 rows): here 3 rows."""
+    """The default chunk is sample_chunk_rows of the columns and the weight (about 64 MiB
+    of float64, no cap of 65,536 rows): here 3 rows."""
     asked: list[int] = []
-    monkeypatch.setattr(adapter, "batch_rows", lambda d: asked.append(d) or 3)
+    monkeypatch.setattr(adapter, "sample_chunk_rows", lambda d: asked.append(d) or 3)
     rng = np.random.default_rng(0)
     X, points = rng.uniform(-1, 1, (10, INFO.d)), rng.uniform(-1, 1, (4, INFO.d))
     adapter._write_artifacts(INFO, tmp_path, X, points, np.full(4, 0.25), {}, "")
     assert asked == [INFO.d + 1, INFO.d + 1]
     assert _groups(tmp_path / "sample.parquet") == [3, 3, 3, 1]
     assert _groups(tmp_path / "support.parquet") == [3, 1]
+
+
+def test_sample_chunks_are_64_mib_uncapped() -> None:
+    assert adapter.sample_chunk_rows(1) == 8 << 20  # 64 MiB of one float64 column
+    assert adapter.sample_chunk_rows(51) == (64 << 20) // (8 * 51)  # 164,482 > 65,536
+    assert adapter.sample_chunk_rows(10**6) == 1024
+
+
+def test_a_released_column_named_weight_keeps_its_values(tmp_path: Path) -> None:
+    """The support files' weights went into a column "weight", which replaced a released
+    column of that name (its values lost); they go into "support_weight" then."""
+    info = DatasetInfo(
+        n_rows=10,
+        columns=(
+            ColumnInfo("weight", "continuous", 40.0, 120.0),
+            ColumnInfo("support_weight", "continuous", 0.0, 1.0),
+        ),
+    )
+    assert adapter.weight_column(["age"]) == "weight"
+    assert adapter.weight_column(info.names) == "support_weight_2"
+    assert adapter.weight_column(["weight"]) == "support_weight"
+    points = np.array([[-1.0, 1.0], [1.0, -1.0]])
+    synthesized = adapter._write_artifacts(
+        info, tmp_path, points, points, np.array([0.25, 0.75]), {}, ""
+    )
+    support = pq.read_table(tmp_path / "support.parquet")
+    assert support.column_names == ["weight", "support_weight", "support_weight_2"]
+    assert support.column("weight").to_pylist() == [40.0, 120.0]  # the data's, in kg
+    assert support.column("support_weight_2").to_pylist() == [0.25, 0.75]
+    text = pacsv.read_csv(tmp_path / "support.csv")
+    assert text.column_names == support.column_names
+    assert [text.column(c).to_pylist() for c in text.column_names] == [
+        support.column(c).to_pylist() for c in support.column_names
+    ]
+    assert "'support_weight_2'" in synthesized.artifacts["support.csv"].description
