@@ -12,7 +12,8 @@
 - ``CURATOR_PREVIOUS_DATA_KEYS`` (default unset): comma-separated Fernet keys that still
   open files written under an earlier ``CURATOR_DATA_KEY``, until ``curator
   rotate-data-key`` has re-encrypted them.
-- ``CURATOR_MAX_UPLOAD_BYTES`` (default 1 GiB): larger uploads get 413.
+- ``CURATOR_MAX_UPLOAD_BYTES`` (default 1 GiB): larger uploads get 413; a Parquet file
+  may decode to at most half this many cells (:func:`app.datasets.validation.max_cells`).
 - ``CURATOR_MAX_JSON_BYTES`` (default 64 MiB): larger bodies on every other route get 413;
   one over 64 KiB is read only from a caller with an active key (``app.main.BodyLimit``).
 - ``CURATOR_ANSWER_CACHE_BYTES`` (default 2 GiB): memory each API process keeps of decoded

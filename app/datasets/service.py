@@ -44,7 +44,7 @@ from app.datasets.schemas import (
     ValidationReport,
 )
 from app.datasets.upload import ReceivedUpload
-from app.datasets.validation import validate_and_store
+from app.datasets.validation import max_cells, validate_and_store
 from app.ledger import service as ledger
 from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_value
 from app.models import Dataset, Grant, Release, Role, User
@@ -144,6 +144,7 @@ def store_dataset(
                     destination,
                     services.data_key,
                     filename=upload.filename,
+                    max_cells=max_cells(services.settings.max_upload_bytes),
                 )
                 report = ValidationReport(
                     format=stored.format, n_rows=stored.n_rows, clipped=stored.clipped

@@ -519,6 +519,41 @@ def test_upload_over_the_limit_is_413_and_leaves_nothing(
     assert_nothing_stored(client)
 
 
+def test_a_parquet_file_that_decodes_to_more_cells_than_a_csv_could_is_refused(
+    client: TestClient, curator: Caller
+) -> None:
+    """Run-length encoded zeros: a small file, many rows (the scale audit's 874 KB decoded
+    to 10^7 rows of 20 columns). Refused from the footer, before a row is validated, when
+    rows times declared columns exceed what a CSV at the upload limit could hold."""
+    from app.datasets.validation import max_cells
+
+    limit = max_cells(_services(client).settings.max_upload_bytes)  # 1 Mi cells in tests
+    rows = limit // 4 + 1  # 4 declared columns
+
+    def zeros(n: int) -> bytes:
+        return parquet_bytes(
+            pa.table(
+                {
+                    "age": pa.array(np.zeros(n)),
+                    "weight": pa.array(np.full(n, 60.0)),
+                    "blood": pa.array(["A"] * n),
+                    "smoker": pa.array(np.zeros(n, dtype=np.int64)),
+                }
+            )
+        )
+
+    content = zeros(rows)
+    assert len(content) < limit // 100  # small on the wire
+    response = upload(client, curator, content, filename="d.parquet")
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert f"holds {rows} rows of 4 declared columns, more than {limit} cells" in message
+    assert_nothing_stored(client)
+    accepted = upload(client, curator, zeros(rows - 1), filename="d.parquet")
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["n_rows"] == rows - 1
+
+
 def test_streamed_upload_without_length_is_counted(client: TestClient, curator: Caller) -> None:
     limit = _services(client).settings.max_upload_bytes
     boundary = "b0undary"
