@@ -1788,7 +1788,7 @@ def all_pair_counts(
             onehot[np.arange(part.shape[0])[:, None], offsets + part] = 1.0
             for a, z in bands:
                 k0, k1 = first[a], first[z]
-                if len(bands) == 1:
+                if (a, z) == (0, d):  # every column against every column
                     product = onehot.T @ onehot  # symmetric: one BLAS syrk
                 else:
                     product = (
