@@ -587,10 +587,13 @@ def _check_parquet_sizes(
     rows times declared columns exceed ``max_cells`` (a few KB of run-length encoded zeros
     decode to 10^7 rows: the scale audit's 874 KB file was 2 10^8 cells)."""
     metadata = pq.ParquetFile(reader).metadata
-    if max_cells is not None and metadata.num_rows * len(declared) > max_cells:
+    # the row groups' counts, which the reader decodes, not the file's total (a footer
+    # may state any total: the review's file said 8192 and held 10^6 rows)
+    rows = sum(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+    if max_cells is not None and rows * len(declared) > max_cells:
         problems.add(
             None,
-            f"the file holds {metadata.num_rows} rows of {len(declared)} declared columns, "
+            f"the file holds {rows} rows of {len(declared)} declared columns, "
             f"more than {max_cells} cells (the most a CSV file at the upload limit could "
             "hold, one digit and a separator each): upload fewer rows",
         )
@@ -768,6 +771,13 @@ def validate_and_store(
         try:
             for batch in batches:
                 n_rows += batch.num_rows
+                if max_cells is not None and n_rows * len(checks) > max_cells:
+                    # what was decoded, whatever the footer said (it was checked above)
+                    raise file_problem(
+                        f"the file holds more than {max_cells // len(checks)} rows of "
+                        f"{len(checks)} declared columns, more than {max_cells} cells: "
+                        "upload fewer rows"
+                    )
                 arrays = [_process(check, batch.column(check.name), problems) for check in checks]
                 if problems:
                     pending = None

@@ -135,3 +135,71 @@ def test_a_csv_with_problems_after_whole_row_groups_stores_nothing(
             io.BytesIO(text.encode()), len(text), list(columns), "reject", destination, KEY
         )
     assert not destination.exists()
+
+
+def _with_stated_rows(content: bytes, actual: int, stated: int) -> bytes:
+    """``content`` (a Parquet file of one row group of ``actual`` rows) with the file's
+    total in its footer rewritten to ``stated`` (field 3 of FileMetaData, a zigzag varint
+    of the same length); the row group keeps its own count, which readers decode."""
+    raw = bytearray(content)
+    length = int.from_bytes(raw[-8:-4], "little")
+    start = len(raw) - 8 - length
+
+    def varint(value: int) -> bytes:
+        value = value << 1  # zigzag of a positive number
+        out = bytearray()
+        while True:
+            byte, value = value & 0x7F, value >> 7
+            out.append(byte | 0x80 if value else byte)
+            if not value:
+                return bytes(out)
+
+    old, new = varint(actual), varint(stated)
+    assert len(old) == len(new)
+    footer = raw[start : start + length]
+    at = footer.find(b"\x16" + old)  # field 3 after field 2, type i64
+    assert at >= 0
+    footer[at + 1 : at + 1 + len(old)] = new
+    raw[start : start + length] = footer
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_the_cell_cap_counts_the_rows_decoded(tmp_path: Path, fmt: str) -> None:
+    """The cap reads the row groups' counts, not the file's stated total (the review's
+    file stated 8192 rows and held 10^6), and the rows decoded are counted too (a CSV, which
+    has no footer)."""
+    rows = 20_000
+    names = [f"x{j}" for j in range(COLUMNS)]
+    columns = [ContinuousColumn(name=name, kind="continuous", lower=0, upper=1) for name in names]
+    if fmt == "parquet":
+        sink = io.BytesIO()
+        pq.write_table(pa.table({n: np.zeros(rows) for n in names}), sink, row_group_size=rows)
+        content = _with_stated_rows(sink.getvalue(), rows, 8192)
+        assert pq.ParquetFile(io.BytesIO(content)).metadata.num_rows == 8192
+    else:
+        content = (",".join(names) + "\n" + "0,0,0,0\n" * rows).encode()
+    destination = tmp_path / "t.parquet"
+    with pytest.raises(InvalidUpload, match=f"more than {COLUMNS * 10_000} cells"):
+        validation.validate_and_store(
+            io.BytesIO(content),
+            len(content),
+            list(columns),
+            "reject",
+            destination,
+            KEY,
+            filename=f"t.{fmt}",
+            max_cells=COLUMNS * 10_000,
+        )
+    assert not destination.exists()
+    stored = validation.validate_and_store(
+        io.BytesIO(content),
+        len(content),
+        list(columns),
+        "reject",
+        destination,
+        KEY,
+        filename=f"t.{fmt}",
+        max_cells=COLUMNS * rows,
+    )
+    assert stored.n_rows == rows
