@@ -414,15 +414,27 @@ def to_out(session: Session, release: Release) -> ReleaseOut:
         else []
     )
     params, synthesis_params = release.params, release.synthesis_params
+    guarantee, resolved = "unknown", release.resolved
     if mechanism is not None:
         applies = mechanism.post_processing_for(release.params)
         params = mechanism.shown_params(release.params)
         synthesis_params = {k: v for k, v in synthesis_params.items() if k in applies}
+        guarantee = mechanism.guarantee_for(release.params)
+        stored = resolved.get("guarantee")
+        if isinstance(stored, str) and stored != guarantee:
+            # recorded at measure time under an older label (a compressed release with the
+            # data as reference claimed paper 002's guarantee): shown as it applies now,
+            # in resolved and in the artifacts' descriptions alike
+            resolved = {**resolved, "guarantee": guarantee}
+            artifacts = [
+                a.model_copy(update={"description": a.description.replace(stored, guarantee)})
+                for a in artifacts
+            ]
     return ReleaseOut(
         id=release.id,
         dataset_id=release.dataset_id,
         mechanism=release.mechanism,
-        guarantee=mechanism.guarantee_for(release.params) if mechanism else "unknown",
+        guarantee=guarantee,
         status=release.status,
         progress=release.progress,
         message=release.message,
@@ -434,7 +446,7 @@ def to_out(session: Session, release: Release) -> ReleaseOut:
         synthesis_params=synthesis_params,
         synthesis_version=release.synthesis_version,
         published_version=release.published_version,
-        resolved=release.resolved,
+        resolved=resolved,
         accuracy=release.accuracy,
         privacy_cost=release.privacy_cost,
         artifacts=artifacts,

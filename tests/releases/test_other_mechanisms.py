@@ -492,6 +492,28 @@ def test_compressed_is_labelled_and_needs_the_opt_in(client: TestClient, curator
     ).json()
     assert (card["alpha"], card["alpha_note"]) == (None, done["resolved"]["alpha_note"])
     assert card["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
+    # measured before the label: resolved and the artifacts' descriptions recorded paper
+    # 002's guarantee; shown as it applies now, beside the top-level one (review)
+    from app.models import Release
+
+    with services_of(client).db.transaction() as session:
+        record = session.get(Release, uuid.UUID(release_id))
+        assert record is not None
+        record.resolved = {**record.resolved, "guarantee": cp.GUARANTEE}
+        record.artifacts = {
+            name: {
+                **meta,
+                "description": meta["description"].replace(
+                    cp.DATA_REFERENCE_GUARANTEE, cp.GUARANTEE
+                ),
+            }
+            for name, meta in record.artifacts.items()
+        }
+    older = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert older["guarantee"] == older["resolved"]["guarantee"] == cp.DATA_REFERENCE_GUARANTEE
+    descriptions = [a["description"] for a in older["artifacts"]]
+    assert not any(cp.GUARANTEE in text for text in descriptions)
+    assert any(cp.DATA_REFERENCE_GUARANTEE in text for text in descriptions)
     # nor is it kept with the stored measurement (privacy-rules audit: it was, unreported)
     from app.models import ReleaseMeasurement
     from app.releases.payloads import unpack
