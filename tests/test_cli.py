@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -151,7 +152,8 @@ def test_serve_migrates_answers_and_stops_cleanly(tmp_path: Path, stop: signal.S
     assert "embedded worker started" in output
     assert "embedded worker stopped" in output
     # one BLAS thread per product (CURATOR_BLAS_THREADS), in numpy's and scipy's OpenBLAS
-    assert "BLAS: at most 1 thread(s) per matrix product in each of 2 libraries" in output
+    # (two libraries here, numpy's and scipy's own; one where they share a BLAS)
+    assert re.search(r"BLAS: at most 1 thread\(s\) per matrix product in each of [12] libr", output)
     assert not (tmp_path / "port.partial").exists()
 
 

@@ -30,18 +30,22 @@ def _blas_threads() -> list[int]:
 @pytest.mark.usefixtures("restored_blas")
 def test_limit_reaches_numpy_and_scipy_blas() -> None:
     ThreadpoolController().limit(limits=2, user_api="blas")  # as on a 2-core machine
-    assert limit_blas_threads(1) == [1, 1]  # numpy's OpenBLAS and scipy's own
-    assert _blas_threads() == [1, 1]
+    counts = limit_blas_threads(1)  # numpy's OpenBLAS and scipy's own, or one shared BLAS
+    assert counts
+    assert set(counts) == {1}
+    assert _blas_threads() == counts
     a = np.arange(64.0).reshape(8, 8)
     assert np.array_equal(a @ a.T, (a @ a.T).T)  # products still run
-    assert limit_blas_threads(3) == [3, 3]
+    assert set(limit_blas_threads(3)) == {3}
 
 
 @pytest.mark.usefixtures("restored_blas")
 def test_zero_leaves_the_libraries_as_they_are() -> None:
     ThreadpoolController().limit(limits=2, user_api="blas")
-    assert limit_blas_threads(0) == [2, 2]
-    assert _blas_threads() == [2, 2]
+    counts = limit_blas_threads(0)
+    assert counts
+    assert set(counts) == {2}
+    assert _blas_threads() == counts
 
 
 def test_the_setting_defaults_to_one_and_admits_zero(monkeypatch: pytest.MonkeyPatch) -> None:
