@@ -238,7 +238,11 @@ def _same_request(
     since (``smooth_synopsis``'s ``co_spread``, say) changed the hash of the very same body
     and its retry after an upgrade got 409. A release whose hash is this request's with its
     own stored parameters (so the same dataset, mechanism, budget and columns) matches when
-    those parameters, read and resolved by today's model, are this request's."""
+    those parameters, read and resolved by today's model, are this request's, or when
+    every parameter the body sets resolves to the recorded value: the others are defaults,
+    and a default resolved by an older rule (``smooth_synthetic``'s method, which falls
+    back from ``tree`` to ``marginals`` above a work bound since 0e66f97) is still this
+    request's."""
     if release.request_hash == _request_hash(dataset_id, body, checked):
         return True
     recorded = replace(checked, params_json=dict(release.params))
@@ -250,7 +254,13 @@ def _same_request(
     except InvalidRequest:  # a parameter since removed or narrowed: not this request
         return False
     resolved = mechanism.resolve_params(checked.info, checked.epsilon, checked.delta, params)
-    return bool(resolved.model_dump(mode="json") == checked.params_json)
+    if resolved.model_dump(mode="json") == checked.params_json:
+        return True
+    explicit = mechanism.parse_params(body.params).model_dump(mode="json", exclude_unset=True)
+    return all(
+        name in release.params and checked.params_json.get(name) == release.params[name]
+        for name in explicit
+    )
 
 
 def validate_release(

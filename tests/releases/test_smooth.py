@@ -680,6 +680,31 @@ def test_a_tree_whose_pair_counts_are_too_much_work_gets_marginals_or_a_422(
     assert budget(client, curator, dataset_id)["entries"] == []
 
 
+def test_a_retry_after_the_default_method_changed_finds_its_release(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that names no method and was recorded with the tree, retried with its
+    key once the work bound makes the same body default to marginals (an upgrade past
+    0e66f97), gets its release again (200, charged once: it got 409 idempotency_key_reused:
+    review); a body that sets another method with that key is still 409."""
+    from app.mechanisms import marginal_tree
+
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "delta": 1e-6}
+    first = request_release(client, curator, dataset_id, body, key="before-the-bound")
+    assert first.status_code == 202, first.text
+    assert first.json()["params"]["method"] == "tree"
+    monkeypatch.setattr(marginal_tree, "MAX_PAIR_COUNT_WORK", 1000)
+    again = request_release(client, curator, dataset_id, body, key="before-the-bound")
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    other = {**body, "params": {"method": "marginals"}}
+    refused = request_release(client, curator, dataset_id, other, key="before-the-bound")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "idempotency_key_reused"
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
+
+
 @pytest.mark.parametrize(
     ("epsilon", "delta", "params", "fragment"),
     [
