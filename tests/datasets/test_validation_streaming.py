@@ -19,6 +19,7 @@ from app.datasets.schemas import ContinuousColumn
 from app.storage import spool as spool_module
 from app.storage import tables
 from app.storage.spool import EncryptedSpool
+from tests.storage.helpers import stored_row_groups
 
 GROUP_ROWS = 2048
 GROUPS = 48
@@ -83,11 +84,7 @@ def test_csv_block_grows_with_the_declared_columns() -> None:
 
 
 def _row_groups(path: Path) -> list[int]:
-    parquet = tables.open_table(path, KEY)
-    try:
-        return [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
-    finally:
-        parquet.close()
+    return stored_row_groups(path, KEY)
 
 
 @pytest.mark.parametrize("rows", [1000, 300, 7])
@@ -180,8 +177,9 @@ def test_the_cell_cap_counts_the_rows_decoded(tmp_path: Path, fmt: str) -> None:
     else:
         content = (",".join(names) + "\n" + "0,0,0,0\n" * rows).encode()
     destination = tmp_path / "t.parquet"
-    with pytest.raises(InvalidUpload, match=f"more than {COLUMNS * 10_000} cells"):
-        validation.validate_and_store(
+
+    def store(cells: int) -> validation.StoredTable:
+        return validation.validate_and_store(
             io.BytesIO(content),
             len(content),
             list(columns),
@@ -189,17 +187,10 @@ def test_the_cell_cap_counts_the_rows_decoded(tmp_path: Path, fmt: str) -> None:
             destination,
             KEY,
             filename=f"t.{fmt}",
-            max_cells=COLUMNS * 10_000,
+            max_cells=cells,
         )
+
+    with pytest.raises(InvalidUpload, match=f"more than {COLUMNS * 10_000} cells"):
+        store(COLUMNS * 10_000)
     assert not destination.exists()
-    stored = validation.validate_and_store(
-        io.BytesIO(content),
-        len(content),
-        list(columns),
-        "reject",
-        destination,
-        KEY,
-        filename=f"t.{fmt}",
-        max_cells=COLUMNS * rows,
-    )
-    assert stored.n_rows == rows
+    assert store(COLUMNS * rows).n_rows == rows

@@ -11,6 +11,7 @@ from cryptography.fernet import Fernet
 
 from app.storage import tables
 from app.storage.source import EncryptedTableSource
+from tests.storage.helpers import stored_row_groups
 
 KEY = Fernet.generate_key()
 
@@ -41,11 +42,7 @@ def _write(path: Path, values: np.ndarray, batch: int) -> None:
 
 
 def _row_groups(path: Path) -> list[int]:
-    parquet = tables.open_table(path, KEY)
-    try:
-        return [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
-    finally:
-        parquet.close()
+    return stored_row_groups(path, KEY)
 
 
 def test_wide_tables_are_written_and_read_in_smaller_batches(
