@@ -14,7 +14,8 @@ and after its fixes, in one process (the library, no server):
   the measured tree (:meth:`TreeMeasurements.answers`, the 21 laws: the release and its
   bootstrap replicates), in blocks of 500 queries as the service sends them, with
   OpenBLAS's default thread count (one per core) and with one thread
-  (``CURATOR_BLAS_THREADS = 1``, the service's default since 6e058d4).
+  (``CURATOR_BLAS_THREADS = 1``, the service's default since 6e058d4), alone and as two
+  requests at once (two threads, as the API's threadpool serves two analysts).
 
 Data: ``n`` rows of ``d`` columns, a Gaussian AR(1) chain (correlation 0.6 between
 neighbours, fixed seed :data:`SEED`) clipped to ``[-1, 1]``.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import threading
 import time
 from typing import Any
 
@@ -86,6 +88,20 @@ def _answers_seconds(tree: marginal_tree.TreeMeasurements, centers: NDArray[np.f
     return time.perf_counter() - started
 
 
+def _concurrent_answers_seconds(
+    tree: marginal_tree.TreeMeasurements, centers: NDArray[np.float64]
+) -> float:
+    """Wall time of two requests of ``centers`` answered at once, each in its own thread
+    (the API's threadpool serving two analysts)."""
+    threads = [threading.Thread(target=_answers_seconds, args=(tree, centers)) for _ in range(2)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
 def measure_shape(n: int, d: int, queries: int) -> dict[str, Any]:
     X = table(n, d)
     fixed = marginal_tree.plan(n, d, EPSILON, DELTA)
@@ -103,8 +119,10 @@ def measure_shape(n: int, d: int, queries: int) -> dict[str, Any]:
     controller = ThreadpoolController()
     default_threads = [i["num_threads"] for i in controller.select(user_api="blas").info()]
     answers_default = _answers_seconds(tree, centers)
+    concurrent_default = _concurrent_answers_seconds(tree, centers)
     with controller.limit(limits=1, user_api="blas"):
         answers_one = _answers_seconds(tree, centers)
+        concurrent_one = _concurrent_answers_seconds(tree, centers)
     return {
         "n": n,
         "d": d,
@@ -117,6 +135,8 @@ def measure_shape(n: int, d: int, queries: int) -> dict[str, Any]:
         "blas_default_threads": default_threads,
         "answers_blas_default_s": round(answers_default, 2),
         "answers_blas_one_s": round(answers_one, 2),
+        "two_requests_blas_default_s": round(concurrent_default, 2),
+        "two_requests_blas_one_s": round(concurrent_one, 2),
     }
 
 
@@ -130,11 +150,13 @@ def markdown(results: list[dict[str, Any]], note: str = "") -> str:
         "chunks (the same integers, checked). *measure*: `marginal_tree.measure` at "
         f"epsilon {EPSILON}, delta {DELTA:g}. *answers*: one-centre Gaussian kernels (sigma "
         f"{SIGMA:g}) in blocks of {BLOCK}, OpenBLAS at its default thread count and at one "
-        "(the service's `CURATOR_BLAS_THREADS` default).",
+        "(the service's `CURATOR_BLAS_THREADS` default); *two requests*: the same batch "
+        "answered twice at once, in two threads (two analysts), wall time for both.",
         "",
         "| n | d | pairs | pair counts, per pair s | pair counts, Gram s | speed-up | measure s "
-        "| queries | answers, BLAS default s (threads) | answers, 1 BLAS thread s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| queries | answers, BLAS default s (threads) | answers, 1 BLAS thread s "
+        "| two requests, BLAS default s | two requests, 1 BLAS thread s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         speedup = r["pair_counts_per_pair_s"] / max(r["pair_counts_gram_s"], 1e-9)
@@ -142,7 +164,8 @@ def markdown(results: list[dict[str, Any]], note: str = "") -> str:
             f"| {r['n']:,} | {r['d']} | {r['pairs']:,} | {r['pair_counts_per_pair_s']} | "
             f"{r['pair_counts_gram_s']} | {speedup:.1f}x | {r['measure_s']} | {r['queries']:,} | "
             f"{r['answers_blas_default_s']} ({r['blas_default_threads']}) | "
-            f"{r['answers_blas_one_s']} |"
+            f"{r['answers_blas_one_s']} | {r['two_requests_blas_default_s']} | "
+            f"{r['two_requests_blas_one_s']} |"
         )
     return "\n".join(lines)
 
