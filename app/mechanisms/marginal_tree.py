@@ -1123,10 +1123,11 @@ def plan(
     b = DEFAULT_PAIR_BINS if pair_bins is None else pair_bins
     if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16:
         raise MechanismError(f"pair_bins ({pair_bins!r}) must be an integer in [2, 16]")
-    if pair_count_work(n, d, b) > MAX_PAIR_COUNT_WORK:
+    work = pair_count_work(n, d, b)
+    if work > MAX_PAIR_COUNT_WORK:
         raise MechanismError(
             f"counting every pair's table of {n} rows and {d} columns "
-            f"({pair_count_work(n, d, b):.3g} pair-rows at pair_bins {b}) is more than the "
+            f"({work:.3g} pair-rows at pair_bins {b}) is more than the "
             f"tree's {MAX_PAIR_COUNT_WORK:.3g} (about 10 minutes of measuring): choose "
             "fewer columns or rows, or method 'marginals'"
         )

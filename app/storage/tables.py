@@ -41,14 +41,15 @@ MIN_BATCH_ROWS = 1024
 BATCH_BYTES = 64 << 20
 
 
-def batch_rows(d: int) -> int:
+def batch_rows(d: int, capped: bool = True) -> int:
     """Rows of a batch of ``d`` columns: about :data:`BATCH_BYTES` of float64, at most
-    :data:`ROW_GROUP_ROWS` and at least :data:`MIN_BATCH_ROWS` (``clamp(64 MiB // 8d, 1024,
-    65536)``): a fixed 65,536 rows was 1 GiB of float64 at ``d = 2000``. Used for the row
-    groups written, the batches read and the batches validated. Files already stored keep
-    the row groups they were written with: readers ask for batches of rows, whatever the
-    row groups."""
-    return min(ROW_GROUP_ROWS, max(MIN_BATCH_ROWS, BATCH_BYTES // (8 * max(d, 1))))
+    :data:`ROW_GROUP_ROWS` (unless not ``capped``) and at least
+    :data:`MIN_BATCH_ROWS` (``clamp(64 MiB // 8d, 1024, 65536)``): a fixed 65,536 rows was
+    1 GiB of float64 at ``d = 2000``. Used for the row groups written, the batches read and
+    the batches validated. Files already stored keep the row groups they were written
+    with: readers ask for batches of rows, whatever the row groups."""
+    rows = max(MIN_BATCH_ROWS, BATCH_BYTES // (8 * max(d, 1)))
+    return min(ROW_GROUP_ROWS, rows) if capped else rows
 
 
 #: What separates the keys of a key ring (module doc).

@@ -103,7 +103,7 @@ from app.releases.adapters import smooth_queries, smooth_synopsis
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
 from app.storage.source import EncryptedTableSource
-from app.storage.tables import BATCH_BYTES, MIN_BATCH_ROWS
+from app.storage.tables import batch_rows
 
 NOTE = (
     "exact for the released synthetic distribution (weighted support); the error against "
@@ -1044,14 +1044,13 @@ def _load_support_replicates(artifacts: Path, d: int) -> ss.SupportReplicates | 
 
 
 def sample_chunk_rows(width: int) -> int:
-    """Rows of ``width`` float64 columns per chunk of :func:`_write_rows`: about
-    :data:`app.storage.tables.BATCH_BYTES` (64 MiB), at least
-    :data:`app.storage.tables.MIN_BATCH_ROWS`, and unlike
-    :func:`app.storage.tables.batch_rows` not capped at 65,536 rows: each chunk is a
-    Parquet row group with its own dictionaries, and a sample's values repeat its support
-    points (10^6 rows of 50 columns from 10^4 points: 151 MB in 65,536-row groups, 112 MB
-    in 64 MiB ones, 92 MB in one; the rise in memory 140, 234 and 812 MiB)."""
-    return max(MIN_BATCH_ROWS, BATCH_BYTES // (8 * max(width, 1)))
+    """Rows of ``width`` float64 columns per chunk of :func:`_write_rows`: the storage's
+    :func:`~app.storage.tables.batch_rows` (about 64 MiB) without its cap of 65,536 rows:
+    each chunk is a Parquet row group with its own dictionaries, and a sample's values
+    repeat its support points (10^6 rows of 50 columns from 10^4 points: 151 MB in
+    65,536-row groups, 112 MB in 64 MiB ones, 92 MB in one; the rise in memory 140, 234
+    and 812 MiB)."""
+    return batch_rows(width, capped=False)
 
 
 def weight_column(names: Sequence[str]) -> str:
@@ -1081,6 +1080,7 @@ def _write_rows(
     same values and text as the whole table's; the Parquet file has a row group a chunk."""
     n, names = normalised.shape[0], info.names
     step = max(1, chunk_rows if chunk_rows is not None else sample_chunk_rows(len(names) + 1))
+    weight_name = weight_column(names)
     csv_writer: pacsv.CSVWriter | None = None
     parquet_writer: pq.ParquetWriter | None = None
     try:
@@ -1089,7 +1089,7 @@ def _write_rows(
             rows = info.to_original(normalised[start : start + step])
             columns = {name: rows[:, j] for j, name in enumerate(names)}
             if weights is not None:
-                columns[weight_column(names)] = weights[start : start + step]
+                columns[weight_name] = weights[start : start + step]
             table = pa.table(columns)
             del rows, columns
             if csv_writer is None or parquet_writer is None:
