@@ -65,8 +65,9 @@ constant at the midpoint of its declared bounds: the service stores values mappe
 0 and its row and column of ``Sigma`` (diagonal included) are 0. The output then shows
 the column is zero, which any ``Phi X`` of it would. With the data as reference the
 release goes ahead (``Sigma`` is singular; ``alpha`` is not computed in that case
-anyway); a declared reference is positive definite, its diagonal is not 0,
-so such data lie outside ``S_n`` when ``Delta_max < 1`` and the release is refused.
+anyway); a declared reference's diagonal is within ``Delta_max`` of 1
+(:func:`check_reference`), so such data lie outside ``S_n`` when ``Delta_max < 1/2``
+and the release is refused.
 (Until this was handled the release failed after reading the data, and the dataset's one
 compressed release was spent on an error.)
 
@@ -411,10 +412,16 @@ def _draw(
     )
 
 
-def check_reference(reference: ArrayLike, p: int) -> NDArray[np.float64]:
+def check_reference(reference: ArrayLike, p: int, delta_max: float) -> NDArray[np.float64]:
     """``reference`` as a ``p x p`` float array, or a :class:`MechanismError` if it cannot be
-    a declared ``Sigma_1``: finite, symmetric and positive definite (Assumption 1).
+    a declared ``Sigma_1``: finite, symmetric and positive definite (Assumption 1), with
+    every diagonal entry within ``delta_max`` of 1.
 
+    The data's normalised covariance has a unit diagonal (eq. 4: each column scaled to
+    norm ``sqrt(n)``; 0 only for a column zero in every row), so a reference entry
+    ``|Sigma_1(j, j) - 1| > Delta_max`` puts every database with column ``j`` nonzero
+    outside ``S_n`` (eq. 6): such a release would be refused after reading the data,
+    spending the dataset's one compressed release on what the request alone decides.
     It depends on the request only, so a caller can run it before reading any data.
     """
     ref = np.asarray(reference, dtype=np.float64)
@@ -424,6 +431,13 @@ def check_reference(reference: ArrayLike, p: int) -> NDArray[np.float64]:
         raise MechanismError("reference must be a finite symmetric matrix")
     if np.linalg.eigvalsh(ref)[0] <= 0.0:
         raise MechanismError("reference must be positive definite (Assumption 1)")
+    far = np.flatnonzero(np.abs(np.diag(ref) - 1.0) > delta_max)
+    if far.size:
+        raise MechanismError(
+            f"reference's diagonal entry {int(far[0])} is more than delta_max ({delta_max:g}) "
+            "from 1: a normalised covariance has a unit diagonal (eq. 4), so no data would "
+            "lie in the protected class S_n (eq. 6); declare a normalised covariance"
+        )
     return ref
 
 
@@ -463,7 +477,7 @@ def release(
         sigma_1 = sigma
         kind: ReferenceKind = "data"
     else:
-        sigma_1 = check_reference(reference, p)
+        sigma_1 = check_reference(reference, p, delta_max)
         kind = "declared"
         if np.max(np.abs(sigma - sigma_1)) > delta_max:
             raise MechanismError(

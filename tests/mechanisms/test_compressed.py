@@ -267,12 +267,23 @@ def test_zero_columns_are_released_as_zero() -> None:
         ({"reference": np.eye(2)}, "\\(3, 3\\)"),
         ({"reference": np.triu(np.ones((3, 3)))}, "symmetric"),
         ({"reference": -np.eye(3)}, "positive definite"),
+        ({"reference": np.diag([1.0, 1.06, 1.0])}, "diagonal entry 1 is more than delta_max"),
+        ({"reference": np.diag([1.0, 1.0, 0.9])}, "diagonal entry 2 is more than delta_max"),
     ],
 )
 def test_release_rejects(kwargs: dict[str, object], match: str) -> None:
+    """Refusals from the request alone; a reference diagonal more than delta_max (0.05)
+    from 1 is one: the data's normalised covariance has a unit diagonal."""
     arguments: dict[str, object] = {"m": 400, "delta_max": 0.05} | kwargs
     with pytest.raises(MechanismError, match=match):
         cp.release(correlated(2000, 8), **arguments)  # type: ignore[arg-type]
+
+
+def test_a_reference_diagonal_within_delta_max_of_one_is_accepted() -> None:
+    near = np.diag([1.04, 0.96, 1.0])
+    assert_allclose(cp.check_reference(near, 3, 0.05), near)
+    with pytest.raises(MechanismError, match="diagonal entry 0"):
+        cp.check_reference(np.diag([1.06, 0.96, 1.0]), 3, 0.05)
 
 
 def test_release_refuses_a_phi_too_large_to_draw_before_reading_the_data(

@@ -668,8 +668,9 @@ def test_one_compressed_release_per_dataset(client: TestClient, curator: Caller)
 def test_a_malformed_reference_is_refused_before_anything_is_reserved(
     client: TestClient, curator: Caller
 ) -> None:
-    """A declared reference that is not symmetric, not positive definite or not finite
-    depends on the request alone: the preview and the request are 422s. The worker used to
+    """A declared reference that is not symmetric, not positive definite or not finite, or
+    whose diagonal is more than delta_max from the data's unit diagonal, depends on the
+    request alone: the preview and the request are 422s. The worker used to
     refuse it after reading the data, which spent the dataset's one compressed release
     (a non_dp ledger entry, then a 409 for every later request)."""
     dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
@@ -680,6 +681,9 @@ def test_a_malformed_reference_is_refused_before_anything_is_reserved(
         ([[0.0, 0.0], [0.0, 0.0]], "positive definite"),
         ([[1.0, float("nan")], [float("nan"), 1.0]], "finite symmetric"),
         ([[1.0, float("inf")], [float("inf"), 1.0]], "finite symmetric"),
+        # positive definite, but no data's unit diagonal is within delta_max of it
+        ([[5.0, 0.0], [0.0, 5.0]], "diagonal entry 0 is more than delta_max"),
+        ([[1.0, 0.0], [0.0, 0.4]], "diagonal entry 1 is more than delta_max"),
     ):
         # NaN and Infinity as a JSON body's bare tokens, which the service's parser accepts
         body = json.dumps({**base, "params": {"delta_max": 0.5, "reference": reference}})

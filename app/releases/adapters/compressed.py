@@ -141,10 +141,11 @@ class Compressed(registry.Mechanism):
         ):
             raise InvalidRequest(f"reference must be a {info.d} x {info.d} matrix")
         if params.reference is not None:
-            # Finite, symmetric, positive definite: a MechanismError here is the request's
-            # 422. Left to the release (which checks again), it came after the data were
-            # read, and the dataset's one compressed release was spent on a malformed request.
-            cp.check_reference(params.reference, info.d)
+            # Finite, symmetric, positive definite, a diagonal within delta_max of 1: a
+            # MechanismError here is the request's 422. Left to the release (which checks
+            # again), it came after the data were read, and the dataset's one compressed
+            # release was spent on a request that could never succeed.
+            cp.check_reference(params.reference, info.d, params.delta_max)
 
     def preview(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
