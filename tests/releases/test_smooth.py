@@ -1821,6 +1821,34 @@ def test_a_centre_whose_rescaling_overflows_is_named_as_such(query: dict[str, An
     assert len(parse([{**query, "space": "normalized"}], info)) == 1  # far, but finite
 
 
+def test_a_polynomial_whose_rescaling_overflows_is_named_as_such() -> None:
+    """``x^2`` on bounds of +-1e307 is ``(1e307 x')^2`` in normalised units: its finite
+    coefficient overflows when rescaled. The refusal said "polynomial coefficients must be
+    finite", of coefficients the client sent finite."""
+    from app.core.errors import InvalidRequest
+    from app.releases.adapters.smooth_queries import parse
+    from app.releases.registry import ColumnInfo, DatasetInfo
+
+    info = DatasetInfo(
+        n_rows=10,
+        columns=(
+            ColumnInfo("x", "continuous", -1e307, 1e307),
+            ColumnInfo("y", "continuous", 0.0, 1.0),
+        ),
+    )
+    square = {"type": "polynomial", "terms": [{"coefficient": 1.0, "powers": {"x": 2}}]}
+    with pytest.raises(InvalidRequest) as refused:
+        parse([{**square, "space": "original"}], info)
+    assert refused.value.message == (
+        "queries.0: this polynomial's coefficients overflow a float when rescaled to [-1, 1] "
+        "(powers of its columns' half-widths); scale it down or write it in space "
+        "'normalized'"
+    )
+    assert len(parse([{**square, "space": "normalized"}], info)) == 1
+    linear = {"type": "polynomial", "terms": [{"coefficient": 1.0, "powers": {"x": 1}}]}
+    assert len(parse([{**linear, "space": "original"}], info)) == 1  # 1e307 x' is finite
+
+
 @pytest.mark.parametrize(
     ("refused", "expected"), [({5}, "queries.5: no"), ({0, 7}, "queries.0: no")]
 )

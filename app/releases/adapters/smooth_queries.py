@@ -357,6 +357,14 @@ def _polynomial(
             raise _OverBudget(len(total))
     if not total:
         total = {(): 0.0}
+    if not all(math.isfinite(value) for value in total.values()):
+        # the caller's coefficients are finite (the form checks them): rescaling to
+        # [-1, 1] multiplies them by powers of the columns' half-widths and centres
+        raise InvalidRequest(
+            "this polynomial's coefficients overflow a float when rescaled to [-1, 1] "
+            "(powers of its columns' half-widths); scale it down or write it in space "
+            "'normalized'"
+        )
     keys = list(total)
     lengths = np.fromiter((len(key) for key in keys), dtype=np.int64, count=len(keys))
     flat = np.array([entry for key in keys for entry in key], dtype=np.int64).reshape(-1, 2)
