@@ -223,15 +223,41 @@ def gaussian_tail_bound(sigma: float, n_points: int) -> float:
 @functools.lru_cache(maxsize=4096)
 def gaussian_points(sigma: float, min_points: int = 8) -> int:
     """Fewest points ``N >= min_points`` whose proven aliasing + tail error is negligible."""
+    n_points = _gaussian_points_within(sigma, min_points, MAX_POINTS_1D)
+    if n_points is None:
+        raise MechanismError(
+            f"sigma ({sigma:.3g}) is too small to expand on [-1, 1]: a Gaussian factor "
+            f"needs more than {MAX_POINTS_1D} Chebyshev points (the smallest sigma expanded "
+            f"is {min_gaussian_sigma(MAX_POINTS_1D):.3g} on the normalised scale)"
+        )
+    return n_points
+
+
+def _gaussian_points_within(sigma: float, min_points: int, max_points: int) -> int | None:
+    """:func:`gaussian_points`' search, ``None`` past ``max_points``."""
     n_points = max(int(min_points), 8)
     while 2.0 * gaussian_tail_bound(sigma, n_points) > GAUSSIAN_TAIL_TOLERANCE:
         n_points = math.ceil(n_points * 1.25)
-        if n_points > MAX_POINTS_1D:
-            raise MechanismError(
-                f"sigma ({sigma:.3g}) is too small to expand on [-1, 1]: a Gaussian factor "
-                f"needs more than {MAX_POINTS_1D} Chebyshev points"
-            )
+        if n_points > max_points:
+            return None
     return n_points
+
+
+@functools.lru_cache(maxsize=8)
+def min_gaussian_sigma(max_points: int) -> float:
+    """The smallest width (to 3 significant digits, rounded up) whose Gaussian factor
+    expands within ``max_points`` Chebyshev points (from the fewest, 8): found by
+    bisection on ``log sigma``, as the points needed only grow as ``sigma`` shrinks."""
+    low, high = math.log(1e-12), math.log(2.0)  # refused, expanded (8 points at sigma = 2)
+    for _ in range(24):  # to 2e-6 of log sigma: finer than the 3 digits reported
+        middle = (low + high) / 2.0
+        if _gaussian_points_within(math.exp(middle), 8, max_points) is None:
+            low = middle
+        else:
+            high = middle
+    sigma = math.exp(high)
+    step = 10.0 ** (math.floor(math.log10(sigma)) - 2)
+    return math.ceil(sigma / step) * step
 
 
 def gaussian_factors(

@@ -719,3 +719,13 @@ def test_mixture_blocks_hold_at_most_the_block_elements(monkeypatch: pytest.Monk
     assert sizes == [rows] * (60 // rows) + ([60 % rows] if 60 % rows else [])
     seen = sorted(int(p) for positions, _ in blocks for p in positions)
     assert seen == list(range(61))
+
+
+def test_min_gaussian_sigma_is_the_smallest_width_expanded() -> None:
+    """Rounded up to 3 digits (by less than 1 %): it expands within the point limit, and
+    1 % less does not (the refusal names it); a smaller limit gives a wider smallest width."""
+    smallest = ch.min_gaussian_sigma(ch.MAX_POINTS_1D)
+    assert ch.gaussian_points(smallest) <= ch.MAX_POINTS_1D
+    with pytest.raises(MechanismError, match=f"smallest sigma expanded is {smallest:.3g} "):
+        ch.gaussian_points(smallest * 0.99)
+    assert ch.min_gaussian_sigma(1024) > 10 * smallest

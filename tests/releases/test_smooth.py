@@ -353,6 +353,19 @@ def test_smooth_synthetic_marginals_end_to_end(client: TestClient, curator: Call
     assert gaussian["value"] == pytest.approx(chebyshev_form["value"], rel=0, abs=1e-12)
     assert gaussian["value"] < -0.01  # the kernel has mass on the data (y' ~ N(-0.2, 0.3))
 
+    # a Gaussian too narrow to expand in Chebyshev points is refused by its position in the
+    # batch, with the smallest width that expands (the refusal named no query, and no width)
+    narrow = {"type": "gaussian_mixture", "centers": [[0, 0, 0]], "weights": [1], "sigma": 1e-6}
+    refused = client.post(
+        f"/v1/releases/{release_id}/answers",
+        headers=curator.headers,
+        json={"queries": [in_original, in_original, narrow, in_original]},
+    )
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert message.startswith("queries.2: sigma (1e-06) is too small to expand"), message
+    assert message.endswith("(the smallest sigma expanded is 0.00022 on the normalised scale)")
+
     # re-synthesis with another support size: post-processing, no budget
     spent = budget(client, curator, dataset_id)["epsilon_spent"]
     resynthesized = client.post(

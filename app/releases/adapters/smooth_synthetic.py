@@ -640,14 +640,21 @@ class SmoothSynthetic(registry.Mechanism):
             product = isinstance(loaded, marginals.MarginalMeasurements)
             note = MARGINALS_NOTE if product else TREE_NOTE
             values, errors = np.empty(len(parsed)), np.empty(len(parsed))
+            d = loaded.d
+            try:  # a query's own refusal (too narrow a Gaussian) names the query
+                layout = separable_layout(parsed, d)
+            except MechanismError as exc:
+                raise smooth_queries.refusal(exc, parsed, lambda part: _expand(part, d)) from None
             try:
-                layout = separable_layout(parsed, loaded.d)
                 check_answer_work(loaded, layout, len(parsed))
+            except MechanismError as exc:  # the batch's work
+                raise InvalidRequest(f"queries: {exc}") from None
+            try:
                 for planned in layout:
-                    expansion = expand_block(parsed, planned, loaded.d)
+                    expansion = expand_block(parsed, planned, d)
                     values[planned.positions], errors[planned.positions] = loaded.answers(expansion)
             except MechanismError as exc:
-                raise InvalidRequest(f"queries: {exc}") from None
+                raise smooth_queries.refusal(exc, parsed, lambda part: _expand(part, d)) from None
             return [
                 {"value": float(v), "stderr": float(e), "interval": None, "note": note}
                 for v, e in zip(values, errors, strict=True)
@@ -665,6 +672,13 @@ class SmoothSynthetic(registry.Mechanism):
             note = NOTE if replicates is None else MOMENTS_NOTE
             out.append({"value": value, "stderr": stderr, "interval": None, "note": note})
         return out
+
+
+def _expand(parsed: Sequence[Any], d: int) -> None:
+    """Expand every block of ``parsed`` (a :class:`MechanismError` for a query that cannot
+    be expanded): what :func:`smooth_queries.refusal` bisects to name it."""
+    for planned in separable_layout(parsed, d):
+        expand_block(parsed, planned, d)
 
 
 def answer_work(layout: Sequence[SeparableBlock], *, d: int, cells: int, groups: int | None) -> int:
