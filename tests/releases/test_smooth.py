@@ -1369,6 +1369,44 @@ def test_a_synopsis_that_would_measure_too_long_is_refused_or_lowered(
     assert services_of(client).queue.pending() == 0
 
 
+def test_a_synopsis_basis_is_built_as_asked_or_refused(client: TestClient, curator: Caller) -> None:
+    """A basis_size was released as total degree whatever basis was asked ("paper" and
+    "full_tensor" of a size no t^d - 1 gave R total-degree moments, recorded as the basis
+    asked), and "paper" ignored max_basis_size (edge-input audit). Now the basis is
+    built as asked or refused at the request, before anything is reserved."""
+    dataset_id, _ = _dataset(client, curator)  # n = 500, d = 3
+    body: dict[str, Any] = {"mechanism": "smooth_synopsis", "epsilon": 1}
+
+    def preview(params: dict[str, Any]) -> Any:
+        url = f"/v1/datasets/{dataset_id}/preview"
+        return client.post(url, headers=curator.headers, json={**body, "params": params})
+
+    for params, message in (
+        ({"basis": "paper", "basis_size": 5}, "basis='paper' sets t itself"),
+        ({"basis": "full_tensor", "basis_size": 5}, "basis_size (5) is not t^d - 1"),
+        (
+            {"basis": "paper", "max_basis_size": 1},
+            "basis 'paper' gives R = 7 functions, more than max_basis_size (1)",
+        ),
+        (
+            {"basis_size": 9, "max_basis_size": 8},
+            "basis_size gives R = 9 functions, more than max_basis_size (8)",
+        ),
+    ):
+        for refused in (
+            preview(params),
+            request_release(client, curator, dataset_id, {**body, "params": params}),
+        ):
+            assert refused.status_code == 422, (params, refused.text)
+            assert message in refused.json()["error"]["message"], refused.text
+    assert budget(client, curator, dataset_id)["entries"] == []
+    full = preview({"basis": "full_tensor", "basis_size": 7}).json()["resolved"]
+    assert (full["basis_size"], full["basis"]["chosen"]["kind"]) == (7, "full_tensor")
+    fixed = preview({"basis": "auto", "basis_size": 5}).json()["resolved"]
+    assert (fixed["basis_size"], fixed["basis"]["rule"]) == (5, "auto")
+    assert preview({"basis": "paper"}).json()["resolved"]["basis_size"] == 7
+
+
 def test_a_basis_past_the_index_set_limit_is_refused_or_lowered(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:

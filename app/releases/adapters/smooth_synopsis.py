@@ -112,7 +112,10 @@ def _plan(
         epsilon=epsilon,
         delta=delta,
         smoothness=params.smoothness,
-        basis="total_degree" if params.basis_size is not None else params.basis,
+        # as asked: "paper" with a basis_size, or "full_tensor" with one that is no
+        # t^d - 1, is refused (the request was released as total degree, and recorded as
+        # the basis it asked for)
+        basis=params.basis,
         basis_size=params.basis_size,
         # a default that would take longer to measure is lowered to fit (as one past
         # basis.MAX_INDEX_SET_ENTRIES is, in sy.choose_basis)
@@ -121,6 +124,18 @@ def _plan(
         co_spread=params.co_spread,
     )
     _check_measure_work(info.n_rows, index_set.size, largest)
+    if (
+        (params.basis_size is not None or params.basis == "paper")
+        and params.max_basis_size != sy.DEFAULT_MAX_BASIS_SIZE
+        and index_set.size > params.max_basis_size
+    ):
+        # a size fixed by basis_size or Theorem 3.1 past a cap the caller lowered: the
+        # cap applies to every basis, as it does to the rules' choices
+        fixed = "basis_size" if params.basis_size is not None else "basis 'paper'"
+        raise InvalidRequest(
+            f"{fixed} gives R = {index_set.size} functions, more than max_basis_size "
+            f"({params.max_basis_size}); raise max_basis_size or ask for fewer functions"
+        )
     return index_set, choice, share
 
 
