@@ -90,7 +90,7 @@ With Weyl's inequality the unknown eigengap of ``A`` is at least the released on
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -376,19 +376,39 @@ def _normalised_covariance(source: RowSource) -> tuple[NDArray[np.float64], NDAr
     return sigma, scale
 
 
-def _project(source: RowSource, scale: NDArray[np.float64], m: int) -> NDArray[np.float64]:
-    """``Phi X`` for a fresh ``Phi`` (iid ``N(0, 1/n)``), generated block by block."""
+def _project(
+    source: RowSource,
+    scale: NDArray[np.float64],
+    m: int,
+    progress: Callable[[float], None] | None = None,
+) -> NDArray[np.float64]:
+    """``Phi X`` for a fresh ``Phi`` (iid ``N(0, 1/n)``), generated block by block;
+    ``progress`` is called after each block with the rows projected over ``n``."""
     n = source.n_rows
     out = np.zeros((m, source.n_cols))
     block = max(1, _BLOCK_ENTRIES // m)
+    projected = 0
     for batch in iter_checked(source):
         scaled = batch * scale
         for start in range(0, scaled.shape[0], block):
             rows = scaled[start : start + block]
             phi = secure_random.standard_normal((m, rows.shape[0]))
             out += phi @ rows
+            projected += rows.shape[0]
+            if progress is not None:
+                progress(min(1.0, projected / max(n, 1)))
     out /= math.sqrt(n)
     return out
+
+
+def _draw_progress(
+    progress: Callable[[float], None] | None, redraws: int
+) -> Callable[[float], None] | None:
+    """The ``progress`` of draw number ``redraws`` (0: the first): the first draw's
+    fraction, then 1.0 (a redraw still calls it after each block)."""
+    if progress is None:
+        return None
+    return lambda done: progress(min(1.0, redraws + done))
 
 
 def _draw(
@@ -397,13 +417,17 @@ def _draw(
     m: int,
     reference: NDArray[np.float64],
     radius: float,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[NDArray[np.float64], int]:
     """Procedure 4.1: redraw ``Phi`` until eq. (12) holds. Returns ``Phi X`` and the redraws.
 
-    The redraw count is for tests only; :func:`release` discards it.
+    ``progress`` follows the first draw's blocks; a redraw (probability ``<= 1/n^2``)
+    calls it with 1.0 after each of its blocks, so it never goes back and stays a point
+    where a caller can stop. The redraw count is for tests only; :func:`release`
+    discards it.
     """
     for redraws in range(MAX_DRAWS):
-        matrix = _project(source, scale, m)
+        matrix = _project(source, scale, m, _draw_progress(progress, redraws))
         if satisfies_eq12(matrix.T @ matrix / m, reference, radius):
             return matrix, redraws
     raise SolverError(
@@ -448,6 +472,7 @@ def release(
     rng: np.random.Generator | None = None,
     *,
     reference: ArrayLike | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> CompressedRelease:
     """Compress ``X`` (``n x p``, values in ``[-1, 1]``) to ``Phi X`` (``m x p``), paper 002.
 
@@ -456,6 +481,11 @@ def release(
     the declared ``Sigma_1`` (see the module docstring for what omitting it means).
     ``rng`` is accepted for the library's uniform signature and not used: ``Phi`` comes
     from OpenDP's CSPRNG and nothing is post-processed.
+
+    ``progress`` is called with the fraction done of the work after the first read of
+    the rows (the covariance): the draw of ``Phi`` and its product with the rows, block
+    by block (rows projected over ``n``). It draws nothing: ``Phi`` is the same with it
+    or without.
     """
     del rng
     source = as_source(X)
@@ -489,7 +519,7 @@ def release(
         eigenvalues = np.linalg.eigvalsh(sigma_1)
         alpha = alpha_bound(n, p, m, delta_max, float(eigenvalues[0]), float(eigenvalues[-1]))
     radius = truncation_radius(n, p, m, delta_max)
-    matrix, _ = _draw(source, scale, m, sigma_1, radius)
+    matrix, _ = _draw(source, scale, m, sigma_1, radius, progress)
     return CompressedRelease(
         matrix=matrix, n=n, delta_max=delta_max, alpha=alpha, reference_kind=kind
     )

@@ -1747,13 +1747,20 @@ def all_pairs(d: int) -> list[tuple[int, int]]:
 
 
 def all_pair_counts(
-    source: RowSource, bins: int, atoms: bool, group: NDArray[np.int64], pair_bins: int
+    source: RowSource,
+    bins: int,
+    atoms: bool,
+    group: NDArray[np.int64],
+    pair_bins: int,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[int, NDArray[np.int64]]:
     """``(n, counts)``: the exact coarse two-way count tables of every pair of
     :func:`all_pairs` (``counts[k]``, ``(pair_bins, pair_bins)`` integers), streamed over
     row batches: the :func:`pair_counts` of :func:`coarse_codes`, integer for integer,
     with the codes of one batch in memory at a time (never released without noise).
-    Counted as one-hot Gram matrices of row chunks (below), not pair by pair."""
+    Counted as one-hot Gram matrices of row chunks (below), not pair by pair.
+    ``progress`` is called after every chunk with the rows counted over
+    ``source.n_rows`` (public), at most 1."""
     d = source.n_cols
     width = d * pair_bins
     grouped = np.asarray(group)
@@ -1797,6 +1804,9 @@ def all_pair_counts(
                     )
                 block = product.reshape(z - a, pair_bins, d - a, pair_bins)
                 counts[k0:k1] += block[ii[k0:k1] - a, :, jj[k0:k1] - a, :].astype(np.int64)
+            if progress is not None:
+                counted = n - codes.shape[0] + start + part.shape[0]
+                progress(min(1.0, counted / max(source.n_rows, 1)))
     return n, counts
 
 
@@ -1862,23 +1872,44 @@ def spanning_tree(
     scores: NDArray[np.float64],
     d: int,
     pick: Callable[[NDArray[np.float64]], int],
+    progress: Callable[[float], None] | None = None,
 ) -> list[tuple[int, int]]:
     """``d - 1`` edges, each ``pick``ed among the pairs that join two components of the
     forest so far (``pick`` gets their scores, in the order of ``pairs``, and returns a
     position among them: a noisy max for the release, ``argmax`` for the exact
     Chow-Liu-like tree). The components are labels, relabelled on each merge, so a round
-    costs a few array operations over the pairs, not a Python loop."""
+    costs a few array operations over the pairs, not a Python loop. ``progress`` is
+    called with ``k / (d - 1)`` after the ``k``-th round."""
     first, second = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
     values = np.asarray(scores, dtype=np.float64)
     component = np.arange(d)
     edges: list[tuple[int, int]] = []
-    for _ in range(d - 1):
+    for done in range(1, d):
         open_pairs = np.flatnonzero(component[first] != component[second])
         chosen = int(open_pairs[pick(values[open_pairs])])
         i, j = pairs[chosen]
         component[component == component[i]] = component[j]
         edges.append((i, j))
+        if progress is not None:
+            progress(done / (d - 1))
     return edges
+
+
+#: :func:`measure`'s progress once the pair tables are counted (its second read of the
+#: rows: most of the work after the first at ``n = 10^5``, ``d = 191``) and once the
+#: ``d - 1`` selection rounds are done (most of it at ``n = 1000``, ``d`` in the
+#: hundreds: ``~d^3 / 3`` Gumbel draws, :data:`MAX_TREE_COLUMNS`).
+PROGRESS_COUNTED = 0.5
+PROGRESS_SELECTED = 0.95
+
+
+def _progress_part(
+    progress: Callable[[float], None] | None, start: float, stop: float
+) -> Callable[[float], None] | None:
+    """``progress`` of a part of the work: its fraction ``f`` as ``start + (stop - start) f``."""
+    if progress is None:
+        return None
+    return lambda done: progress(start + (stop - start) * done)
 
 
 def measure(
@@ -1889,9 +1920,17 @@ def measure(
     bound_atoms: bool | None = None,
     pair_bins: int | None = None,
     grouping: str | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> TreeMeasurements:
     """The three steps of the module doc, spending ``(epsilon, delta)`` once
-    (:func:`plan` fixes every scale before a row is read)."""
+    (:func:`plan` fixes every scale before a row is read).
+
+    ``progress`` is called with the fraction done of the work after the first read of
+    the rows (step 1's histograms): the second read, which counts the pair tables (up to
+    :data:`PROGRESS_COUNTED`), then the selection, round by round (up to
+    :data:`PROGRESS_SELECTED`), then step 3 (1.0). Its fractions are of public counts
+    (rows of ``n``, rounds of ``d - 1``), and it draws nothing: the noise is the same
+    with it or without."""
     check_budget(epsilon, delta)
     source = as_source(X)
     n, d = source.n_rows, source.n_cols
@@ -1920,16 +1959,24 @@ def measure(
     # 2. selection, d - 1 noisy-max rounds over the pairs that join two components (every
     # pair's exact table counted in one streamed pass: pair_scores and pair_table of the
     # coarse codes, without the n d bytes of codes in memory)
-    rows, counts = all_pair_counts(source, B, atoms, group, b)
+    rows, counts = all_pair_counts(
+        source, B, atoms, group, b, _progress_part(progress, 0.0, PROGRESS_COUNTED)
+    )
     pairs = all_pairs(d)
     scores = scores_of_counts(rows, counts, P)
     edges = spanning_tree(
-        pairs, scores, d, lambda open_scores: noise.noisy_max(open_scores, fixed.selection_scale)
+        pairs,
+        scores,
+        d,
+        lambda open_scores: noise.noisy_max(open_scores, fixed.selection_scale),
+        _progress_part(progress, PROGRESS_COUNTED, PROGRESS_SELECTED),
     )
     # 3. the selected pair tables
     position = {pair: k for k, pair in enumerate(pairs)}
     exact = np.stack([counts[position[edge]] / rows for edge in edges]).ravel()
     tables = noise.sample(law_2, exact).reshape(d - 1, b, b)
+    if progress is not None:
+        progress(1.0)
     return TreeMeasurements(
         one_way=one_way,
         pair_bins=b,

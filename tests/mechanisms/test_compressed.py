@@ -4,6 +4,7 @@ False-failure rates: KS tests reject at p < 1e-6, averages at 5 standard errors.
 """
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from numpy.testing import assert_allclose
 from scipy import stats
 
 from app.mechanisms import compressed as cp
+from app.mechanisms import secure_random
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError, SolverError
 
@@ -314,3 +316,57 @@ def test_release_rejects_bad_data() -> None:
     for k in (0, 4):
         with pytest.raises(MechanismError, match="k"):
             released.pca(k)
+
+
+def test_release_reports_progress_per_block_of_phi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draw of Phi (m n normals from OpenDP's CSPRNG) is most of a release: it
+    reported nothing, so the measure stage's progress stood still through it and a cancel
+    waited for its end. ``progress`` is now called after each block of Phi with the rows
+    projected over n, in strictly increasing steps up to 1."""
+    monkeypatch.setattr(cp, "_BLOCK_ENTRIES", 400 * 100)  # 100 rows a block at m = 400
+    seen: list[float] = []
+    cp.release(correlated(1000, 4), m=400, delta_max=0.05, progress=seen.append)
+    assert seen == pytest.approx([k / 10 for k in range(1, 11)])
+
+
+def test_a_redraw_keeps_its_progress_at_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redraw of Phi (eq. 12 failed) still calls ``progress`` after each block, with 1.0:
+    the progress never goes back, and a caller can stop there."""
+    monkeypatch.setattr(cp, "_BLOCK_ENTRIES", 400 * 500)  # 2 blocks a draw
+    draws = {"n": 0}
+    satisfies = cp.satisfies_eq12
+
+    def second_draw_only(*args: Any) -> bool:
+        draws["n"] += 1
+        return draws["n"] > 1 and satisfies(*args)
+
+    monkeypatch.setattr(cp, "satisfies_eq12", second_draw_only)
+    X = correlated(1000, 3)
+    source = cp.as_source(X)
+    sigma, scale = cp._normalised_covariance(source)
+    seen: list[float] = []
+    radius = cp.truncation_radius(1000, 3, 400, 0.05)
+    _, redraws = cp._draw(source, scale, 400, sigma, radius, seen.append)
+    assert redraws == 1
+    assert seen == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_progress_draws_nothing_from_phi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With Phi drawn from one seeded generator (a stand-in for OpenDP's CSPRNG, which
+    takes no seed), a release with a progress callback and one without are the same."""
+
+    def seeded_phi() -> None:
+        rng = np.random.default_rng(23)
+        monkeypatch.setattr(
+            secure_random, "standard_normal", lambda shape: rng.standard_normal(shape)
+        )
+
+    monkeypatch.setattr(cp, "_BLOCK_ENTRIES", 400 * 100)
+    X = correlated(1000, 5)
+    seeded_phi()
+    seen: list[float] = []
+    with_progress = cp.release(X, m=400, delta_max=0.05, progress=seen.append)
+    seeded_phi()
+    without = cp.release(X, m=400, delta_max=0.05)
+    assert len(seen) == 10
+    np.testing.assert_array_equal(with_progress.matrix, without.matrix)

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 import opendp.prelude as dp
@@ -1073,3 +1074,92 @@ def test_noise_replicates_report_progress_after_each_refit_and_stay_the_same() -
     seen.clear()
     fresh.noise_replicate_arrays(progress=seen.append)
     assert seen == []
+
+
+class _LoggedSource:
+    """An array source that logs each batch it yields (``("read", rows)``) in ``events``."""
+
+    def __init__(self, X: np.ndarray, batch_rows: int, events: list[tuple[str, float]]) -> None:
+        self.inner = as_source(X, batch_rows=batch_rows)
+        self.events = events
+
+    @property
+    def n_rows(self) -> int:
+        return self.inner.n_rows
+
+    @property
+    def n_cols(self) -> int:
+        return self.inner.n_cols
+
+    def batches(self) -> Any:
+        for batch in self.inner.batches():
+            self.events.append(("read", batch.shape[0]))
+            yield batch
+
+
+def test_measure_reports_progress_after_its_first_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measure stage's progress stood still after the first read: the pair counts (a
+    second read) and the d - 1 selection rounds reported nothing, so a wide table showed
+    the same value for its longest part, and a cancel was noticed only after it.
+    ``progress`` is now called after each chunk of the pair counts (up to
+    PROGRESS_COUNTED), after each selection round (up to PROGRESS_SELECTED) and at the
+    end (1.0), never during the first read (the stage counts its rows), in strictly
+    increasing steps."""
+    monkeypatch.setattr(marginal_tree, "PAIR_COUNT_MAX_ROWS", 500)  # 2 chunks a batch
+    d = 6
+    X = np.clip(np.random.default_rng(5).normal(0.0, 0.4, size=(3000, d)), -1, 1)
+    events: list[tuple[str, float]] = []
+    marginal_tree.measure(
+        _LoggedSource(X, 1000, events),
+        2.0,
+        1e-6,
+        progress=lambda done: events.append(("progress", done)),
+    )
+    kinds = [kind for kind, _ in events]
+    values = [value for kind, value in events if kind == "progress"]
+    assert kinds[:3] == ["read"] * 3  # the first read (the histograms): no progress
+    assert kinds.count("read") == 6
+    assert all(a < b for a, b in itertools.pairwise(values)), values
+    assert values[0] > 0.0
+    assert values[-1] == 1.0
+    # the pair counts: one call per chunk, the rows counted over n
+    counted = values[:6]
+    assert counted == pytest.approx([marginal_tree.PROGRESS_COUNTED * k / 6 for k in range(1, 7)])
+    # after the last read: its two chunks, the d - 1 selection rounds and step 3
+    last_read = len(kinds) - 1 - kinds[::-1].index("read")
+    after = [value for kind, value in events[last_read + 1 :] if kind == "progress"]
+    assert len(after) == 2 + (d - 1) + 1
+    rounds = after[2:-1]
+    span = marginal_tree.PROGRESS_SELECTED - marginal_tree.PROGRESS_COUNTED
+    assert rounds == pytest.approx(
+        [marginal_tree.PROGRESS_COUNTED + span * k / (d - 1) for k in range(1, d)]
+    )
+
+
+def test_progress_draws_no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Progress calls take nothing from the noise: with the noise drawn from one seeded
+    generator (a stand-in for OpenDP's, which takes no seed), a measurement with a
+    progress callback and one without are the same, draw for draw."""
+
+    def seeded_noise() -> None:
+        rng = np.random.default_rng(17)
+
+        def noisy_max(scores: Any, scale: float) -> int:
+            values = np.asarray(scores, dtype=np.float64)
+            return int(np.argmax(values + rng.gumbel(scale=scale, size=values.size)))
+
+        def sample(calibration: noise.NoiseCalibration, values: Any) -> np.ndarray:
+            vector = np.asarray(values, dtype=np.float64).ravel()
+            return vector + rng.normal(scale=calibration.scale, size=vector.size)
+
+        monkeypatch.setattr(noise, "noisy_max", noisy_max)
+        monkeypatch.setattr(noise, "sample", sample)
+
+    X = np.clip(np.random.default_rng(6).normal(0.0, 0.4, size=(2000, 5)), -1, 1)
+    seeded_noise()
+    seen: list[float] = []
+    with_progress = marginal_tree.measure(X, 1.0, 1e-6, progress=seen.append).to_dict()
+    seeded_noise()
+    without = marginal_tree.measure(X, 1.0, 1e-6).to_dict()
+    assert len(seen) > 5
+    np.testing.assert_equal(with_progress, without)
