@@ -207,6 +207,15 @@ class Mechanism(ABC):
     ) -> dict[str, Any]:
         """Resolved parameters and predicted accuracy, from public information only."""
 
+    def measure_read_share(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> float:
+        """The share of the measure stage's progress that reading the rows fills (rows
+        read over stored rows, up to this share); the rest is the mechanism's work after
+        its first read, which :meth:`measure` reports through its ``progress``. By default
+        1.0: the read is the work, and ``progress`` is never called."""
+        return 1.0
+
     @abstractmethod
     def measure(
         self,
@@ -215,12 +224,20 @@ class Mechanism(ABC):
         epsilon: float,
         delta: float,
         params: BaseModel,
+        progress: ProgressFn | None = None,
     ) -> Measured:
         """Read the data once and return noisy measurements costing at most (epsilon, delta).
 
         ``source`` streams the release's columns: ``source.batches()`` as float64 (values
         normalised to ``[-1, 1]``, category codes, 0/1) or ``source.codes()`` as Arrow
-        batches (with the text of public columns)."""
+        batches (with the text of public columns).
+
+        ``progress``, if given, is called with the fraction (0 to 1, never decreasing) of
+        the mechanism's work after its first read of the rows (a second pass, a selection,
+        a draw of noise): the stage publishes it above :meth:`measure_read_share`, and a
+        cancel raises from it, so a long step that calls it is cancellable. Its fractions
+        must follow from public values only (the steps done of a number fixed by ``n``,
+        ``d`` and the parameters), never from the data."""
 
     @abstractmethod
     def synthesize(

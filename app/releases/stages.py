@@ -246,6 +246,43 @@ class Heartbeat:
         self._thread.join()
 
 
+#: The measure stage's progress once its mechanism is done: its measurements are stored
+#: next (and the synthesis stage starts again at 0).
+MEASURED_PROGRESS = 0.99
+
+
+class MeasureProgress:
+    """The measure stage's progress, never decreasing and at most
+    :data:`MEASURED_PROGRESS`: reading the rows (:meth:`rows`, the source's ``on_rows``:
+    rows read over stored rows) fills the mechanism's ``read_share`` of it
+    (:meth:`~app.releases.registry.Mechanism.measure_read_share`; a second pass adds
+    nothing), and the mechanism's work after its first read (:meth:`work`, ``measure``'s
+    ``progress``) the rest. Every call goes through :meth:`Heartbeat.set_progress`, which
+    raises a cancel or a lost lease. A graph's read (``stored_rows`` None) only checks:
+    its row count is its private edge count, which published fractions of whole batches
+    would give exactly."""
+
+    def __init__(self, heartbeat: Heartbeat, stored_rows: int | None, read_share: float) -> None:
+        self.heartbeat = heartbeat
+        self.stored_rows = stored_rows
+        self.read_share = min(max(float(read_share), 0.0), 1.0)
+        self.value = 0.0
+
+    def rows(self, rows: int) -> None:
+        if self.stored_rows is None:
+            self.heartbeat.check()
+            return
+        self._set(self.read_share * min(1.0, rows / max(self.stored_rows, 1)))
+
+    def work(self, fraction: float) -> None:
+        done = min(max(float(fraction), 0.0), 1.0)
+        self._set(self.read_share + (1.0 - self.read_share) * done)
+
+    def _set(self, value: float) -> None:
+        self.value = max(self.value, value)
+        self.heartbeat.set_progress(MEASURED_PROGRESS * self.value)
+
+
 @contextmanager
 def _owned(services: Services, claim: Claim, status: str) -> Iterator[Release | None]:
     """A transaction holding the release locked, or None if the claim is no longer ours."""
@@ -375,19 +412,18 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
         eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
         _start_reading(services, claim)
         with Heartbeat(services, claim) as heartbeat:
-            source = EncryptedTableSource(
-                path,
-                services.data_key,
-                info.names,
-                stored_rows,
-                on_rows=(
-                    (lambda rows: heartbeat.set_progress(0.99 * min(1.0, rows / stored_rows)))
-                    if count_rows
-                    else (lambda _rows: heartbeat.check())
-                ),
-            )
             params = mechanism.parse_params(claim.params)
-            measured = mechanism.measure(source, info, eps_value, delta_value_, params)
+            progress = MeasureProgress(
+                heartbeat,
+                stored_rows if count_rows else None,
+                mechanism.measure_read_share(info, eps_value, delta_value_, params),
+            )
+            source = EncryptedTableSource(
+                path, services.data_key, info.names, stored_rows, on_rows=progress.rows
+            )
+            measured = mechanism.measure(
+                source, info, eps_value, delta_value_, params, progress=progress.work
+            )
             if not measured.privacy_cost.within(eps_value, delta_value_):
                 raise RuntimeError("the mechanism's privacy cost exceeds the reservation")
             if heartbeat.lost:  # a cancel is handled where the finished measurement is kept

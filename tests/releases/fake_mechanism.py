@@ -62,7 +62,13 @@ class TestMeans(registry.Mechanism):
         return {"resolved": {"d": info.d}, "accuracy": {"noise_scale": scale}}
 
     def measure(
-        self, source: Any, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+        self,
+        source: Any,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        progress: ProgressFn | None = None,
     ) -> Measured:
         assert isinstance(params, MeansParams)
         gate = params.gate if _mark(params, "measure") else None
@@ -175,7 +181,13 @@ class TestNonDP(TestMeans):
         return {"resolved": {"d": info.d}, "accuracy": {"noise_scale": 0.0}}
 
     def measure(
-        self, source: Any, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+        self,
+        source: Any,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        progress: ProgressFn | None = None,
     ) -> Measured:
         total = sum(batch.sum(axis=0) for batch in iter_checked(source))
         return Measured(

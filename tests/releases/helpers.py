@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.core.services import Services
+from app.releases import stages
 from app.releases.stages import run_measure, run_synthesize
 from tests.conftest import Caller
 from tests.datasets.helpers import csv_bytes, upload
@@ -44,6 +46,26 @@ def request_release(
     if key is not None:
         headers["Idempotency-Key"] = key
     return client.post(f"/v1/datasets/{dataset_id}/releases", headers=headers, json=body or REQUEST)
+
+
+def heartbeat_sees_the_cancel(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once a stage's heartbeat has read the release's cancel (the stage's
+    next progress call raises it). The cancel's grace is lifted meanwhile: a heartbeat lets
+    the lease lapse when the stage ignores a cancel for 4 lease periods (1.6 s at 0.4 s;
+    test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper), and a loaded
+    machine must not get there between the heartbeat seeing the cancel and the stage going
+    on."""
+    seen = threading.Event()
+    beat = stages.Heartbeat.beat
+
+    def beat_and_tell(self: stages.Heartbeat) -> None:
+        beat(self)
+        if self.cancelled:
+            seen.set()
+
+    monkeypatch.setattr(stages.Heartbeat, "beat", beat_and_tell)
+    monkeypatch.setattr(stages, "CANCEL_GRACE_LEASES", 10_000)
+    return seen
 
 
 def run_all(client: TestClient, release_id: str) -> None:

@@ -35,6 +35,7 @@ from tests.releases.helpers import (
     Gate,
     budget,
     dataset,
+    heartbeat_sees_the_cancel,
     race_same_key,
     request_release,
     run_all,
@@ -314,26 +315,6 @@ def test_a_release_ended_before_measuring_says_it_cannot_be_resynthesised(
     assert _entries(client, curator, dataset_id, running) == ["reserve", "refund"]
 
 
-def _heartbeat_sees_the_cancel(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """An event set once a stage's heartbeat has read the release's cancel (the stage's
-    next progress call raises it). The cancel's grace is lifted meanwhile: a heartbeat lets
-    the lease lapse when the stage ignores a cancel for 4 lease periods (1.6 s at 0.4 s;
-    test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper), and a loaded
-    machine must not get there between the heartbeat seeing the cancel and the stage going
-    on."""
-    seen = threading.Event()
-    beat = stages.Heartbeat.beat
-
-    def beat_and_tell(self: stages.Heartbeat) -> None:
-        beat(self)
-        if self.cancelled:
-            seen.set()
-
-    monkeypatch.setattr(stages.Heartbeat, "beat", beat_and_tell)
-    monkeypatch.setattr(stages, "CANCEL_GRACE_LEASES", 10_000)
-    return seen
-
-
 def _cancel_while_measuring(
     client: TestClient,
     curator: Caller,
@@ -348,7 +329,7 @@ def _cancel_while_measuring(
     ``gate`` until the cancel is recorded and, if ``heartbeat_first``, seen by the stage's
     heartbeat; ``params`` add to the request's. Returns the dataset, the release and its
     final state."""
-    seen = _heartbeat_sees_the_cancel(monkeypatch)
+    seen = heartbeat_sees_the_cancel(monkeypatch)
     dataset_id = dataset(client, curator)
     held = Gate(tmp_path)
     body = {**REQUEST, "params": {**held.params(gate), **params}}
@@ -473,14 +454,14 @@ def test_a_graph_cancel_seen_before_reading_refunds(
 
     services = services_of(client)
     monkeypatch.setattr(services.settings, "lease_seconds", 0.4)
-    seen = _heartbeat_sees_the_cancel(monkeypatch)
+    seen = heartbeat_sees_the_cancel(monkeypatch)
     original, started = GraphCuts.measure, threading.Event()
 
-    def held_start(self: GraphCuts, source: Any, *args: Any) -> Any:
+    def held_start(self: GraphCuts, source: Any, *args: Any, **kwargs: Any) -> Any:
         started.set()
         if not seen.wait(timeout=30):  # the heartbeat (every 0.1 s) sees the cancel
             raise RuntimeError("the heartbeat did not see the cancel")
-        return original(self, source, *args)
+        return original(self, source, *args, **kwargs)
 
     monkeypatch.setattr(GraphCuts, "measure", held_start)
     graph_id = upload_graph(client, curator, b"0 1\n1 2\n2 3\n").json()["id"]
@@ -959,8 +940,8 @@ def test_a_measurement_costing_more_than_its_reservation_is_not_kept(
     the data having been read, the reservation is spent (reserve, commit), never more."""
     measure = fake.TestMeans.measure
 
-    def over_reporting(self: fake.TestMeans, *args: Any) -> Measured:
-        measured = measure(self, *args)
+    def over_reporting(self: fake.TestMeans, *args: Any, **kwargs: Any) -> Measured:
+        measured = measure(self, *args, **kwargs)
         cost = PrivacyCost.compose([CostPart("means", epsilon, delta)])
         return dataclasses.replace(measured, privacy_cost=cost)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import uuid
 from typing import Any
@@ -913,3 +914,36 @@ def test_cut_work_counts_the_smaller_side_of_the_largest_cut_in_the_batch(
     message = refused.json()["error"]["message"]
     assert "at most 6 per request" in message, message
     assert "up to 10 rows of 38 bytes of the noisy adjacency" in message, message
+
+
+def test_a_compressed_measure_publishes_progress_while_it_draws_phi(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The draw of Phi, with the second read, is most of a compressed measure; the first
+    read (the covariance) took the published progress to 0.99, where it stood through the
+    draw. The first read now fills MEASURE_READ_SHARE, and each block of Phi moves the
+    progress on, increasing to 0.99."""
+    from app.releases.adapters import compressed as compressed_adapter
+
+    seen: list[float] = []
+    set_progress = stages.Heartbeat.set_progress
+
+    def recorded(self: stages.Heartbeat, fraction: float) -> None:
+        seen.append(fraction)
+        set_progress(self, fraction)
+
+    monkeypatch.setattr(stages.Heartbeat, "set_progress", recorded)
+    dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    monkeypatch.setattr(cp, "_BLOCK_ENTRIES", 1)  # a row a block: 600 blocks
+    body = {"mechanism": "compressed", "columns": ["age", "weight"], "params": {"delta_max": 0.05}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    stages.run_measure(services_of(client), uuid.UUID(release_id))
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "synthesizing", release
+    read_top = stages.MEASURED_PROGRESS * compressed_adapter.MEASURE_READ_SHARE
+    assert seen[0] == pytest.approx(read_top)  # the first read: one batch
+    beyond = [value for value in seen if value > read_top]
+    assert len(beyond) == 600
+    assert all(a <= b for a, b in itertools.pairwise(seen)), seen
+    assert all(a < b for a, b in itertools.pairwise(beyond))
+    assert max(seen) == stages.MEASURED_PROGRESS

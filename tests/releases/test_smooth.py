@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import math
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,14 @@ from app.mechanisms.smooth_synopsis import Synopsis
 from app.releases.adapters import smooth_synopsis as smooth_synopsis_adapter
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
-from tests.releases.helpers import budget, finished_release, request_release, run_all, services_of
+from tests.releases.helpers import (
+    budget,
+    finished_release,
+    heartbeat_sees_the_cancel,
+    request_release,
+    run_all,
+    services_of,
+)
 
 BOUNDS = {"x": (0.0, 10.0), "y": (-5.0, 5.0), "z": (100.0, 200.0)}
 
@@ -1972,3 +1980,87 @@ def test_synopsis_work_bounds_at_their_edges(
     assert [a["value"] for a in one_by_one.json()["answers"]] == pytest.approx(
         [a["value"] for a in whole.json()["answers"]], rel=1e-9
     )
+
+
+def _published_progress(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The values the stages hand their heartbeat (what a release's progress shows)."""
+    from app.releases import stages
+
+    seen: list[float] = []
+    set_progress = stages.Heartbeat.set_progress
+
+    def recorded(self: stages.Heartbeat, fraction: float) -> None:
+        seen.append(fraction)
+        set_progress(self, fraction)
+
+    monkeypatch.setattr(stages.Heartbeat, "set_progress", recorded)
+    return seen
+
+
+def test_a_tree_measure_publishes_progress_after_reading(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The measure stage's progress was 0.99 x rows read over stored rows: the tree's first
+    read took it to 0.99, where it stood through the pair counts and the selection. The
+    read now fills the tree's share (TREE_READ_SHARE) and the tree's later steps report
+    the rest, increasing to 0.99 (never more, never back)."""
+    from app.releases import stages
+    from app.releases.adapters.smooth_synthetic import TREE_READ_SHARE
+
+    seen = _published_progress(monkeypatch)
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 2.0, "delta": 1e-6}
+    body["params"] = {"method": "tree"}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    stages.run_measure(services_of(client), uuid.UUID(release_id))
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "synthesizing"
+    read_top = stages.MEASURED_PROGRESS * TREE_READ_SHARE
+    assert seen[0] == pytest.approx(read_top)  # the 500 rows are one batch
+    assert all(a <= b for a, b in itertools.pairwise(seen)), seen
+    beyond = [value for value in seen if value > read_top]
+    assert len(beyond) >= 3  # the pair counts, 2 selection rounds (3 columns), the end
+    assert all(a < b for a, b in itertools.pairwise(beyond)), beyond
+    assert seen[-1] == stages.MEASURED_PROGRESS
+
+
+def test_a_cancel_during_the_tree_selection_stops_it(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel seen after the rows were read, while the tree selects its edges, stops the
+    selection at its next round (the progress call after it raises): the release is
+    cancelled with its budget spent (the rows were read) and nothing stored. Before, the
+    selection, and the rest of the measure, ran to the end (minutes at d in the hundreds)
+    and the cancel was found only when the measurement was stored."""
+    from app.mechanisms import noise
+    from app.releases import stages
+
+    services = services_of(client)
+    monkeypatch.setattr(services.settings, "lease_seconds", 0.4)  # a beat every 0.1 s
+    seen = heartbeat_sees_the_cancel(monkeypatch)
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 2.0, "delta": 1e-6}
+    body["params"] = {"method": "tree"}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    rounds = {"n": 0}
+    noisy_max = noise.noisy_max
+
+    def cancelled_in_the_first_round(scores: Any, scale: float) -> int:
+        rounds["n"] += 1
+        if rounds["n"] == 1:
+            response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+            assert response.json()["status"] == "measuring"
+            assert seen.wait(timeout=30), "the heartbeat did not see the cancel"
+        return noisy_max(scores, scale)
+
+    monkeypatch.setattr(noise, "noisy_max", cancelled_in_the_first_round)
+    stages.run_measure(services, uuid.UUID(release_id))
+    assert rounds["n"] == 1  # of the 2 rounds over 3 columns
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "cancelled"
+    assert final["message"] == (
+        "cancelled while measuring; the data may have been read, so the budget stays spent"
+    )
+    assert final["measured_at"] is None
+    entries = budget(client, curator, dataset_id)["entries"]
+    assert [e["kind"] for e in entries if e["release_id"] == release_id] == ["reserve", "commit"]

@@ -112,6 +112,7 @@ class GraphCuts(registry.Mechanism):
         epsilon: float,
         delta: float,
         params: BaseModel,
+        progress: ProgressFn | None = None,
     ) -> Measured:
         assert info.n_vertices is not None
         # the stored edges a batch at a time, straight into pair bits: neither the true nor

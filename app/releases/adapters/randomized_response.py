@@ -346,6 +346,7 @@ class RandomizedResponse(registry.Mechanism):
         epsilon: float,
         delta: float,
         params: BaseModel,
+        progress: ProgressFn | None = None,
     ) -> Measured:
         domain, _ = self._domain(info, params)
         bits = self._bits(info, params)

@@ -192,6 +192,7 @@ class SmoothSynopsis(registry.Mechanism):
         epsilon: float,
         delta: float,
         params: BaseModel,
+        progress: ProgressFn | None = None,
     ) -> Measured:
         assert isinstance(params, SynopsisParams)
         index_set, _, share = _plan(info, epsilon, delta, params)

@@ -124,6 +124,10 @@ LAWS: dict[str, type[marginals.MarginalMeasurements] | type[marginal_tree.TreeMe
 #: Past ``R ~ 50`` its scale equals the Gaussian's at ordinary budgets (both zCDP), and
 #: Laplace noise of that scale has ``sqrt(2)`` times the standard deviation.
 MAX_LAPLACE_APPROX_SIZE = 10_000
+#: The measure stage's progress share of the tree's first read (its one-way histograms);
+#: the pair counts (a second read) and the selection rounds take the rest, reported by
+#: :func:`app.mechanisms.marginal_tree.measure` (:meth:`SmoothSynthetic.measure_read_share`).
+TREE_READ_SHARE = 0.3
 #: The artifact that keeps a marginals or tree release's bootstrap replicates.
 REPLICATES_FILE = "noise_replicates.npz"
 #: The artifact that keeps a tree release's fitted law (what its answers are computed from).
@@ -517,6 +521,15 @@ class SmoothSynthetic(registry.Mechanism):
             "accuracy": accuracy,
         }
 
+    def measure_read_share(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> float:
+        """The tree's first read (its one-way histograms) is followed by the pair counts
+        (a second read) and the selection, which it reports; the other methods' reads
+        are their work."""
+        method = self._concrete(info, epsilon, delta, params).method
+        return TREE_READ_SHARE if method == "tree" else 1.0
+
     def measure(
         self,
         source: EncryptedTableSource,
@@ -524,6 +537,7 @@ class SmoothSynthetic(registry.Mechanism):
         epsilon: float,
         delta: float,
         params: BaseModel,
+        progress: ProgressFn | None = None,
     ) -> Measured:
         params = self._concrete(info, epsilon, delta, params)
         if params.method == "marginals":
@@ -544,6 +558,7 @@ class SmoothSynthetic(registry.Mechanism):
                 bound_atoms=params.bound_atoms,
                 pair_bins=params.pair_bins,
                 grouping=params.pair_grouping,
+                progress=progress,
             )
             return Measured(
                 payload=pack(tree.to_dict()),
