@@ -43,6 +43,7 @@ from app.releases.registry import (
     Synthesized,
 )
 from app.storage.source import EncryptedTableSource
+from app.storage.tables import batch_rows
 
 MAX_TABLE_DOMAIN = 100_000
 #: Work one answers request may do, in units of about 100 ns: its queries times the work
@@ -75,6 +76,15 @@ MEASURE_ROW_BYTES = 64
 PUBLIC_ROW_BYTES = 256
 MAX_MEASURE_BYTES = 4 << 30
 Z_95 = 1.959963984540054
+
+
+def sample_chunk_rows(width: int) -> int:
+    """Rows of the released sample's ``width`` columns per chunk written: the storage's
+    :func:`~app.storage.tables.batch_rows` without its row cap, as smooth_synthetic's
+    :func:`~app.releases.adapters.smooth_synthetic.sample_chunk_rows` (about 64 MiB of
+    8-byte values: a decoded category is an 8-byte reference before Arrow copies its
+    text)."""
+    return batch_rows(width, capped=False)
 
 
 class RRParams(BaseModel):
@@ -405,11 +415,15 @@ class RandomizedResponse(registry.Mechanism):
             "public_values": data["public_values"],
         }
 
-    def _decoded_table(self, loaded: Mapping[str, Any], info: DatasetInfo) -> pa.Table:
+    def _decoded_table(
+        self, loaded: Mapping[str, Any], info: DatasetInfo, start: int = 0, stop: int | None = None
+    ) -> pa.Table:
+        """The released rows ``start:stop`` (default: all) in original units, with the
+        public column."""
         release: rr.RRRelease = loaded["release"]
         domain = release.domain
         assert domain is not None
-        cells = domain.decode(release.codes)
+        cells = domain.decode(release.codes[start:stop])
         columns: dict[str, Any] = {}
         for j, column in enumerate(self._perturbed(info)):
             values = cells[:, j]
@@ -424,7 +438,7 @@ class RandomizedResponse(registry.Mechanism):
         public = self._public(info)
         if public is not None and release.public is not None:
             names = np.asarray(loaded["public_values"], dtype=object)
-            columns[public.name] = pa.array(names[release.public])
+            columns[public.name] = pa.array(names[release.public[start:stop]])
         return pa.table(columns)
 
     def synthesize(
@@ -438,10 +452,7 @@ class RandomizedResponse(registry.Mechanism):
     ) -> Synthesized:
         loaded = self.load(payload, info, workdir)
         release: rr.RRRelease = loaded["release"]
-        table = self._decoded_table(loaded, info)
-        progress(0.5)
-        pacsv.write_csv(table, workdir / "sample.csv")
-        pq.write_table(table, workdir / "sample.parquet")
+        self._write_sample(loaded, info, workdir, progress)
         description = {
             "mechanism": "randomized_response (paper 004, mechanism E)",
             "rows": release.n,
@@ -476,6 +487,38 @@ class RandomizedResponse(registry.Mechanism):
             },
             summary={"rows": release.n},
         )
+
+    def _write_sample(
+        self, loaded: Mapping[str, Any], info: DatasetInfo, workdir: Path, progress: ProgressFn
+    ) -> None:
+        """``sample.csv`` and ``sample.parquet``, decoded and written
+        :func:`sample_chunk_rows` rows at a time, as smooth_synthetic writes its samples:
+        the whole table at once held every row decoded (the categories as Python
+        strings), its Arrow table and Parquet's buffered row groups beside the n codes.
+        The same values and text as the whole table's; the Parquet file has a row group a
+        chunk (or more: Parquet's own limit). ``progress``: the rows written over n."""
+        release: rr.RRRelease = loaded["release"]
+        n = release.n
+        width = len(self._perturbed(info)) + (self._public(info) is not None)
+        step = max(1, sample_chunk_rows(width))
+        csv_writer: pacsv.CSVWriter | None = None
+        parquet_writer: pq.ParquetWriter | None = None
+        try:
+            # range(0, 0 or 1): an empty sample still gets its header and schema
+            for start in range(0, max(n, 1), step):
+                table = self._decoded_table(loaded, info, start, start + step)
+                if csv_writer is None or parquet_writer is None:
+                    csv_writer = pacsv.CSVWriter(workdir / "sample.csv", table.schema)
+                    parquet_writer = pq.ParquetWriter(workdir / "sample.parquet", table.schema)
+                csv_writer.write_table(table)
+                parquet_writer.write_table(table)
+                del table
+                progress(min(n, start + step) / max(n, 1))
+        finally:
+            if csv_writer is not None:
+                csv_writer.close()
+            if parquet_writer is not None:
+                parquet_writer.close()
 
     # -- answers
 
