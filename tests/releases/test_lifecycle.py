@@ -1317,6 +1317,41 @@ def test_a_reclaim_on_the_same_thread_is_another_owner(client: TestClient, curat
     assert first.owner != second.owner
 
 
+def _lapse_and_sweep(client: TestClient, release_id: str) -> None:
+    """The lease of the release's stage runs out (its worker died or is held up) and the
+    sweeper hands the stage over (re-queued)."""
+    services = services_of(client)
+    with services.db.transaction() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.lease_expires_at = release.created_at  # lapsed
+    assert sweep(services) == 1
+
+
+def test_every_claim_of_the_measure_stage_counts_as_an_attempt(
+    client: TestClient, curator: Caller
+) -> None:
+    """The attempts are counted by the claims themselves (the give-up test above sets the
+    count): MAX_MEASURE_ATTEMPTS claims whose workers died before opening the data, each
+    re-queued by the sweeper, and the next claim ends the release, refunded, instead of
+    reading the data once more."""
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    for _ in range(stages.MAX_MEASURE_ATTEMPTS):
+        assert stages._claim(services, uuid.UUID(release_id), "measure") is not None  # dies
+        _lapse_and_sweep(client, release_id)
+    run_measure(services, uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "failed", final
+    assert final["message"] == (
+        f"the measure stage was attempted {stages.MAX_MEASURE_ATTEMPTS} times (its workers "
+        "died or lost their leases); nothing was read; the budget was refunded"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+    assert not _stored(client, release_id)
+
+
 def test_preview_reads_nothing_and_spends_nothing(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator, epsilon=0.1)
     response = client.post(
