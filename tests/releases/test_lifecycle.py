@@ -1352,6 +1352,32 @@ def test_every_claim_of_the_measure_stage_counts_as_an_attempt(
     assert not _stored(client, release_id)
 
 
+def test_a_stage_whose_lease_is_held_is_not_claimed_again(
+    client: TestClient, curator: Caller
+) -> None:
+    """A measure job delivered again (the sweeper's re-enqueue of a release waiting in the
+    queue, say) while a worker holds the stage's lease: the second claim gets nothing and
+    counts no attempt, and its run_measure reads nothing and settles nothing; the stage
+    stays the first worker's."""
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    release_id = uuid.UUID(request_release(client, curator, dataset_id).json()["id"])
+    first = stages._claim(services, release_id, "measure")
+    assert first is not None
+    assert stages._claim(services, release_id, "measure") is None
+    run_measure(services, release_id)
+    with services.db.transaction(read_only=True) as session:
+        release = session.get(Release, release_id)
+        assert release is not None
+        assert (release.status, release.lease_owner, release.attempts) == (
+            "measuring",
+            first.owner,
+            1,
+        )
+        assert release.read_started_at is None
+    assert _entries(client, curator, dataset_id, str(release_id)) == ["reserve"]
+
+
 def test_preview_reads_nothing_and_spends_nothing(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator, epsilon=0.1)
     response = client.post(
