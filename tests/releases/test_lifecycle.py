@@ -1378,6 +1378,38 @@ def test_a_stage_whose_lease_is_held_is_not_claimed_again(
     assert _entries(client, curator, dataset_id, str(release_id)) == ["reserve"]
 
 
+def test_a_heartbeat_whose_lease_was_taken_over_renews_nothing(
+    client: TestClient, curator: Caller
+) -> None:
+    """The heartbeat of an attempt whose lease the sweeper handed to another claim (its
+    worker was held up) marks the lease lost, and neither renews the new owner's lease
+    nor publishes its own progress over the new owner's."""
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    stale = stages._claim(services, uuid.UUID(release_id), "measure")
+    assert stale is not None
+    _lapse_and_sweep(client, release_id)
+    owner = stages._claim(services, uuid.UUID(release_id), "measure")
+    assert owner is not None
+
+    def lease() -> tuple[Any, ...]:
+        with services.db.transaction(read_only=True) as session:
+            release = session.get(Release, uuid.UUID(release_id))
+            assert release is not None
+            return release.lease_owner, release.lease_expires_at, release.progress
+
+    before = lease()
+    heartbeat = stages.Heartbeat(services, stale)
+    heartbeat.progress = 0.5
+    heartbeat.beat()
+    assert heartbeat.lost
+    with pytest.raises(stages.LeaseLost):
+        heartbeat.check()
+    assert lease() == before
+    assert before[0] == owner.owner
+
+
 def test_preview_reads_nothing_and_spends_nothing(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator, epsilon=0.1)
     response = client.post(
