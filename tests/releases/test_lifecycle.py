@@ -1410,6 +1410,47 @@ def test_a_heartbeat_whose_lease_was_taken_over_renews_nothing(
     assert before[0] == owner.owner
 
 
+@pytest.mark.parametrize("ending", ["measured", "failed"])
+def test_a_measure_attempt_whose_lease_was_taken_over_leaves_the_release_alone(
+    ending: str, client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker held up in its measurement (a pause, a frozen VM: its heartbeat did not
+    beat meanwhile) lost its lease, and the sweeper handed the stage to a new claim. The
+    stale attempt, resuming with its measurement complete or failed after reading, stores
+    nothing, settles nothing and ends nothing: the release stays measuring, the new
+    owner's, its reservation open."""
+    services = services_of(client)
+    # no beat of the attempt's heartbeat meanwhile (a beat between the lapse and the sweep
+    # would renew the lease): its first renewal is 150 s away, and so is its first progress
+    monkeypatch.setattr(services.settings, "lease_seconds", 600.0)
+    monkeypatch.setattr(stages, "PROGRESS_SECONDS", 600.0)
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    measure = fake.TestMeans.measure
+    owners: list[stages.Claim] = []
+
+    def held_up(self: fake.TestMeans, *args: Any) -> Measured:
+        measured = measure(self, *args)  # the rows are read
+        _lapse_and_sweep(client, release_id)
+        owner = stages._claim(services, uuid.UUID(release_id), "measure")
+        assert owner is not None
+        owners.append(owner)
+        if ending == "failed":
+            raise RuntimeError("failed after its lease was taken over")
+        return measured
+
+    monkeypatch.setattr(fake.TestMeans, "measure", held_up)
+    run_measure(services, uuid.UUID(release_id))
+    assert len(owners) == 1
+    with services.db.transaction(read_only=True) as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        assert (release.status, release.lease_owner) == ("measuring", owners[0].owner)
+        assert (release.message, release.measured_at) == (None, None)
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve"]
+    assert not _stored(client, release_id)
+
+
 def test_preview_reads_nothing_and_spends_nothing(client: TestClient, curator: Caller) -> None:
     dataset_id = dataset(client, curator, epsilon=0.1)
     response = client.post(
