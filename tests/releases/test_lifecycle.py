@@ -1109,6 +1109,56 @@ def test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper(
     assert not _stored(client, release_id)
 
 
+def test_an_attempt_that_gave_up_its_lease_over_an_ignored_cancel_stores_nothing(
+    client: TestClient, curator: Caller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the heartbeat has stopped renewing the lease over a cancel the stage ignored
+    (no grace here), the attempt no longer holds the stage: its measurement, completed
+    before the sweeper hands the stage over, is discarded, nothing settled, and the next
+    claim ends the release (spent: the data were read), as when the sweeper came first
+    (test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper)."""
+    services = services_of(client)
+    monkeypatch.setattr(services.settings, "lease_seconds", 0.4)
+    monkeypatch.setattr(stages, "CANCEL_GRACE_LEASES", 0)
+    gave_up = threading.Event()
+    beat = stages.Heartbeat.beat
+
+    def beat_and_tell(self: stages.Heartbeat) -> None:
+        beat(self)
+        if self.lost:
+            gave_up.set()
+
+    monkeypatch.setattr(stages.Heartbeat, "beat", beat_and_tell)
+    dataset_id = dataset(client, curator)
+    held = Gate(tmp_path)
+    body = {**REQUEST, "params": held.params("after_reading")}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    worker = threading.Thread(target=run_measure, args=(services, uuid.UUID(release_id)))
+    worker.start()
+    try:
+        held.wait_reached()
+        assert (
+            client.delete(f"/v1/releases/{release_id}", headers=curator.headers).status_code == 200
+        )
+        assert gave_up.wait(timeout=30), "the heartbeat did not give the lease up"
+    finally:
+        held.open()  # the measurement completes before any sweep
+        worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert not _stored(client, release_id)
+    waiting = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert waiting["status"] == "measuring", waiting
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve"]
+    wait_for(lambda: sweep(services) > 0, "the lease to run out")
+    run_measure(services, uuid.UUID(release_id))
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["message"] == (
+        "cancelled while measuring; the data may have been read, so the budget stays spent"
+    )
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    assert not _stored(client, release_id)
+
+
 @pytest.mark.parametrize("fail_in", ["synthesize", "store"])
 def test_synthesis_failure_keeps_measurements_and_resynthesis_is_free(
     fail_in: str, client: TestClient, curator: Caller
