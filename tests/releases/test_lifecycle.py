@@ -1479,8 +1479,8 @@ def test_a_measure_attempt_whose_lease_was_taken_over_leaves_the_release_alone(
     measure = fake.TestMeans.measure
     owners: list[stages.Claim] = []
 
-    def held_up(self: fake.TestMeans, *args: Any) -> Measured:
-        measured = measure(self, *args)  # the rows are read
+    def held_up(self: fake.TestMeans, *args: Any, **kwargs: Any) -> Measured:
+        measured = measure(self, *args, **kwargs)  # the rows are read
         _lapse_and_sweep(client, release_id)
         owner = stages._claim(services, uuid.UUID(release_id), "measure")
         assert owner is not None
