@@ -69,6 +69,7 @@ anything is expanded or evaluated).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import zipfile
@@ -656,10 +657,12 @@ class SmoothSynthetic(registry.Mechanism):
             note = MARGINALS_NOTE if product else TREE_NOTE
             values, errors = np.empty(len(parsed)), np.empty(len(parsed))
             d = loaded.d
-            try:  # a query's own refusal (too narrow a Gaussian) names the query
+            try:  # a query's own refusal (too narrow a Gaussian) names the query, found by
+                # planning halves of the batch (no expansion: the batch's work is unchecked)
                 layout = separable_layout(parsed, d)
             except MechanismError as exc:
-                raise smooth_queries.refusal(exc, parsed, lambda part: _expand(part, d)) from None
+                plan = functools.partial(separable_layout, dim=d)
+                raise smooth_queries.refusal(exc, parsed, plan) from None
             try:
                 check_answer_work(loaded, layout, len(parsed))
             except MechanismError as exc:  # the batch's work
@@ -668,7 +671,7 @@ class SmoothSynthetic(registry.Mechanism):
                 for planned in layout:
                     expansion = expand_block(parsed, planned, d)
                     values[planned.positions], errors[planned.positions] = loaded.answers(expansion)
-            except MechanismError as exc:
+            except MechanismError as exc:  # within the work checked: bisected by expanding
                 raise smooth_queries.refusal(exc, parsed, lambda part: _expand(part, d)) from None
             return [
                 {"value": float(v), "stderr": float(e), "interval": None, "note": note}
