@@ -228,7 +228,7 @@ def gaussian_points(sigma: float, min_points: int = 8) -> int:
         raise MechanismError(
             f"sigma ({sigma:.3g}) is too small to expand on [-1, 1]: a Gaussian factor "
             f"needs more than {MAX_POINTS_1D} Chebyshev points (the smallest sigma expanded "
-            f"is {min_gaussian_sigma(MAX_POINTS_1D):.3g} on the normalised scale)"
+            f"is {min_gaussian_sigma(MAX_POINTS_1D, min_points):.3g} on the normalised scale)"
         )
     return n_points
 
@@ -243,15 +243,17 @@ def _gaussian_points_within(sigma: float, min_points: int, max_points: int) -> i
     return n_points
 
 
-@functools.lru_cache(maxsize=8)
-def min_gaussian_sigma(max_points: int) -> float:
+@functools.lru_cache(maxsize=64)
+def min_gaussian_sigma(max_points: int, min_points: int = 8) -> float:
     """The smallest width (to 3 significant digits, rounded up) whose Gaussian factor
-    expands within ``max_points`` Chebyshev points (from the fewest, 8): found by
-    bisection on ``log sigma``, as the points needed only grow as ``sigma`` shrinks."""
+    :func:`gaussian_points` expands within ``max_points`` Chebyshev points from
+    ``min_points`` (its search steps by 1.25 from there, so the threshold moves a little
+    with it): found by bisection on ``log sigma``, as the points needed only grow as
+    ``sigma`` shrinks."""
     low, high = math.log(1e-12), math.log(2.0)  # refused, expanded (8 points at sigma = 2)
     for _ in range(24):  # to 2e-6 of log sigma: finer than the 3 digits reported
         middle = (low + high) / 2.0
-        if _gaussian_points_within(math.exp(middle), 8, max_points) is None:
+        if _gaussian_points_within(math.exp(middle), min_points, max_points) is None:
             low = middle
         else:
             high = middle
