@@ -65,9 +65,9 @@ constant at the midpoint of its declared bounds: the service stores values mappe
 0 and its row and column of ``Sigma`` (diagonal included) are 0. The output then shows
 the column is zero, which any ``Phi X`` of it would. With the data as reference the
 release goes ahead (``Sigma`` is singular; ``alpha`` is not computed in that case
-anyway); a declared reference's diagonal is within ``Delta_max`` of 1
-(:func:`check_reference`), so such data lie outside ``S_n`` when ``Delta_max < 1/2``
-and the release is refused.
+anyway); with a declared reference such data lie in ``S_n`` only if the reference's
+diagonal entry for the column is at most ``Delta_max`` (and its row within ``Delta_max``
+of 0), otherwise the release is refused.
 (Until this was handled the release failed after reading the data, and the dataset's one
 compressed release was spent on an error.)
 
@@ -439,14 +439,15 @@ def _draw(
 def check_reference(reference: ArrayLike, p: int, delta_max: float) -> NDArray[np.float64]:
     """``reference`` as a ``p x p`` float array, or a :class:`MechanismError` if it cannot be
     a declared ``Sigma_1``: finite, symmetric and positive definite (Assumption 1), with
-    every diagonal entry within ``delta_max`` of 1.
+    every diagonal entry within ``delta_max`` of 1 or of 0.
 
-    The data's normalised covariance has a unit diagonal (eq. 4: each column scaled to
-    norm ``sqrt(n)``; 0 only for a column zero in every row), so a reference entry
-    ``|Sigma_1(j, j) - 1| > Delta_max`` puts every database with column ``j`` nonzero
-    outside ``S_n`` (eq. 6): such a release would be refused after reading the data,
-    spending the dataset's one compressed release on what the request alone decides.
-    It depends on the request only, so a caller can run it before reading any data.
+    The data's normalised covariance has a diagonal of 1 (eq. 4: each column scaled to
+    norm ``sqrt(n)``) or 0 (a column zero in every row), so a reference entry with
+    ``|Sigma_1(j, j) - 1| > Delta_max`` and ``Sigma_1(j, j) > Delta_max`` puts every
+    database outside ``S_n`` (eq. 6): such a release would be refused after reading the
+    data, spending the dataset's one compressed release on what the request alone decides.
+    It depends on the request only, so a caller can run it before reading any data
+    (:func:`release` does).
     """
     ref = np.asarray(reference, dtype=np.float64)
     if ref.shape != (p, p):
@@ -455,12 +456,14 @@ def check_reference(reference: ArrayLike, p: int, delta_max: float) -> NDArray[n
         raise MechanismError("reference must be a finite symmetric matrix")
     if np.linalg.eigvalsh(ref)[0] <= 0.0:
         raise MechanismError("reference must be positive definite (Assumption 1)")
-    far = np.flatnonzero(np.abs(np.diag(ref) - 1.0) > delta_max)
+    diagonal = np.diag(ref)
+    far = np.flatnonzero((np.abs(diagonal - 1.0) > delta_max) & (np.abs(diagonal) > delta_max))
     if far.size:
         raise MechanismError(
             f"reference's diagonal entry {int(far[0])} is more than delta_max ({delta_max:g}) "
-            "from 1: a normalised covariance has a unit diagonal (eq. 4), so no data would "
-            "lie in the protected class S_n (eq. 6); declare a normalised covariance"
+            "from both 1 (a column's normalised variance, eq. 4) and 0 (a column constant at "
+            "the midpoint of its bounds), so no data would lie in the protected class S_n "
+            "(eq. 6); declare a normalised covariance"
         )
     return ref
 
@@ -502,12 +505,14 @@ def release(
     if m >= n:
         raise MechanismError(f"m ({m}) must be smaller than n ({n}): the release compresses rows")
     check_projection_size(n, p, m)
+    # a declared reference is checked before the data are read: its refusal is the request's
+    declared = None if reference is None else check_reference(reference, p, delta_max)
     sigma, scale = _normalised_covariance(source)
-    if reference is None:
+    if declared is None:
         sigma_1 = sigma
         kind: ReferenceKind = "data"
     else:
-        sigma_1 = check_reference(reference, p, delta_max)
+        sigma_1 = declared
         kind = "declared"
         if np.max(np.abs(sigma - sigma_1)) > delta_max:
             raise MechanismError(

@@ -4,6 +4,7 @@ False-failure rates: KS tests reject at p < 1e-6, averages at 5 standard errors.
 """
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -281,11 +282,31 @@ def test_release_rejects(kwargs: dict[str, object], match: str) -> None:
         cp.release(correlated(2000, 8), **arguments)  # type: ignore[arg-type]
 
 
-def test_a_reference_diagonal_within_delta_max_of_one_is_accepted() -> None:
-    near = np.diag([1.04, 0.96, 1.0])
+def test_a_reference_diagonal_within_delta_max_of_one_or_zero_is_accepted() -> None:
+    """A normalised covariance's diagonal is 1, or 0 for a column constant at its
+    midpoint: a reference entry further than delta_max from both admits no data, and is
+    refused before the data are read. One near 0 admits a zero column."""
+    near = np.diag([1.04, 0.96, 0.05])
     assert_allclose(cp.check_reference(near, 3, 0.05), near)
     with pytest.raises(MechanismError, match="diagonal entry 0"):
         cp.check_reference(np.diag([1.06, 0.96, 1.0]), 3, 0.05)
+    source = as_source(correlated(2000, 3))
+    read: list[int] = []
+
+    class Counted:
+        n_rows, n_cols = source.n_rows, source.n_cols
+
+        def batches(self) -> Iterator[np.ndarray]:
+            read.append(1)
+            return source.batches()
+
+    with pytest.raises(MechanismError, match="diagonal entry 2 is more than delta_max"):
+        cp.release(Counted(), m=400, delta_max=0.05, reference=np.diag([1, 1, 0.5]))
+    assert read == []
+    X = np.column_stack([np.zeros(2000), correlated(2000, 10)[:, 0]])
+    out = cp.release(X, m=400, delta_max=0.4, reference=np.diag([0.3, 1.0]))
+    assert out.reference_kind == "declared"
+    assert np.all(out.matrix[:, 0] == 0.0)
 
 
 def test_release_refuses_a_phi_too_large_to_draw_before_reading_the_data(

@@ -670,8 +670,8 @@ def test_a_malformed_reference_is_refused_before_anything_is_reserved(
     client: TestClient, curator: Caller
 ) -> None:
     """A declared reference that is not symmetric, not positive definite or not finite, or
-    whose diagonal is more than delta_max from the data's unit diagonal, depends on the
-    request alone: the preview and the request are 422s. The worker used to
+    has a diagonal entry more than delta_max from both 1 and 0 (a column's normalised
+    variance, or a column constant at its midpoint), depends on the request alone: the preview and the request are 422s. The worker used to
     refuse it after reading the data, which spent the dataset's one compressed release
     (a non_dp ledger entry, then a 409 for every later request)."""
     dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
@@ -684,7 +684,7 @@ def test_a_malformed_reference_is_refused_before_anything_is_reserved(
         ([[1.0, float("inf")], [float("inf"), 1.0]], "finite symmetric"),
         # positive definite, but no data's unit diagonal is within delta_max of it
         ([[5.0, 0.0], [0.0, 5.0]], "diagonal entry 0 is more than delta_max"),
-        ([[1.0, 0.0], [0.0, 0.4]], "diagonal entry 1 is more than delta_max"),
+        ([[1.0, 0.0], [0.0, 1.6]], "diagonal entry 1 is more than delta_max"),
     ):
         # NaN and Infinity as a JSON body's bare tokens, which the service's parser accepts
         body = json.dumps({**base, "params": {"delta_max": 0.5, "reference": reference}})
