@@ -126,7 +126,7 @@ def _plan(
     _check_measure_work(info.n_rows, index_set.size, largest)
     if (
         (params.basis_size is not None or params.basis == "paper")
-        and params.max_basis_size != sy.DEFAULT_MAX_BASIS_SIZE
+        and params.max_basis_size < sy.DEFAULT_MAX_BASIS_SIZE
         and index_set.size > params.max_basis_size
     ):
         # a size fixed by basis_size or Theorem 3.1 past a cap the caller lowered: the
