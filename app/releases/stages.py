@@ -48,7 +48,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, object_session
 
 from app.core.db import on_commit, uses_row_locks
-from app.core.errors import frames_only
+from app.core.errors import InvalidRequest, frames_only
 from app.core.services import Services
 from app.datasets.service import remove_stray_files
 from app.ledger import service as ledger
@@ -105,10 +105,13 @@ def worker_id() -> str:
 
 def describe_failure(exc: BaseException) -> str:
     """A message for the release's status. Mechanism and solver errors never carry data
-    values by contract; anything else is reported by type only (and logged without its
-    message)."""
+    values by contract, nor does a request's refusal (an adapter's :class:`InvalidRequest`,
+    written for the client: a request recorded before a check was added meets it here);
+    anything else is reported by type only (and logged without its message)."""
     if isinstance(exc, MechanismError | SolverError):
         return str(exc)
+    if isinstance(exc, InvalidRequest):
+        return exc.message
     return f"internal error ({type(exc).__name__}); see the worker log"
 
 

@@ -1426,6 +1426,31 @@ def test_a_synopsis_basis_is_built_as_asked_or_refused(client: TestClient, curat
     fixed = preview({"basis": "auto", "basis_size": 5}).json()["resolved"]
     assert (fixed["basis_size"], fixed["basis"]["rule"]) == (5, "auto")
     assert preview({"basis": "paper"}).json()["resolved"]["basis_size"] == 7
+    # only a lowered cap bounds a fixed size (one raised past the default bounds the rules)
+    raised = preview({"basis_size": 25_000, "max_basis_size": 20_001})
+    assert raised.json()["resolved"]["basis_size"] == 25_000, raised.text
+
+
+def test_a_request_refused_only_at_measure_says_why(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request recorded before a check was added meets it when it is measured, before
+    any row is read (refunded). Its message is the request's 422, not "internal error
+    (InvalidRequest)" (review)."""
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 1, "params": {"basis_size": 9}}
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    monkeypatch.setattr(smooth_synopsis_adapter, "MAX_MEASURE_WORK", 500 * 8)  # a new limit
+    run_all(client, release_id)
+    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert release["status"] == "failed", release
+    assert "at most R = 8 for this table; lower basis_size" in release["message"], release
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == [
+        "reserve",
+        "refund",
+    ]
 
 
 def test_a_basis_past_the_index_set_limit_is_refused_or_lowered(
@@ -1919,6 +1944,13 @@ def test_a_polynomial_whose_rescaling_overflows_is_named_as_such() -> None:
     assert len(parse([{**square, "space": "normalized"}], info)) == 1
     linear = {"type": "polynomial", "terms": [{"coefficient": 1.0, "powers": {"x": 1}}]}
     assert len(parse([{**linear, "space": "original"}], info)) == 1  # 1e307 x' is finite
+    # in normalised units only a monomial named twice can overflow: no advice to use them
+    twice = [{"coefficient": 1e308, "powers": {"y": 1}}] * 2
+    with pytest.raises(InvalidRequest) as summed:
+        parse([{"type": "polynomial", "terms": twice}], info)
+    assert summed.value.message == (
+        "queries.0: this polynomial's coefficients overflow a float; scale it down"
+    )
 
 
 @pytest.mark.parametrize(

@@ -359,7 +359,10 @@ def _polynomial(
         total = {(): 0.0}
     if not all(math.isfinite(value) for value in total.values()):
         # the caller's coefficients are finite (the form checks them): rescaling to
-        # [-1, 1] multiplies them by powers of the columns' half-widths and centres
+        # [-1, 1] multiplies them by powers of the columns' half-widths and centres, and
+        # a monomial named twice adds its coefficients
+        if form.space == "normalized":  # finite terms whose sum overflows
+            raise InvalidRequest("this polynomial's coefficients overflow a float; scale it down")
         raise InvalidRequest(
             "this polynomial's coefficients overflow a float when rescaled to [-1, 1] "
             "(powers of its columns' half-widths); scale it down or write it in space "
