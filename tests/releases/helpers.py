@@ -194,3 +194,17 @@ class Gate:
 
     def open(self) -> None:
         (self.folder / "gate.open").touch()
+
+
+def published_progress(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The values the stages hand their heartbeat (what a release's progress shows),
+    recorded in order from now on."""
+    seen: list[float] = []
+    set_progress = stages.Heartbeat.set_progress
+
+    def recorded(self: stages.Heartbeat, fraction: float) -> None:
+        seen.append(fraction)
+        set_progress(self, fraction)
+
+    monkeypatch.setattr(stages.Heartbeat, "set_progress", recorded)
+    return seen

@@ -24,6 +24,7 @@ from tests.releases.helpers import (
     assert_sessions_free_while_held,
     budget,
     finished_release,
+    published_progress,
     race_same_key,
     request_release,
     run_all,
@@ -925,14 +926,7 @@ def test_a_compressed_measure_publishes_progress_while_it_draws_phi(
     progress on, increasing to 0.99."""
     from app.releases.adapters import compressed as compressed_adapter
 
-    seen: list[float] = []
-    set_progress = stages.Heartbeat.set_progress
-
-    def recorded(self: stages.Heartbeat, fraction: float) -> None:
-        seen.append(fraction)
-        set_progress(self, fraction)
-
-    monkeypatch.setattr(stages.Heartbeat, "set_progress", recorded)
+    seen = published_progress(monkeypatch)
     dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
     monkeypatch.setattr(cp, "_BLOCK_ENTRIES", 1)  # a row a block: 600 blocks
     body = {"mechanism": "compressed", "columns": ["age", "weight"], "params": {"delta_max": 0.05}}

@@ -26,6 +26,7 @@ from tests.releases.helpers import (
     budget,
     finished_release,
     heartbeat_sees_the_cancel,
+    published_progress,
     request_release,
     run_all,
     services_of,
@@ -2027,21 +2028,6 @@ def test_synopsis_work_bounds_at_their_edges(
     )
 
 
-def _published_progress(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The values the stages hand their heartbeat (what a release's progress shows)."""
-    from app.releases import stages
-
-    seen: list[float] = []
-    set_progress = stages.Heartbeat.set_progress
-
-    def recorded(self: stages.Heartbeat, fraction: float) -> None:
-        seen.append(fraction)
-        set_progress(self, fraction)
-
-    monkeypatch.setattr(stages.Heartbeat, "set_progress", recorded)
-    return seen
-
-
 def test_a_tree_measure_publishes_progress_after_reading(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -2052,7 +2038,7 @@ def test_a_tree_measure_publishes_progress_after_reading(
     from app.releases import stages
     from app.releases.adapters.smooth_synthetic import TREE_READ_SHARE
 
-    seen = _published_progress(monkeypatch)
+    seen = published_progress(monkeypatch)
     dataset_id, _ = _dataset(client, curator)
     body = {"mechanism": "smooth_synthetic", "epsilon": 2.0, "delta": 1e-6}
     body["params"] = {"method": "tree"}
