@@ -134,6 +134,9 @@ class Validated:
     #: :meth:`Mechanism.preview` of the request (resolved parameters, predicted accuracy),
     #: from public values only; a request records its ``accuracy`` with the release.
     predicted: dict[str, Any]
+    #: True for a retry that today's checks refuse but that matches the release recorded
+    #: under its Idempotency-Key (a check added since it was recorded): only replayed.
+    replay_only: bool = False
 
 
 def _check_opt_in(dataset: Dataset, mechanism: Mechanism) -> None:
@@ -155,8 +158,10 @@ def _check_data_kept(dataset: Dataset) -> None:
         )
 
 
-def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
-    """Everything about a request that can be checked without data, or 422/409."""
+def _validated(dataset: Dataset, body: ReleaseCreate, *, check: bool = True) -> Validated:
+    """Everything about a request that can be checked without data, or 422/409; with
+    ``check=False`` the request read and resolved but not checked by its mechanism (a
+    ``replay_only`` one: see :func:`validate_release`)."""
     mechanism = registry.get(body.mechanism)
     if mechanism.privacy_kind == "non_dp":
         if body.epsilon is not None or body.delta:
@@ -187,6 +192,10 @@ def _validated(dataset: Dataset, body: ReleaseCreate) -> Validated:
         epsilon, delta = body.epsilon, body.delta
     info = dataset_info(dataset, mechanism, body.columns)
     params = mechanism.resolve_params(info, epsilon, delta, mechanism.parse_params(body.params))
+    if not check:
+        return Validated(
+            mechanism, info, params, params.model_dump(mode="json"), epsilon, delta, {}, True
+        )
     try:
         mechanism.check(info, epsilon, delta, params)
         predicted = mechanism.preview(info, epsilon, delta, params)
@@ -279,7 +288,24 @@ def validate_release(
         raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
     with services.db.transaction(read_only=True) as session:
         dataset = owned_dataset(session, user, dataset_id)
-    return _validated(dataset, body)
+    try:
+        return _validated(dataset, body)
+    except InvalidRequest:
+        # A retry of a request recorded before a check that now refuses it (a release
+        # that may already have spent its budget) is replayed, as any retry is: the
+        # recorded release, not a 422.
+        if idempotency_key is None:
+            raise
+        unchecked = _validated(dataset, body, check=False)
+        with services.db.transaction(read_only=True) as session:
+            recorded = session.scalars(
+                select(Release).where(
+                    Release.created_by == user.id, Release.idempotency_key == idempotency_key
+                )
+            ).one_or_none()
+            if recorded is None or not _same_request(recorded, dataset.id, body, unchecked):
+                raise
+        return unchecked
 
 
 def _check_single_release(session: Session, dataset_id: uuid.UUID, mechanism: Mechanism) -> None:
@@ -341,6 +367,8 @@ def create_release(
         existing = _existing(session, user, idempotency_key, dataset.id, body, checked)
         if existing is not None:
             return to_out(session, existing), False
+    if checked.replay_only:  # validate_release saw its release: it cannot have gone
+        raise RuntimeError("a replay-only request found no release to replay")
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
     locked = ledger.lock_dataset(session, dataset.id)
     if idempotency_key is not None:

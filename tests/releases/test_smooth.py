@@ -1432,6 +1432,29 @@ def test_a_synopsis_basis_is_built_as_asked_or_refused(client: TestClient, curat
     assert raised.json()["resolved"]["basis_size"] == 25_000, raised.text
 
 
+def test_a_retry_of_a_request_a_new_check_refuses_replays_its_release(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry (same Idempotency-Key) of a request recorded before a check that now
+    refuses it is the recorded release (200), as any retry is, not a 422 for a release
+    that may have spent its budget (review); the same body under a new key is the 422."""
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 1, "params": {"basis_size": 9}}
+    first = request_release(client, curator, dataset_id, body, key="synopsis-9")
+    assert first.status_code == 202, first.text
+    monkeypatch.setattr(smooth_synopsis_adapter, "MAX_MEASURE_WORK", 500 * 8)  # a new limit
+    again = request_release(client, curator, dataset_id, body, key="synopsis-9")
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    fresh = request_release(client, curator, dataset_id, body, key="synopsis-9-new")
+    assert fresh.status_code == 422, fresh.text
+    assert "at most R = 8 for this table" in fresh.json()["error"]["message"]
+    other = {**body, "params": {"basis_size": 10}}
+    reused = request_release(client, curator, dataset_id, other, key="synopsis-9")
+    assert reused.status_code == 422, reused.text  # not this key's request: the check's 422
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
+
+
 def test_a_request_refused_only_at_measure_says_why(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
