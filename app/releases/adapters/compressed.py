@@ -146,10 +146,10 @@ class Compressed(registry.Mechanism):
         ):
             raise InvalidRequest(f"reference must be a {info.d} x {info.d} matrix")
         if params.reference is not None:
-            # Finite, symmetric, positive definite, a diagonal within delta_max of 1: a
-            # MechanismError here is the request's 422. Left to the release (which checks
-            # again), it came after the data were read, and the dataset's one compressed
-            # release was spent on a request that could never succeed.
+            # Finite, symmetric, positive definite, each diagonal entry within delta_max
+            # of 1 or 0: a MechanismError here is the request's 422, before anything is
+            # reserved (the release checks again, before reading the data, for a request
+            # recorded before a check was added).
             cp.check_reference(params.reference, info.d, params.delta_max)
 
     def preview(
