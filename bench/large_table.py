@@ -65,9 +65,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
+from app.storage.artifacts import write_csv_and_parquet
 from bench._common import RESULTS, Run
 
 SEED = 20260506
@@ -158,23 +157,7 @@ def chunks(n: int, seed: int = SEED) -> Iterator[pa.Table]:
 def write_files(n: int, directory: Path) -> dict[str, Path]:
     """The table as ``table.csv`` and ``table.parquet`` in ``directory``."""
     csv_path, parquet_path = directory / "table.csv", directory / "table.parquet"
-    csv_writer: pacsv.CSVWriter | None = None
-    parquet_writer: pq.ParquetWriter | None = None
-    try:
-        for table in chunks(n):
-            if csv_writer is None:
-                csv_writer = pacsv.CSVWriter(str(csv_path), table.schema)
-                parquet_writer = pq.ParquetWriter(
-                    str(parquet_path), table.schema, compression="zstd"
-                )
-            csv_writer.write_table(table)
-            assert parquet_writer is not None
-            parquet_writer.write_table(table)
-    finally:
-        if csv_writer is not None:
-            csv_writer.close()
-        if parquet_writer is not None:
-            parquet_writer.close()
+    write_csv_and_parquet(csv_path, parquet_path, chunks(n), compression="zstd")
     return {"csv": csv_path, "parquet": parquet_path}
 
 

@@ -18,15 +18,13 @@ import bisect
 import json
 import math
 import unicodedata
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from app.core.errors import InvalidRequest
@@ -42,8 +40,8 @@ from app.releases.registry import (
     ProgressFn,
     Synthesized,
 )
+from app.storage.artifacts import sample_chunk_rows, write_csv_and_parquet
 from app.storage.source import EncryptedTableSource
-from app.storage.tables import batch_rows
 
 MAX_TABLE_DOMAIN = 100_000
 #: Work one answers request may do, in units of about 100 ns: its queries times the work
@@ -76,15 +74,6 @@ MEASURE_ROW_BYTES = 64
 PUBLIC_ROW_BYTES = 256
 MAX_MEASURE_BYTES = 4 << 30
 Z_95 = 1.959963984540054
-
-
-def sample_chunk_rows(width: int) -> int:
-    """Rows of the released sample's ``width`` columns per chunk written: the storage's
-    :func:`~app.storage.tables.batch_rows` without its row cap, as smooth_synthetic's
-    :func:`~app.releases.adapters.smooth_synthetic.sample_chunk_rows` (about 64 MiB of
-    8-byte values: a decoded category is an 8-byte reference before Arrow copies its
-    text)."""
-    return batch_rows(width, capped=False)
 
 
 class RRParams(BaseModel):
@@ -501,24 +490,14 @@ class RandomizedResponse(registry.Mechanism):
         n = release.n
         width = len(self._perturbed(info)) + (self._public(info) is not None)
         step = max(1, sample_chunk_rows(width))
-        csv_writer: pacsv.CSVWriter | None = None
-        parquet_writer: pq.ParquetWriter | None = None
-        try:
+
+        def chunks() -> Iterator[pa.Table]:
             # range(0, 0 or 1): an empty sample still gets its header and schema
             for start in range(0, max(n, 1), step):
-                table = self._decoded_table(loaded, info, start, start + step)
-                if csv_writer is None or parquet_writer is None:
-                    csv_writer = pacsv.CSVWriter(workdir / "sample.csv", table.schema)
-                    parquet_writer = pq.ParquetWriter(workdir / "sample.parquet", table.schema)
-                csv_writer.write_table(table)
-                parquet_writer.write_table(table)
-                del table
-                progress(min(n, start + step) / max(n, 1))
-        finally:
-            if csv_writer is not None:
-                csv_writer.close()
-            if parquet_writer is not None:
-                parquet_writer.close()
+                yield self._decoded_table(loaded, info, start, start + step)
+                progress(min(n, start + step) / max(n, 1))  # that chunk is written
+
+        write_csv_and_parquet(workdir / "sample.csv", workdir / "sample.parquet", chunks())
 
     # -- answers
 

@@ -73,15 +73,13 @@ import functools
 import json
 import time
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
@@ -103,8 +101,8 @@ from app.releases import registry
 from app.releases.adapters import smooth_queries, smooth_synopsis
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+from app.storage.artifacts import sample_chunk_rows, write_csv_and_parquet
 from app.storage.source import EncryptedTableSource
-from app.storage.tables import batch_rows
 
 NOTE = (
     "exact for the released synthetic distribution (weighted support); the error against "
@@ -1075,16 +1073,6 @@ def _load_support_replicates(artifacts: Path, d: int) -> ss.SupportReplicates | 
         return None
 
 
-def sample_chunk_rows(width: int) -> int:
-    """Rows of ``width`` float64 columns per chunk of :func:`_write_rows`: the storage's
-    :func:`~app.storage.tables.batch_rows` (about 64 MiB) without its cap of 65,536 rows:
-    each chunk is a Parquet row group with its own dictionaries, and a sample's values
-    repeat its support points (10^6 rows of 50 columns from 10^4 points: 151 MB in
-    65,536-row groups, 112 MB in 64 MiB ones, 92 MB in one; the rise in memory 140, 234
-    and 812 MiB)."""
-    return batch_rows(width, capped=False)
-
-
 def weight_column(names: Sequence[str]) -> str:
     """The name of the support files' weights column: ``weight``, or where a released
     column has that name (a ``weight`` column's values were overwritten by the weights),
@@ -1113,27 +1101,18 @@ def _write_rows(
     n, names = normalised.shape[0], info.names
     step = max(1, chunk_rows if chunk_rows is not None else sample_chunk_rows(len(names) + 1))
     weight_name = weight_column(names)
-    csv_writer: pacsv.CSVWriter | None = None
-    parquet_writer: pq.ParquetWriter | None = None
-    try:
+
+    def chunks() -> Iterator[pa.Table]:
         # range(0, 0 or 1): an empty table still gets its header and schema
         for start in range(0, max(n, 1), step):
             rows = info.to_original(normalised[start : start + step])
             columns = {name: rows[:, j] for j, name in enumerate(names)}
             if weights is not None:
                 columns[weight_name] = weights[start : start + step]
-            table = pa.table(columns)
-            del rows, columns
-            if csv_writer is None or parquet_writer is None:
-                csv_writer = pacsv.CSVWriter(workdir / f"{stem}.csv", table.schema)
-                parquet_writer = pq.ParquetWriter(workdir / f"{stem}.parquet", table.schema)
-            csv_writer.write_table(table)
-            parquet_writer.write_table(table)
-    finally:
-        if csv_writer is not None:
-            csv_writer.close()
-        if parquet_writer is not None:
-            parquet_writer.close()
+            del rows
+            yield pa.table(columns)
+
+    write_csv_and_parquet(workdir / f"{stem}.csv", workdir / f"{stem}.parquet", chunks())
 
 
 def _write_artifacts(
