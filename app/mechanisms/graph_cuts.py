@@ -52,7 +52,7 @@ the skewness ``(1 - 2p) / sqrt(v)`` is then at most 0.05. The normal interval al
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from functools import cached_property
@@ -186,15 +186,24 @@ DUPLICATES_MESSAGE = (
 )
 
 
-def _perturb(true_bits: NDArray[np.uint8], n_vertices: int, threshold: int) -> NDArray[np.uint8]:
+def _perturb(
+    true_bits: NDArray[np.uint8],
+    n_vertices: int,
+    threshold: int,
+    progress: Callable[[float], None] | None = None,
+) -> NDArray[np.uint8]:
     """``y = x XOR b`` on the packed pair bits: each ``b_ij`` is 1 w.p. ``threshold / 2^64``
     (:func:`secure_random.bernoulli`), :data:`_BLOCK_PAIRS` pairs (whole bytes) at a time.
-    The padding bits after the last pair stay 0. A new array."""
+    The padding bits after the last pair stay 0. A new array. ``progress``, if given, is
+    called after each block with the share of the ``|V| (|V| - 1) / 2`` pairs drawn (a
+    function of the public ``|V|`` only)."""
     noisy = np.array(true_bits, dtype=np.uint8, copy=True)
     pairs = n_vertices * (n_vertices - 1) // 2
     for lo in range(0, pairs, _BLOCK_PAIRS):
         hi = min(lo + _BLOCK_PAIRS, pairs)
         noisy[lo // 8 : (hi + 7) // 8] ^= np.packbits(secure_random.bernoulli(hi - lo, threshold))
+        if progress is not None:
+            progress(hi / pairs)
     return noisy
 
 
@@ -452,6 +461,13 @@ def pair_bits_to_rows(bits: NDArray[np.uint8], n_vertices: int) -> NDArray[np.ui
     return rows
 
 
+def pair_block_count(n_vertices: int) -> int:
+    """How many blocks :func:`pair_bits_to_edges` yields for ``|V|`` vertices (one per
+    :data:`_BLOCK_BITS` of the ``|V| (|V| - 1) / 2`` pairs, whatever the edges)."""
+    pairs = int(_row_starts(_check_vertices(n_vertices))[-1])
+    return -(-pairs // _BLOCK_BITS)
+
+
 def pair_bits_to_edges(bits: NDArray[np.uint8], n_vertices: int) -> Iterator[NDArray[np.int32]]:
     """The released edges ``(u, v)``, ``u < v``, in pair order, as ``(k, 2)`` int32 blocks,
     one per :data:`_BLOCK_BITS` pairs (whole bytes; for writing them out without the whole
@@ -610,13 +626,18 @@ class PairBitsRelease(_NoisyGraph):
 
 
 def release_pair_bits(
-    edge_blocks: Iterable[ArrayLike], n_vertices: int, epsilon: float
+    edge_blocks: Iterable[ArrayLike],
+    n_vertices: int,
+    epsilon: float,
+    progress: Callable[[float], None] | None = None,
 ) -> PairBitsRelease:
     """Mechanism E (module docstring) on the graph whose edges come in blocks
     (:func:`pair_bits_of`): every pair bit flipped w.p. ``1/(1 + e^eps)`` (rounded up to
     ``T / 2^64``). Its working memory is the true and the noisy pair bits (50 MB at 20,000
     vertices) and one block: the edges, true or released (about ``p |V|^2 / 2``, 9.5e7 at
-    20,000 vertices and epsilon 0.1), are never held as a list."""
+    20,000 vertices and epsilon 0.1), are never held as a list. ``progress``, if given, is
+    called with the share of the pairs flipped so far, after each block of the flips (never
+    during the read: the number of edges is private)."""
     check_budget(epsilon, 0.0)
     count = _check_vertices(n_vertices)
     true_bits = pair_bits_of(edge_blocks, count)
@@ -624,7 +645,7 @@ def release_pair_bits(
     if effective_epsilon(threshold) > epsilon:  # pragma: no cover - guarded by rounding
         raise RuntimeError("the rounded flip probability would exceed epsilon")
     return PairBitsRelease(
-        bits=_perturb(true_bits, count, threshold),
+        bits=_perturb(true_bits, count, threshold, progress),
         n_vertices=count,
         epsilon=float(epsilon),
         flip_threshold=threshold,

@@ -607,3 +607,44 @@ def test_a_bad_epsilon_is_refused_before_any_edge_is_read() -> None:
             gc.release_pair_bits(blocks(), 5, epsilon)
     with pytest.raises(MechanismError, match="n_vertices"):
         gc.release_pair_bits(blocks(), 1, 1.0)
+
+
+def test_flips_report_their_progress_by_vertices_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``release_pair_bits``' progress is the share of the ``|V| (|V| - 1) / 2`` pairs
+    flipped, after each block of :data:`_BLOCK_PAIRS`: the same values for any graph on the
+    same vertices (the edge count is private), and the same bits with and without it (a
+    seeded stand-in for OpenDP's CSPRNG)."""
+    monkeypatch.setattr(gc, "_BLOCK_PAIRS", 16)
+    n = 9  # 36 pairs: blocks end at 16, 32, 36
+    drawn: dict[str, list[float]] = {}
+    for name, edges in (("one edge", np.array([[0, 1]])), ("many", random_graph(n, 20, seed=2))):
+        seen: list[float] = []
+        gc.release_pair_bits([edges], n, 1.0, progress=seen.append)
+        drawn[name] = seen
+    assert drawn["one edge"] == pytest.approx([16 / 36, 32 / 36, 1.0])
+    assert drawn["many"] == drawn["one edge"]
+
+    def seeded() -> None:
+        rng = np.random.default_rng(5)
+        monkeypatch.setattr(
+            secure_random, "bernoulli", lambda size, threshold: rng.random(size) < 0.3
+        )
+
+    edges = random_graph(n, 12, seed=3)
+    seeded()
+    with_progress = gc.release_pair_bits([edges], n, 1.0, progress=lambda done: None)
+    seeded()
+    without = gc.release_pair_bits([edges], n, 1.0)
+    np.testing.assert_array_equal(with_progress.bits, without.bits)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 9, 40])
+def test_pair_block_count_is_the_number_of_edge_blocks(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:func:`pair_block_count` (the synthesis stage's progress denominator) is how many
+    blocks :func:`pair_bits_to_edges` yields, one per ``_BLOCK_BITS`` pairs."""
+    monkeypatch.setattr(gc, "_BLOCK_BITS", 8)
+    bits = gc.pair_bits_of([random_graph(n, 1, seed=1)], n)
+    assert gc.pair_block_count(n) == len(list(gc.pair_bits_to_edges(bits, n)))
+    assert gc.pair_block_count(n) == math.ceil(n * (n - 1) / 2 / 8)

@@ -760,14 +760,19 @@ def test_a_delta_max_outside_the_unit_interval_is_refused_before_anything_is_rec
     assert budget(client, curator, dataset_id)["entries"] == []
 
 
-def test_graph_read_publishes_no_row_progress(
+def test_graph_progress_is_a_function_of_its_vertices_only(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Progress while measuring is rows read / stored rows, published every heartbeat. For a
     # graph the stored rows are its edges, a private count that whole-batch fractions would
-    # give exactly; a table's row count is public and keeps its progress.
-    # The graph's read still checks for a cancel (test_a_graph_cancel_seen_before_reading_
-    # refunds); it publishes nothing.
+    # give exactly: its read publishes nothing (it still checks for a cancel, see
+    # test_a_graph_cancel_seen_before_reading_refunds). The flips after it, block by block
+    # of the |V| (|V| - 1) / 2 pairs, publish the same values for any two graphs on the
+    # same vertices. A table's row count is public and keeps its progress.
+    from app.mechanisms import graph_cuts as gc
+    from app.releases.adapters import graph_cuts as adapter
+
+    monkeypatch.setattr(gc, "_BLOCK_PAIRS", 8)  # 15 pairs at 6 vertices: 2 blocks
     published: dict[str, list[float]] = {}
     original = stages.Heartbeat.set_progress
 
@@ -776,25 +781,29 @@ def test_graph_read_publishes_no_row_progress(
         original(self, fraction)
 
     monkeypatch.setattr(stages.Heartbeat, "set_progress", spy)
-    content = b"0 1\n1 2\n2 3\n0 3\n"
-    graph_id = upload_graph(
-        client,
-        curator,
-        content,
-        {"name": "g", "kind": "graph", "vertices": 5, "budget": {"epsilon": 5}},
-    ).json()["id"]
-    table_id, _ = _table(client, curator, n=50)
     releases = {}
-    for dataset_id, mechanism in ((graph_id, "graph_cuts"), (table_id, "randomized_response")):
+    for name, content in (("sparse", b"0 1\n"), ("dense", b"0 1\n1 2\n2 3\n0 3\n4 5\n1 5\n")):
+        graph_id = upload_graph(
+            client,
+            curator,
+            content,
+            {"name": name, "kind": "graph", "vertices": 6, "budget": {"epsilon": 5}},
+        ).json()["id"]
+        releases[name] = (graph_id, "graph_cuts")
+    releases["table"] = (_table(client, curator, n=50)[0], "randomized_response")
+    for name, (dataset_id, mechanism) in releases.items():
         release_id = request_release(
             client, curator, dataset_id, {"mechanism": mechanism, "epsilon": 1}
         ).json()["id"]
         stages.run_measure(services_of(client), uuid.UUID(release_id))
         done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
         assert done["status"] == "synthesizing", done
-        releases[mechanism] = release_id
-    assert releases["graph_cuts"] not in published
-    assert published[releases["randomized_response"]] == [0.99]
+        releases[name] = (release_id, mechanism)
+    share = adapter.MEASURE_READ_SHARE
+    flips = [stages.MEASURED_PROGRESS * (share + (1 - share) * k) for k in (8 / 15, 1.0)]
+    assert published[releases["sparse"][0]] == pytest.approx(flips)
+    assert published[releases["dense"][0]] == published[releases["sparse"][0]]
+    assert published[releases["table"][0]] == [0.99]
 
 
 def test_answer_cache_is_bounded_by_bytes(
