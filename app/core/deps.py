@@ -55,6 +55,23 @@ SessionDep = Annotated[
 ]
 
 
+def get_revocation_session(services: ServicesDep) -> Iterator[Session]:
+    """The write transaction of a key's revocation (``DELETE /v1/keys/{id}``): as
+    :func:`get_session`, but without its key check, which
+    :func:`app.users.service.revoke_key` makes itself, locking the caller's key and the one
+    it revokes together in id order. After :func:`get_session`'s shared lock on the
+    caller's key, two revocations of each other's keys (or two of one key) each waited for
+    the other's lock: a deadlock on PostgreSQL."""
+    with services.db.transaction() as session:
+        yield session
+
+
+RevocationSessionDep = Annotated[
+    Session,
+    Depends(get_revocation_session, scope="function", max_concurrency=MAX_CONCURRENT_TRANSACTIONS),
+]
+
+
 def get_read_session(services: ServicesDep) -> Iterator[Session]:
     """A read-only transaction for endpoints that never write, whatever their method
     (answers, previews): on SQLite it does not take the write lock."""

@@ -54,7 +54,32 @@ def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     with (``request.state.api_key_id``) has not been revoked since: every write transaction
     of a request does (:func:`app.core.deps.get_session`), and so does work that runs long
     after authentication outside it (an upload streams and is validated for minutes) and
-    must not be committed on a key revoked meanwhile."""
-    key = session.get(ApiKey, key_id)
+    must not be committed on a key revoked meanwhile.
+
+    On PostgreSQL the key's row is read ``FOR SHARE`` and stays locked until the
+    transaction ends: a revocation (an update of that row) waits for every write that has
+    checked the key, so the write commits before it, and one that checks later sees the
+    revocation. A plain read under READ COMMITTED let a write that had checked the key and
+    then waited for a dataset's lock commit after the revocation. (SQLite's ``BEGIN
+    IMMEDIATE`` transactions are already serial.)"""
+    statement = select(ApiKey).where(ApiKey.id == key_id)
+    if session.get_bind().dialect.name != "sqlite":
+        statement = statement.with_for_update(read=True)
+    key = session.scalars(statement.execution_options(populate_existing=True)).one_or_none()
     if key is None or key.revoked_at is not None:
         raise Unauthorized(INVALID_KEY)
+
+
+def lock_keys(session: Session, key_ids: set[uuid.UUID]) -> dict[uuid.UUID, ApiKey]:
+    """The keys ``key_ids`` (those that exist), their rows locked ``FOR UPDATE`` in id order
+    on PostgreSQL: a revocation locks the caller's key and the one it revokes this way,
+    instead of :func:`ensure_key_active`'s shared lock first. Two revocations that each held
+    a shared lock on a key the other then updated (two of one key, or two admins revoking
+    each other's keys) waited for each other: a deadlock, which PostgreSQL ends by failing
+    one of them."""
+    statement = select(ApiKey).where(ApiKey.id.in_(key_ids)).order_by(ApiKey.id)
+    if session.get_bind().dialect.name != "sqlite":
+        statement = statement.with_for_update()
+    return {
+        key.id: key for key in session.scalars(statement.execution_options(populate_existing=True))
+    }

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from app.core.deps import AdminUser, CurrentUser, SessionDep
+from app.core.deps import AdminUser, CurrentUser, RevocationSessionDep, SessionDep
 from app.core.errors import Forbidden, NotFound, Unauthorized, error_responses
 from app.core.pagination import DEFAULT_LIMIT, MAX_INT_ID, NEXT_LINK, AfterId, Limit, link_next
 from app.models import Role
@@ -84,9 +84,11 @@ def create_key(user_id: uuid.UUID, admin: AdminUser, session: SessionDep) -> Key
     status_code=status.HTTP_204_NO_CONTENT,
     responses=error_responses(NotFound),
 )
-def revoke_key(key_id: uuid.UUID, user: CurrentUser, session: SessionDep) -> Response:
+def revoke_key(
+    key_id: uuid.UUID, user: CurrentUser, request: Request, session: RevocationSessionDep
+) -> Response:
     """Revoke an API key (admins: any key; others: their own). Revoked keys get 401."""
-    service.revoke_key(session, key_id, user)
+    service.revoke_key(session, key_id, user, getattr(request.state, "api_key_id", None))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -9,9 +9,15 @@ from sqlalchemy.orm import Session
 
 from app.core import pagination
 from app.core.audit import record
-from app.core.errors import Forbidden, NotFound
+from app.core.errors import Forbidden, NotFound, Unauthorized
 from app.core.pagination import Page
-from app.core.security import display_prefix, generate_api_key, hash_api_key
+from app.core.security import (
+    INVALID_KEY,
+    display_prefix,
+    generate_api_key,
+    hash_api_key,
+    lock_keys,
+)
 from app.models import ApiKey, AuditEvent, Role, User
 from app.models.base import utcnow
 
@@ -66,9 +72,21 @@ def keys_of(session: Session, user_id: uuid.UUID) -> list[ApiKey]:
     )
 
 
-def revoke_key(session: Session, key_id: uuid.UUID, actor: User) -> ApiKey:
-    """Revoke a key: admins revoke any key, other users only their own."""
-    key = session.get(ApiKey, key_id)
+def revoke_key(
+    session: Session, key_id: uuid.UUID, actor: User, actor_key_id: uuid.UUID | None = None
+) -> ApiKey:
+    """Revoke a key: admins revoke any key, other users only their own.
+
+    ``actor_key_id``, the key the request was authenticated with, is checked here (401 if
+    revoked since), locked together with the key to revoke in id order
+    (:func:`~app.core.security.lock_keys`); the route's transaction does not check it first
+    (:func:`app.core.deps.get_revocation_session`)."""
+    locked = lock_keys(session, {key_id} if actor_key_id is None else {key_id, actor_key_id})
+    if actor_key_id is not None:
+        own = locked.get(actor_key_id)
+        if own is None or own.revoked_at is not None:
+            raise Unauthorized(INVALID_KEY)
+    key = locked.get(key_id)
     if key is None or (actor.role != Role.admin and key.user_id != actor.id):
         raise NotFound("API key not found")
     if key.revoked_at is None:

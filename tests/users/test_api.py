@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import threading
+import uuid
+from typing import Annotated, Any
 
+import pytest
 from fastapi import Depends, FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.testclient import TestClient
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.answers.endpoints import router as answers_router
 from app.core import deps
@@ -17,11 +21,11 @@ from app.core.deps import ServicesDep
 from app.core.security import hash_api_key
 from app.core.services import Services
 from app.datasets.endpoints import router as datasets_router
-from app.models import ApiKey, AuditEvent, User
+from app.models import ApiKey, AuditEvent, Release, User
 from app.releases.endpoints import router as releases_router
 from app.users import service as users
 from app.users.endpoints import router as users_router
-from tests.conftest import Caller
+from tests.conftest import Caller, make_user
 from tests.datasets.helpers import csv_bytes, upload
 
 
@@ -186,9 +190,138 @@ def test_every_route_authenticates_before_it_opens_its_transaction() -> None:
     for route in (route for router in routers for route in router.routes):
         assert isinstance(route, APIRoute)
         calls = route.dependant.dependencies
-        sessions = [i for i, d in enumerate(calls) if d.call is deps.get_session]
+        sessions = [
+            i
+            for i, d in enumerate(calls)
+            if d.call in (deps.get_session, deps.get_revocation_session)
+        ]
         users_ = [i for i, d in enumerate(calls) if authenticates(d)]
         if sessions and users_:  # the upload and answers open their own
             assert users_[0] < sessions[0], route.path
             checked += 1
     assert checked >= 15
+
+
+def _revoke_at_once(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, revocations: list[tuple[Caller, str]]
+) -> list[int]:
+    """Send the revocations ``(caller, key id)`` from threads, all inside their write
+    transactions before any locks its keys (a barrier in front of ``lock_keys``), and
+    return their status codes in order."""
+    barrier = threading.Barrier(len(revocations), timeout=10)
+    lock_keys = users.lock_keys
+
+    def together(session: Session, key_ids: set[uuid.UUID]) -> dict[uuid.UUID, ApiKey]:
+        barrier.wait()
+        return lock_keys(session, key_ids)
+
+    monkeypatch.setattr(users, "lock_keys", together)
+    codes: list[int] = [0] * len(revocations)
+
+    def revoke(index: int, caller: Caller, key_id: str) -> None:
+        codes[index] = client.delete(f"/v1/keys/{key_id}", headers=caller.headers).status_code
+
+    threads = [
+        threading.Thread(target=revoke, args=(index, caller, key_id))
+        for index, (caller, key_id) in enumerate(revocations)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    return codes
+
+
+def _key_id(client: TestClient, caller: Caller) -> str:
+    return str(client.get("/v1/users/me", headers=caller.headers).json()["keys"][0]["id"])
+
+
+def test_two_admins_revoking_each_others_keys_at_once_do_not_deadlock(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each revocation used to hold a shared lock on its caller's key (the write
+    transaction's key check) and then update the other's: on PostgreSQL each waited for
+    the other, a deadlock that failed one of them with a 500. Both keys are now locked
+    together, in id order: one revocation commits (204), the other then finds its own key
+    revoked (401), on either database."""
+    first, second = make_user(client, "admin"), make_user(client, "admin")
+    first_key, second_key = _key_id(client, first), _key_id(client, second)
+    codes = _revoke_at_once(client, monkeypatch, [(first, second_key), (second, first_key)])
+    assert sorted(codes) == [204, 401], codes
+    alive = [
+        client.get("/v1/users/me", headers=caller.headers).status_code for caller in (first, second)
+    ]
+    assert sorted(alive) == [200, 401], alive  # exactly one key revoked: the 204's target
+    assert alive[codes.index(204)] == 200
+
+
+def test_one_key_revoked_twice_at_once_is_one_revocation(
+    client: TestClient, analyst: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two revocations of the key they are sent with (a retried click) both held its
+    shared lock before updating it: a deadlock on PostgreSQL. Now the first revokes it
+    (204, one audit event) and the second finds it revoked (401)."""
+    key_id = _key_id(client, analyst)
+    codes = _revoke_at_once(client, monkeypatch, [(analyst, key_id), (analyst, key_id)])
+    assert sorted(codes) == [204, 401], codes
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    with services.db.transaction() as session:
+        events = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "api_key.revoke")
+        ).all()
+    assert [event.object_id for event in events] == [key_id]
+
+
+def test_a_revocation_waits_for_a_write_that_checked_the_key(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write checks its key in its own transaction, then may wait for a dataset's lock
+    behind another request. On PostgreSQL a revocation committed in that wait was not seen
+    (a plain read under READ COMMITTED): the release was recorded and its budget reserved
+    on a key revoked before the commit. The check now holds the key's row ``FOR SHARE``,
+    so the revocation waits for the write: the release commits first, then the key is
+    revoked. (On SQLite the write lock already orders them: skipped.)"""
+    import tests.releases.fake_mechanism  # noqa: F401  (registers the request's mechanism)
+    from app.ledger import service as ledger
+    from tests.releases.helpers import dataset, request_release, services_of
+
+    services = services_of(client)
+    if services.db.is_sqlite:
+        pytest.skip("SQLite: BEGIN IMMEDIATE orders the check and the revocation already")
+    dataset_id = dataset(client, curator)
+    key_id = uuid.UUID(_key_id(client, curator))
+    revoked: list[bool] = []
+    lock_dataset = ledger.lock_dataset
+
+    def revoke() -> None:
+        with services.db.transaction() as session:
+            users.revoke_key(session, key_id, users.get_user(session, curator.id))
+        revoked.append(True)
+
+    def revoked_while_waiting(session: Session, locked_id: uuid.UUID) -> Any:
+        if not threads:  # the first lock the request waits for
+            revocation = threading.Thread(target=revoke)
+            revocation.start()
+            revocation.join(timeout=1.0)
+            waiting.append(revocation.is_alive())  # it waits for this transaction's end
+            threads.append(revocation)
+        return lock_dataset(session, locked_id)
+
+    waiting: list[bool] = []
+    threads: list[threading.Thread] = []
+    monkeypatch.setattr(ledger, "lock_dataset", revoked_while_waiting)
+    response = request_release(client, curator, dataset_id)
+    monkeypatch.undo()
+    assert threads, response.text
+    threads[0].join(timeout=10)
+    assert waiting == [True], "the revocation did not wait for the write that checked the key"
+    assert response.status_code == 202, response.text
+    assert revoked == [True]
+    with services.db.transaction() as session:
+        key = session.get(ApiKey, key_id)
+        release = session.scalars(select(Release)).one()
+        assert key is not None
+        assert key.revoked_at is not None
+        assert release.created_at < key.revoked_at
+    assert client.get("/v1/users/me", headers=curator.headers).status_code == 401
