@@ -76,7 +76,7 @@ so memory stays bounded whatever ``n`` is (either form's table has the same size
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -456,6 +456,7 @@ def moments(
     index_set: IndexSet,
     *,
     block_elements: int = DEFAULT_BLOCK_ELEMENTS,
+    progress: Callable[[float], None] | None = None,
 ) -> NDArray[np.float64]:
     """Exact moments ``b_r = (1/n) sum_x T_r(x)`` (paper 000, Algorithm 1 step 8).
 
@@ -467,6 +468,11 @@ def moments(
     :class:`~app.mechanisms.data.StreamSum`, so every coordinate is within
     :func:`app.mechanisms.noise.mean_rounding` ``(n)`` of the exact mean of the computed
     ``T_r(x)`` (all in ``[-1, 1]``), whatever the batches.
+
+    ``progress``, if given, is called after each block with the share of the ``n`` rows
+    summed so far (``n`` is the table's public row count): at ``R = 10^5`` a block is a
+    couple of rows, and the reader's own progress, per batch read, came before any of the
+    work.
     """
     source = as_source(X)
     if source.n_cols != index_set.dim:
@@ -475,11 +481,15 @@ def moments(
         )
     totals = StreamSum()
     work = np.empty((_block_rows(index_set.size, block_elements), index_set.size), dtype=np.float64)
+    done = 0
     for batch in iter_checked(source):
         for start, stop in _row_blocks(batch.shape[0], index_set.size, block_elements):
             block = work[: stop - start]  # (rows, R): the halving adds contiguous rows
             _evaluate_block(index_set, batch[start:stop], block.T)
             totals.add(pairwise_total(block))
+            if progress is not None:
+                done += stop - start
+                progress(min(1.0, done / max(source.n_rows, 1)))
     out: NDArray[np.float64] = totals.total() / source.n_rows
     return out
 

@@ -1285,6 +1285,11 @@ class Synopsis:
         return synopsis
 
 
+#: :func:`measure`'s progress once the moments are summed, when the co-spread (a second
+#: read of ``O(n d)`` work, against the moments' ``O(n R)``) follows.
+MOMENTS_PROGRESS = 0.95
+
+
 def measure(
     X: ArrayLike | RowSource,
     epsilon: float,
@@ -1297,6 +1302,7 @@ def measure(
     max_basis_size: int = DEFAULT_MAX_BASIS_SIZE,
     mechanism: str | None = None,
     co_spread: bool = True,
+    progress: Callable[[float], None] | None = None,
 ) -> Synopsis:
     """Release the noisy moment summary of ``X`` (paper 001, Algorithm 1).
 
@@ -1314,6 +1320,10 @@ def measure(
     set is chosen for the moments' share, and if the set it gives does not admit the
     co-spread, it is chosen again for the whole ``epsilon`` and none is measured. Both
     steps are decided by public parameters before any row is read.
+
+    ``progress``, if given, is called with the share of the work done: the rows whose
+    moments are summed (:func:`~app.mechanisms.basis.moments`), up to
+    :data:`MOMENTS_PROGRESS` when a co-spread follows, then 1.0. It draws no noise.
     """
     check_budget(epsilon, delta)
     if rng is not None and not isinstance(rng, np.random.Generator):
@@ -1344,7 +1354,12 @@ def measure(
         delta=delta,
         dimension=index_set.size,
     )
-    exact = moments(source, index_set)
+    top = MOMENTS_PROGRESS if share else 1.0
+    exact = moments(
+        source,
+        index_set,
+        progress=None if progress is None else (lambda done: progress(top * done)),
+    )
     noisy = noise.sample(calibration, exact)
     spread = None
     if share:
@@ -1354,6 +1369,8 @@ def measure(
             epsilon - calibration.epsilon,
             centring_variance=(calibration.stddev / 2.0) ** 2,
         )
+    if progress is not None:
+        progress(1.0)
     return Synopsis(
         index_set=index_set,
         moments=noisy,

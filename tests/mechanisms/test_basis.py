@@ -558,3 +558,17 @@ def test_moments_at_the_largest_one_column_basis() -> None:
     expected = np.cos(np.arange(1, R + 1)[:, None] * np.arccos(X[:, 0])[None, :]).mean(axis=1)
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-15)
     assert np.abs(out).max() <= 1.0
+
+
+def test_moments_report_the_rows_summed_after_each_block() -> None:
+    """``progress`` is called after each block of rows (``block_elements / R`` rows, within
+    a batch) with the share of the ``n`` rows summed so far, ending at 1; the moments are
+    the same with and without it."""
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(10, 2))
+    index_set = total_degree(2, 5)  # R = 5: blocks of 20 // 5 = 4 rows
+    seen: list[float] = []
+    source = ArraySource(X, batch_rows=6)  # batches of 6 and 4 rows: blocks 4, 2, 4
+    with_progress = moments(source, index_set, block_elements=20, progress=seen.append)
+    assert seen == pytest.approx([0.4, 0.6, 1.0])
+    np.testing.assert_array_equal(with_progress, moments(X, index_set, block_elements=20))

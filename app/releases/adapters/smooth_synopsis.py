@@ -185,6 +185,15 @@ class SmoothSynopsis(registry.Mechanism):
             },
         }
 
+    def measure_read_share(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> float:
+        """None: the moments are summed a block of rows at a time as the rows are read,
+        and those blocks report the progress (:func:`sy.measure`'s ``progress``). A batch
+        read reported its rows before any of their work: at ``R = 10^5`` a table of one
+        batch stood at 0.99 through 25 s of moments, with no cancel noticed."""
+        return 0.0
+
     def measure(
         self,
         source: EncryptedTableSource,
@@ -205,6 +214,7 @@ class SmoothSynopsis(registry.Mechanism):
             basis=index_set,
             mechanism=params.noise_mechanism,
             co_spread=share > 0,
+            progress=progress,
         )
         document = synopsis.to_dict()
         return Measured(
