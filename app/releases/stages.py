@@ -541,7 +541,7 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # temporary directories, and a claim whose lease ran out since (its worker held
         # up) would remove the work of the run's new owner
         if release is None:
-            log.warning("release %s: lease lost before synthesizing; nothing done", release_id)
+            _log_not_ours(services, claim, "before synthesizing; nothing done")
             return
         work = store.begin(claim.release_id, version)
     try:
@@ -581,6 +581,20 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
                     release_id,
                     type(exc).__name__,
                 )
+
+
+def _log_not_ours(services: Services, claim: Claim, what: str) -> None:
+    """Log why a stage found its claim no longer its own: a curator's cancel since the
+    claim (at the info level: nothing went wrong; it was logged as a lost lease, which
+    operators read as a fault) or a lease that ran out and went to another worker (a
+    warning: this worker was held up)."""
+    with services.db.transaction(read_only=True) as session:
+        release = session.get(Release, claim.release_id)
+        cancelled = release is not None and release.cancel_requested
+    if cancelled:
+        log.info("release %s: cancelled %s", claim.release_id, what)
+    else:
+        log.warning("release %s: lease lost %s", claim.release_id, what)
 
 
 def _end_synthesizing(services: Services, claim: Claim, status: str, message: str) -> bool:

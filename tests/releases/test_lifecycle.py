@@ -686,6 +686,55 @@ def test_a_synthesis_claim_whose_lease_ran_out_leaves_the_new_owners_work_alone(
     assert csv.status_code == 200
 
 
+@pytest.mark.parametrize("cancelled", [True, False])
+def test_a_synthesis_claim_lost_before_it_starts_says_why(
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: Any,
+    cancelled: bool,
+) -> None:
+    """A synthesis whose release is cancelled between its claim and its start does nothing.
+    It was logged as a WARNING "lease lost before synthesizing", which the concurrency
+    audit saw after every such cancel and an operator reads as a fault; it is now an INFO
+    "cancelled before synthesizing". A claim taken over by another worker (the lease ran
+    out) is still a warning."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_measure(services, uuid.UUID(release_id))
+    claim = stages._claim
+
+    def then_lost(*args: Any) -> Any:
+        taken = claim(*args)
+        if cancelled:
+            response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+            assert response.json()["status"] == "cancelled", response.text
+        else:
+            with services.db.transaction() as session:
+                session.execute(
+                    update(Release)
+                    .where(Release.id == uuid.UUID(release_id))
+                    .values(lease_owner="another-worker")
+                )
+        return taken
+
+    monkeypatch.setattr(stages, "_claim", then_lost)
+    with caplog.at_level("INFO", logger="curator.releases"):
+        run_synthesize(services, uuid.UUID(release_id))
+    said = [
+        (r.levelname, r.getMessage()) for r in caplog.records if "before synth" in r.getMessage()
+    ]
+    if cancelled:
+        assert said == [
+            ("INFO", f"release {release_id}: cancelled before synthesizing; nothing done")
+        ]
+    else:
+        assert said == [
+            ("WARNING", f"release {release_id}: lease lost before synthesizing; nothing done")
+        ]
+
+
 def test_a_cancelled_synthesis_whose_work_was_removed_is_not_logged_as_failed(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
