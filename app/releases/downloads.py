@@ -2,16 +2,67 @@
 
 from __future__ import annotations
 
+import os
 import uuid
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
+import anyio
 from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
+from starlette.types import Receive, Scope, Send
 
 from app.core.errors import Conflict, NotFound
 from app.core.services import Services
 from app.models import User
 from app.releases.service import visible_release
 from app.storage.artifacts import ArtifactStore
+
+
+class OpenedFileResponse(FileResponse):
+    """A :class:`FileResponse` (ranges, ``ETag``, ``HEAD``) over a file opened when the
+    response is made, in the endpoint, not when it is sent.
+
+    A publish prunes the versions before the one it replaces
+    (:func:`app.releases.stages._publish_synthesis`): a download that read version ``v``
+    as published, then two publishes, used to find the path gone when the response opened
+    it (Starlette's ``RuntimeError``: a 500). An open file stays readable once unlinked,
+    so the response serves the version it read. Every read of the body opens a duplicate
+    of the descriptor; the descriptor is closed once the response is sent (or collected).
+    """
+
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        self._close = weakref.finalize(self, os.close, fd)
+        self._fd = fd
+        super().__init__(path, stat_result=os.fstat(fd), **kwargs)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            # never the ASGI "pathsend" extension, which would send the path by its name
+            scope = {
+                **scope,
+                "extensions": {
+                    k: v
+                    for k, v in scope.get("extensions", {}).items()
+                    if k != "http.response.pathsend"
+                },
+            }
+            await super().__call__(scope, receive, send)
+        finally:
+            self._close()
+
+    @asynccontextmanager
+    async def _open_file(self) -> AsyncIterator[anyio.AsyncFile[bytes]]:
+        file = anyio.wrap_file(os.fdopen(os.dup(self._fd), "rb"))
+        try:
+            yield file
+        finally:
+            with anyio.CancelScope(shield=True):
+                await file.aclose()
 
 
 def artifact(
@@ -28,8 +79,11 @@ def artifact(
     path = store.path(release.id, release.published_version, str(meta["file"]))
     if not path.is_file():
         raise NotFound(f"artifact {name!r} is missing on disk")
-    return FileResponse(
-        path,
-        media_type=str(meta["media_type"]),
-        filename=f"{release.mechanism}-{str(release.id)[:8]}-{name}",
-    )
+    try:
+        return OpenedFileResponse(
+            path,
+            media_type=str(meta["media_type"]),
+            filename=f"{release.mechanism}-{str(release.id)[:8]}-{name}",
+        )
+    except FileNotFoundError:  # removed since the check (pruned by two publishes)
+        raise NotFound(f"artifact {name!r} is missing on disk") from None
