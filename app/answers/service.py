@@ -22,6 +22,10 @@ from app.storage.artifacts import ArtifactStore
 
 #: Decoded releases each process keeps at most (besides the byte limit of the settings).
 CACHE_SIZE = 16
+#: Reads of a release's published version an answer may make when the version's files
+#: are gone by the time it loads them (:func:`answer`): each miss needs two publishes in
+#: between (a publish keeps the version it replaces).
+LOAD_ATTEMPTS = 3
 
 
 Key = tuple[uuid.UUID, int]
@@ -86,26 +90,38 @@ def answer(
     measurements are read in a short read-only transaction; decoding and answering, which
     may take seconds, hold no session (as an upload's validation does not: the process has
     few session slots)."""
-    with services.db.transaction(read_only=True) as session:
-        release = visible_release(session, user, release_id)
-        if release.published_version is None:
-            raise Conflict(f"the release is {release.status}; answers exist once it succeeded")
-        mechanism = registry.get(release.mechanism)
-        guarantee = mechanism.guarantee_for(release.params)
-        info = release_info(session, release)
-        key = (release.id, release.published_version)
-        loaded = _cache.get(key)
-        payload = None
-        if loaded is None:
-            measurement = session.get(ReleaseMeasurement, release.id)
-            if measurement is None:
-                raise Conflict("the release has no stored measurements")
-            payload = measurement.payload
-    cached = loaded is not None
-    if loaded is None:
+    for attempt in range(LOAD_ATTEMPTS):
+        with services.db.transaction(read_only=True) as session:
+            release = visible_release(session, user, release_id)
+            if release.published_version is None:
+                raise Conflict(f"the release is {release.status}; answers exist once it succeeded")
+            mechanism = registry.get(release.mechanism)
+            guarantee = mechanism.guarantee_for(release.params)
+            info = release_info(session, release)
+            key = (release.id, release.published_version)
+            loaded = _cache.get(key)
+            payload = None
+            if loaded is None:
+                measurement = session.get(ReleaseMeasurement, release.id)
+                if measurement is None:
+                    raise Conflict("the release has no stored measurements")
+                payload = measurement.payload
+        cached = loaded is not None
+        if loaded is not None:
+            break
         assert payload is not None
         artifacts = ArtifactStore(services.settings.releases_dir).version_dir(*key)
-        loaded = mechanism.load(payload, info, artifacts)
+        try:
+            loaded = mechanism.load(payload, info, artifacts)
+            break
+        except FileNotFoundError:
+            # two publishes since the version was read pruned its files: read the
+            # release again (its newest version is on disk); a file missing for another
+            # reason stays missing
+            if attempt == LOAD_ATTEMPTS - 1:
+                raise InvalidRequest(
+                    "this release's synthesised files are missing on disk; re-synthesise it"
+                ) from None
     # A query's coefficients may overflow a float (1e308 is valid JSON): answered with
     # numpy's overflow warnings silenced, then refused by position if not finite.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

@@ -2078,6 +2078,64 @@ def test_a_tree_measure_publishes_progress_after_reading(
     assert seen[-1] == stages.MEASURED_PROGRESS
 
 
+def test_an_answer_whose_version_two_publishes_pruned_reads_the_release_again(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer reads the published version, then loads its files (a moments release's
+    weighted support). Two publishes in between prune that version (a publish keeps only
+    the version it replaces): the load's missing file was a 422 "this release's support is
+    missing; re-synthesise it" for a release whose newest version is on disk. The answer
+    now reads the release again and answers from the newest version; a version whose
+    files stay missing is still refused (422) once LOAD_ATTEMPTS reads found none."""
+    from app.answers import service as answers_service
+    from app.releases.adapters.smooth_synthetic import SmoothSynthetic
+
+    dataset_id, _ = _dataset(client, curator)
+    body = {
+        "mechanism": "smooth_synthetic",
+        "epsilon": 1.0,
+        "params": {"method": "moments", "grid_size": 200, "sample_size": 20},
+    }
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    load = SmoothSynthetic.load
+    versions: list[str] = []
+
+    def two_publishes_first(self: Any, payload: Any, info: Any, artifacts: Path) -> Any:
+        versions.append(artifacts.name)
+        if len(versions) == 1:
+            for sample_size in (30, 40):
+                again = client.post(
+                    f"/v1/releases/{release_id}/resynthesize",
+                    headers=curator.headers,
+                    json={"params": {"sample_size": sample_size}},
+                )
+                assert again.status_code == 202, again.text
+                run_all(client, release_id)
+            assert not artifacts.exists()
+        return load(self, payload, info, artifacts)
+
+    monkeypatch.setattr(SmoothSynthetic, "load", two_publishes_first)
+    query = {"type": "product", "factors": {"x": {"type": "gaussian", "center": 0.1, "sigma": 3}}}
+    (answer,) = _answers(client, curator, release_id, [query])
+    assert math.isfinite(answer["value"])
+    assert versions == ["v0", "v2"]
+
+    monkeypatch.setattr(answers_service, "_cache", answers_service._LoadedReleases(4))
+
+    def always_missing(self: Any, payload: Any, info: Any, artifacts: Path) -> Any:
+        versions.append(artifacts.name)
+        raise FileNotFoundError(artifacts / "weights.npy")
+
+    monkeypatch.setattr(SmoothSynthetic, "load", always_missing)
+    refused = client.post(
+        f"/v1/releases/{release_id}/answers", headers=curator.headers, json={"queries": [query]}
+    )
+    assert refused.status_code == 422, refused.text
+    assert "missing on disk; re-synthesise it" in refused.json()["error"]["message"]
+    assert versions[2:] == ["v2"] * answers_service.LOAD_ATTEMPTS
+
+
 def test_a_synopsis_measure_publishes_progress_through_its_moments(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
