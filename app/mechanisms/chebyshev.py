@@ -1022,7 +1022,7 @@ def _restrict_block(
     kernel = w * scale * np.prod(np.where(zero, 1.0, a0), axis=1)
     kernel_c0 = np.where(n_zero == 0, kernel, 0.0)
     values = None
-    chain = _parent_chain(index_set) if not np.any(n_zero) else None
+    chain = index_set.parent_chain if not np.any(n_zero) else None
     if chain is not None:
         values = _values_by_parents(ratio, kernel, chain)
     if values is None or not np.all(np.isfinite(values)):
@@ -1098,39 +1098,6 @@ def _values_by_groups(
             values = np.where(count == n_zero[None, :], values, 0.0)
         out[positions] = values
     return out
-
-
-@functools.lru_cache(maxsize=8)
-def _parent_chain(
-    index_set: IndexSet,
-) -> tuple[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], ...] | None:
-    """Levels ``(rows, parents, last)``: ``T_r = T_parent(r) * T_{r_j}(x_j)`` on each level.
-
-    ``j`` is the last nonzero column of ``r`` and ``parent(r)`` is ``r`` with ``r_j = 0``
-    (``-1``: the constant). Levels follow the support size, so parents come first. ``None``
-    when some parent is missing (a set that is not closed under dropping a column; full
-    tensors and total-degree sets always are).
-    """
-    deg = index_set.degrees
-    R, d = deg.shape
-    support = np.count_nonzero(deg, axis=1)
-    last_col = d - 1 - np.argmax(deg[:, ::-1] > 0, axis=1)
-    rows_all = np.arange(R)
-    last = deg[rows_all, last_col] * d + last_col
-    parent_rows = deg.copy()
-    parent_rows[rows_all, last_col] = 0
-    lookup = {row.tobytes(): i for i, row in enumerate(deg)}
-    parents = np.full(R, -1, dtype=np.int64)
-    for i in np.flatnonzero(support > 1):
-        found = lookup.get(parent_rows[i].tobytes())
-        if found is None:
-            return None
-        parents[i] = found
-    levels = []
-    for s in np.unique(support):
-        rows = np.flatnonzero(support == s)
-        levels.append((rows, parents[rows], last[rows]))
-    return tuple(levels)
 
 
 # --- general callables: tensor interpolation with Jackson damping ------------------------
