@@ -9,6 +9,7 @@ its run is over, by the sweeper: :func:`app.releases.stages.remove_stale_work`).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from collections.abc import Iterable
@@ -75,7 +76,7 @@ class ArtifactStore:
         for stale in base.glob(f".tmp-v{version}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         work = base / f".tmp-v{version}-{uuid.uuid4().hex[:8]}"
-        work.mkdir()
+        work.mkdir(parents=True)  # the release's directory again if a discard removed it
         return work
 
     def publish(self, release_id: uuid.UUID, version: int, work: Path) -> Path:
@@ -87,7 +88,14 @@ class ArtifactStore:
         return final
 
     def discard(self, work: Path) -> None:
+        """Remove a run's temporary directory (or an unpublished version), and the
+        release's directory if that leaves it empty: a release cancelled during its first
+        synthesis left an empty directory behind (one in thirty of a soak run's
+        releases). ``rmdir`` removes only an empty directory, so a version or another
+        run's work in it stays; a run beginning meanwhile makes the directory again."""
         shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            work.parent.rmdir()
 
     def prune(self, release_id: uuid.UUID, *keep_versions: int) -> None:
         """Remove versions other than ``keep_versions`` (after a re-synthesis succeeded)."""
