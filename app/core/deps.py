@@ -59,16 +59,21 @@ def get_revocation_session(services: ServicesDep) -> Iterator[Session]:
     """The write transaction of a key's revocation (``DELETE /v1/keys/{id}``): as
     :func:`get_session`, but without its key check, which
     :func:`app.users.service.revoke_key` makes itself, locking the caller's key and the one
-    it revokes together in id order. After :func:`get_session`'s shared lock on the
+    it revokes together, in one order. After :func:`get_session`'s shared lock on the
     caller's key, two revocations of each other's keys (or two of one key) each waited for
     the other's lock: a deadlock on PostgreSQL."""
     with services.db.transaction() as session:
         yield session
 
 
+#: Revocations holding a transaction at once: a limit of their own (FastAPI counts each
+#: dependency apart), kept small so that it, :data:`SessionDep`'s and
+#: :data:`ReadSessionDep`'s stay below the threadpool's 40 together (16 + 16 + 4).
+MAX_CONCURRENT_REVOCATIONS = 4
+
 RevocationSessionDep = Annotated[
     Session,
-    Depends(get_revocation_session, scope="function", max_concurrency=MAX_CONCURRENT_TRANSACTIONS),
+    Depends(get_revocation_session, scope="function", max_concurrency=MAX_CONCURRENT_REVOCATIONS),
 ]
 
 

@@ -11,9 +11,10 @@ import hashlib
 import secrets
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from app.core.db import uses_row_locks
 from app.core.errors import Unauthorized
 from app.models import ApiKey, User
 
@@ -49,6 +50,13 @@ def active_key(session: Session, secret: str) -> tuple[ApiKey, User] | None:
     return key, user
 
 
+def key_lock(key_id: uuid.UUID) -> int:
+    """The PostgreSQL advisory lock of an API key: 64 bits of SHA-256 of its id. Two keys
+    sharing one (2^-64) would only make a revocation of one wait for the other's writes."""
+    digest = hashlib.sha256(b"curator api key " + key_id.bytes).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
 def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     """Check again, in the request's own transaction, that the key it was authenticated
     with (``request.state.api_key_id``) has not been revoked since: every write transaction
@@ -56,30 +64,43 @@ def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     after authentication outside it (an upload streams and is validated for minutes) and
     must not be committed on a key revoked meanwhile.
 
-    On PostgreSQL the key's row is read ``FOR SHARE`` and stays locked until the
-    transaction ends: a revocation (an update of that row) waits for every write that has
-    checked the key, so the write commits before it, and one that checks later sees the
-    revocation. A plain read under READ COMMITTED let a write that had checked the key and
-    then waited for a dataset's lock commit after the revocation. (SQLite's ``BEGIN
-    IMMEDIATE`` transactions are already serial.)"""
+    On PostgreSQL the transaction first takes the key's advisory lock (:func:`key_lock`)
+    in shared mode, held until it ends; a revocation takes it exclusively
+    (:func:`lock_keys`). So a write that has checked the key commits before a revocation
+    of it, and one that checks later sees the revocation. A plain read under READ
+    COMMITTED let a write that had checked the key and then waited for a dataset's lock
+    commit after the revocation. Not a ``FOR SHARE`` lock on the key's row: a new shared
+    row lock does not queue behind a waiting ``FOR UPDATE``, so a key with overlapping
+    writes held its revocation off for as long as it kept writing; the advisory lock's
+    queue is fair (a shared request waits behind a waiting exclusive one). (SQLite's
+    ``BEGIN IMMEDIATE`` transactions are already serial.)"""
+    if uses_row_locks(session):
+        session.execute(
+            text("SELECT pg_advisory_xact_lock_shared(:lock)"), {"lock": key_lock(key_id)}
+        )
     statement = select(ApiKey).where(ApiKey.id == key_id)
-    if session.get_bind().dialect.name != "sqlite":
-        statement = statement.with_for_update(read=True)
     key = session.scalars(statement.execution_options(populate_existing=True)).one_or_none()
     if key is None or key.revoked_at is not None:
         raise Unauthorized(INVALID_KEY)
 
 
-def lock_keys(session: Session, key_ids: set[uuid.UUID]) -> dict[uuid.UUID, ApiKey]:
-    """The keys ``key_ids`` (those that exist), their rows locked ``FOR UPDATE`` in id order
-    on PostgreSQL: a revocation locks the caller's key and the one it revokes this way,
-    instead of :func:`ensure_key_active`'s shared lock first. Two revocations that each held
-    a shared lock on a key the other then updated (two of one key, or two admins revoking
-    each other's keys) waited for each other: a deadlock, which PostgreSQL ends by failing
-    one of them."""
-    statement = select(ApiKey).where(ApiKey.id.in_(key_ids)).order_by(ApiKey.id)
-    if session.get_bind().dialect.name != "sqlite":
-        statement = statement.with_for_update()
+def lock_keys(
+    session: Session, revoked: uuid.UUID, caller: uuid.UUID | None
+) -> dict[uuid.UUID, ApiKey]:
+    """The keys ``revoked`` and ``caller`` (those that exist), read after taking their
+    advisory locks on PostgreSQL: ``revoked``'s exclusively (it waits for the writes that
+    have checked it, and later ones wait for it), the caller's shared (as a write's
+    check), both in the locks' order. A revocation locks them this way instead of
+    :func:`ensure_key_active` first: two revocations that each held a lock on a key the
+    other then wanted exclusively (two of one key, or two admins revoking each other's
+    keys) waited for each other, a deadlock PostgreSQL ends by failing one of them."""
+    if uses_row_locks(session):
+        modes = {caller: "pg_advisory_xact_lock_shared"} if caller is not None else {}
+        modes[revoked] = "pg_advisory_xact_lock"  # exclusive, also when it is the caller's
+        for key_id in sorted(modes, key=key_lock):
+            session.execute(text(f"SELECT {modes[key_id]}(:lock)"), {"lock": key_lock(key_id)})
+    ids = {revoked} if caller is None else {revoked, caller}
+    statement = select(ApiKey).where(ApiKey.id.in_(ids))
     return {
         key.id: key for key in session.scalars(statement.execution_options(populate_existing=True))
     }

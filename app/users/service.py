@@ -78,10 +78,10 @@ def revoke_key(
     """Revoke a key: admins revoke any key, other users only their own.
 
     ``actor_key_id``, the key the request was authenticated with, is checked here (401 if
-    revoked since), locked together with the key to revoke in id order
+    revoked since), locked together with the key to revoke, in one order
     (:func:`~app.core.security.lock_keys`); the route's transaction does not check it first
     (:func:`app.core.deps.get_revocation_session`)."""
-    locked = lock_keys(session, {key_id} if actor_key_id is None else {key_id, actor_key_id})
+    locked = lock_keys(session, key_id, actor_key_id)
     if actor_key_id is not None:
         own = locked.get(actor_key_id)
         if own is None or own.revoked_at is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Annotated, Any
 
@@ -211,9 +212,9 @@ def _revoke_at_once(
     barrier = threading.Barrier(len(revocations), timeout=10)
     lock_keys = users.lock_keys
 
-    def together(session: Session, key_ids: set[uuid.UUID]) -> dict[uuid.UUID, ApiKey]:
+    def together(session: Session, *key_ids: uuid.UUID | None) -> dict[uuid.UUID, ApiKey]:
         barrier.wait()
-        return lock_keys(session, key_ids)
+        return lock_keys(session, *key_ids)
 
     monkeypatch.setattr(users, "lock_keys", together)
     codes: list[int] = [0] * len(revocations)
@@ -243,7 +244,7 @@ def test_two_admins_revoking_each_others_keys_at_once_do_not_deadlock(
     """Each revocation used to hold a shared lock on its caller's key (the write
     transaction's key check) and then update the other's: on PostgreSQL each waited for
     the other, a deadlock that failed one of them with a 500. Both keys are now locked
-    together, in id order: one revocation commits (204), the other then finds its own key
+    together, in one order: one revocation commits (204), the other then finds its own key
     revoked (401), on either database."""
     first, second = make_user(client, "admin"), make_user(client, "admin")
     first_key, second_key = _key_id(client, first), _key_id(client, second)
@@ -279,7 +280,7 @@ def test_a_revocation_waits_for_a_write_that_checked_the_key(
     """A write checks its key in its own transaction, then may wait for a dataset's lock
     behind another request. On PostgreSQL a revocation committed in that wait was not seen
     (a plain read under READ COMMITTED): the release was recorded and its budget reserved
-    on a key revoked before the commit. The check now holds the key's row ``FOR SHARE``,
+    on a key revoked before the commit. The check now holds the key's advisory lock (shared),
     so the revocation waits for the write: the release commits first, then the key is
     revoked. (On SQLite the write lock already orders them: skipped.)"""
     import tests.releases.fake_mechanism  # noqa: F401  (registers the request's mechanism)
@@ -325,3 +326,125 @@ def test_a_revocation_waits_for_a_write_that_checked_the_key(
         assert key.revoked_at is not None
         assert release.created_at < key.revoked_at
     assert client.get("/v1/users/me", headers=curator.headers).status_code == 401
+
+
+def test_a_revocation_is_not_held_off_by_the_keys_stream_of_writes(
+    client: TestClient, curator: Caller, admin: Caller
+) -> None:
+    """A revocation waits for the writes that have checked the key, and later writes
+    wait for it. With the check a ``FOR SHARE`` lock on the key's row, a new write's shared
+    lock did not queue behind the revocation's waiting ``FOR UPDATE``: eight threads
+    writing with the key held the revocation off for as long as they kept on (the review
+    saw 8 s, then it went through only when they stopped). The advisory lock's queue is
+    fair: the revocation goes through while they write, and every write after it is a
+    401. (On SQLite ``BEGIN IMMEDIATE`` serialises them all.)"""
+    from tests.releases.helpers import dataset
+
+    dataset_id = dataset(client, curator)
+    grantee = make_user(client, "analyst")
+    key_id = _key_id(client, curator)
+    stop = threading.Event()
+    after: list[int] = []
+    revoked_at: list[float] = []
+
+    def write() -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            response = client.post(
+                f"/v1/datasets/{dataset_id}/grants",
+                headers=curator.headers,
+                json={"user_id": str(grantee.id)},
+            )
+            if revoked_at and sent > revoked_at[0]:
+                after.append(response.status_code)
+
+    writers = [threading.Thread(target=write) for _ in range(8)]
+    for thread in writers:
+        thread.start()
+    time.sleep(0.5)
+    codes: list[int] = []
+
+    def revoke() -> None:
+        codes.append(client.delete(f"/v1/keys/{key_id}", headers=admin.headers).status_code)
+        revoked_at.append(time.monotonic())
+
+    revocation = threading.Thread(target=revoke)
+    revocation.start()
+    revocation.join(timeout=15)
+    held_off = revocation.is_alive()
+    time.sleep(0.3)  # writes sent after the revocation
+    stop.set()
+    for thread in (*writers, revocation):
+        thread.join(timeout=30)
+    assert not held_off, "the revocation waited while the key kept writing"
+    assert codes == [204], codes
+    assert after, "no write was sent after the revocation"
+    assert set(after) == {401}, after
+
+
+def test_a_waiting_revocation_does_not_hold_up_its_callers_other_writes(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a revocation waits for a write of the key it revokes, the revoking admin's
+    other writes go on: the revocation holds the admin's own key in shared mode, as a
+    write does. (It held it ``FOR UPDATE``, so every write of that admin waited too, each
+    in one of the request transaction slots.)"""
+    import tests.releases.fake_mechanism  # noqa: F401  (registers the request's mechanism)
+    from app.ledger import service as ledger
+    from tests.releases.helpers import dataset, services_of
+
+    if services_of(client).db.is_sqlite:
+        pytest.skip("SQLite: BEGIN IMMEDIATE serialises every write")
+    from app.core.security import key_lock
+
+    dataset_id = dataset(client, curator)
+    key_id = _key_id(client, curator)
+    target = uuid.UUID(key_id)
+    for _ in range(100):  # an admin whose key is locked first, by lock and by id
+        admin = make_user(client, "admin")
+        own = uuid.UUID(_key_id(client, admin))
+        if key_lock(own) < key_lock(target) and own < target:
+            break
+    held, release_it = threading.Event(), threading.Event()
+    lock_dataset = ledger.lock_dataset
+
+    def held_open(session: Session, locked_id: uuid.UUID) -> Any:
+        held.set()
+        release_it.wait(timeout=30)
+        return lock_dataset(session, locked_id)
+
+    monkeypatch.setattr(ledger, "lock_dataset", held_open)
+    codes: dict[str, int] = {}
+
+    def call(name: str, method: str, url: str, caller: Caller, body: Any = None) -> None:
+        codes[name] = client.request(method, url, headers=caller.headers, json=body).status_code
+
+    write = threading.Thread(
+        target=call,
+        args=(
+            "write",
+            "POST",
+            f"/v1/datasets/{dataset_id}/releases",
+            curator,
+            {"mechanism": "test_means", "epsilon": 0.5},
+        ),
+    )
+    write.start()
+    assert held.wait(timeout=30)
+    revocation = threading.Thread(
+        target=call, args=("revoke", "DELETE", f"/v1/keys/{key_id}", admin)
+    )
+    revocation.start()
+    revocation.join(timeout=1.0)
+    assert revocation.is_alive()  # it waits for the write that checked the key
+    other = threading.Thread(
+        target=call, args=("other", "POST", "/v1/users", admin, {"name": "x", "role": "analyst"})
+    )
+    other.start()
+    other.join(timeout=10)
+    waited = other.is_alive()
+    release_it.set()
+    for thread in (write, revocation, other):
+        thread.join(timeout=30)
+    assert not waited, "the admin's other write waited for the revocation"
+    assert codes == {"other": 201, "write": 202, "revoke": 204}, codes
