@@ -881,6 +881,56 @@ def test_a_download_outlives_two_publishes_after_its_response_was_made(
     assert latest["published_version"] == 2
 
 
+def test_the_download_response_opens_its_file_through_the_hook_it_overrides(
+    tmp_path: Path,
+) -> None:
+    """:class:`~app.releases.downloads.OpenedFileResponse` overrides Starlette's private
+    ``FileResponse._open_file`` (Starlette 1.8 on; before it, the handlers opened the path
+    themselves and the override was never used). Served over ASGI, whole and by range,
+    the body comes through the override, from the descriptor opened when the response
+    was made, after the path is gone."""
+    import asyncio
+
+    from starlette.responses import FileResponse
+
+    from app.releases import downloads
+
+    assert "_open_file" in FileResponse.__dict__
+    path = tmp_path / "artifact.csv"
+    path.write_bytes(b"0123456789")
+    opened: list[int] = []
+    hook = downloads.OpenedFileResponse._open_file
+
+    def counted(self: Any) -> Any:
+        opened.append(1)
+        return hook(self)
+
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    for headers, expected in (([], b"0123456789"), ([(b"range", b"bytes=2-4")], b"234")):
+        response = downloads.OpenedFileResponse(path, media_type="text/csv")
+        path.unlink()
+        response._open_file = counted.__get__(response)  # type: ignore[method-assign]
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "headers": headers,
+            "asgi": {"spec_version": "2.4"},
+        }
+        sent.clear()
+        asyncio.run(response(scope, receive, send))
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        assert body == expected
+        path.write_bytes(b"0123456789")
+    assert len(opened) == 2
+
+
 def test_downloads_close_their_files(client: TestClient, curator: Caller, analyst: Caller) -> None:
     """A download's response holds its file open from the endpoint on
     (:class:`~app.releases.downloads.OpenedFileResponse`) and closes it once sent: twenty
