@@ -2136,6 +2136,49 @@ def test_an_answer_whose_version_two_publishes_pruned_reads_the_release_again(
     assert versions[2:] == ["v2"] * answers_service.LOAD_ATTEMPTS
 
 
+def test_an_answer_whose_version_is_pruned_while_it_loads_reads_the_release_again(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two publishes while a moments release's support loads, after its points and weights
+    were read and before its bootstrap replicates: the replicates file was taken as absent
+    (no standard error on the answers), with nothing to say so. The load now finds its
+    version gone, and the answer reads the release again: answered from the newest
+    version, with its standard error."""
+    from app.releases.adapters import smooth_synthetic as adapter
+
+    dataset_id, _ = _dataset(client, curator)
+    body = {
+        "mechanism": "smooth_synthetic",
+        "epsilon": 1.0,
+        "params": {"method": "moments", "grid_size": 200, "sample_size": 20},
+    }
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    replicates = adapter._load_support_replicates
+    versions: list[str] = []
+
+    def two_publishes_meanwhile(artifacts: Path, d: int) -> Any:
+        versions.append(artifacts.name)
+        if len(versions) == 1:
+            for sample_size in (30, 40):
+                again = client.post(
+                    f"/v1/releases/{release_id}/resynthesize",
+                    headers=curator.headers,
+                    json={"params": {"sample_size": sample_size}},
+                )
+                assert again.status_code == 202, again.text
+                run_all(client, release_id)
+            assert not artifacts.exists()
+        return replicates(artifacts, d)
+
+    monkeypatch.setattr(adapter, "_load_support_replicates", two_publishes_meanwhile)
+    query = {"type": "product", "factors": {"x": {"type": "gaussian", "center": 0.1, "sigma": 3}}}
+    (answer,) = _answers(client, curator, release_id, [query])
+    assert versions == ["v0", "v2"]
+    assert answer["stderr"] is not None, answer
+    assert math.isfinite(answer["stderr"]), answer
+
+
 def test_a_synopsis_measure_publishes_progress_through_its_moments(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -643,7 +643,11 @@ class SmoothSynthetic(registry.Mechanism):
         # again (two publishes since it read the version pruned it), then refuses it
         points = np.load(artifacts / "support_normalized.npy")
         weights = np.load(artifacts / "weights.npy")
-        return MomentSupport(points, weights, _load_support_replicates(artifacts, info.d))
+        replicates = _load_support_replicates(artifacts, info.d)
+        if not artifacts.is_dir():  # pruned after the support was read: its replicates may
+            # have been taken with it (answers without a standard error); read it again
+            raise FileNotFoundError(artifacts)
+        return MomentSupport(points, weights, replicates)
 
     def answer(
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
