@@ -540,10 +540,10 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # begun under the lock, as the lease's holder: ``begin`` removes the run's other
         # temporary directories, and a claim whose lease ran out since (its worker held
         # up) would remove the work of the run's new owner
-        if release is None:
-            _log_not_ours(services, claim, "before synthesizing; nothing done")
-            return
-        work = store.begin(claim.release_id, version)
+        work = None if release is None else store.begin(claim.release_id, version)
+    if work is None:  # logged once the lock is let go (it reads the release again)
+        _log_not_ours(services, claim, "before synthesizing; nothing done")
+        return
     try:
         with Heartbeat(services, claim) as heartbeat:
             params = mechanism.parse_params({**claim.params, **claim.synthesis_params})
