@@ -2078,6 +2078,31 @@ def test_a_tree_measure_publishes_progress_after_reading(
     assert seen[-1] == stages.MEASURED_PROGRESS
 
 
+def _small_moments_release(client: TestClient, curator: Caller) -> str:
+    """A succeeded moments release of :func:`_dataset` (its answers load support files)."""
+    dataset_id, _ = _dataset(client, curator)
+    body = {
+        "mechanism": "smooth_synthetic",
+        "epsilon": 1.0,
+        "params": {"method": "moments", "grid_size": 200, "sample_size": 20},
+    }
+    release_id = str(request_release(client, curator, dataset_id, body).json()["id"])
+    run_all(client, release_id)
+    return release_id
+
+
+def _two_publishes(client: TestClient, curator: Caller, release_id: str) -> None:
+    """Re-synthesise the release twice, to the end: its version before them is pruned."""
+    for sample_size in (30, 40):
+        again = client.post(
+            f"/v1/releases/{release_id}/resynthesize",
+            headers=curator.headers,
+            json={"params": {"sample_size": sample_size}},
+        )
+        assert again.status_code == 202, again.text
+        run_all(client, release_id)
+
+
 def test_an_answer_whose_version_two_publishes_pruned_reads_the_release_again(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -2090,28 +2115,14 @@ def test_an_answer_whose_version_two_publishes_pruned_reads_the_release_again(
     from app.answers import service as answers_service
     from app.releases.adapters.smooth_synthetic import SmoothSynthetic
 
-    dataset_id, _ = _dataset(client, curator)
-    body = {
-        "mechanism": "smooth_synthetic",
-        "epsilon": 1.0,
-        "params": {"method": "moments", "grid_size": 200, "sample_size": 20},
-    }
-    release_id = request_release(client, curator, dataset_id, body).json()["id"]
-    run_all(client, release_id)
+    release_id = _small_moments_release(client, curator)
     load = SmoothSynthetic.load
     versions: list[str] = []
 
     def two_publishes_first(self: Any, payload: Any, info: Any, artifacts: Path) -> Any:
         versions.append(artifacts.name)
         if len(versions) == 1:
-            for sample_size in (30, 40):
-                again = client.post(
-                    f"/v1/releases/{release_id}/resynthesize",
-                    headers=curator.headers,
-                    json={"params": {"sample_size": sample_size}},
-                )
-                assert again.status_code == 202, again.text
-                run_all(client, release_id)
+            _two_publishes(client, curator, release_id)
             assert not artifacts.exists()
         return load(self, payload, info, artifacts)
 
@@ -2146,28 +2157,14 @@ def test_an_answer_whose_version_is_pruned_while_it_loads_reads_the_release_agai
     version, with its standard error."""
     from app.releases.adapters import smooth_synthetic as adapter
 
-    dataset_id, _ = _dataset(client, curator)
-    body = {
-        "mechanism": "smooth_synthetic",
-        "epsilon": 1.0,
-        "params": {"method": "moments", "grid_size": 200, "sample_size": 20},
-    }
-    release_id = request_release(client, curator, dataset_id, body).json()["id"]
-    run_all(client, release_id)
+    release_id = _small_moments_release(client, curator)
     replicates = adapter._load_support_replicates
     versions: list[str] = []
 
     def two_publishes_meanwhile(artifacts: Path, d: int) -> Any:
         versions.append(artifacts.name)
         if len(versions) == 1:
-            for sample_size in (30, 40):
-                again = client.post(
-                    f"/v1/releases/{release_id}/resynthesize",
-                    headers=curator.headers,
-                    json={"params": {"sample_size": sample_size}},
-                )
-                assert again.status_code == 202, again.text
-                run_all(client, release_id)
+            _two_publishes(client, curator, release_id)
             assert not artifacts.exists()
         return replicates(artifacts, d)
 
