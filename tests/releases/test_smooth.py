@@ -2176,6 +2176,44 @@ def test_an_answer_whose_version_is_pruned_while_it_loads_reads_the_release_agai
     assert math.isfinite(answer["stderr"]), answer
 
 
+def test_a_cached_release_is_measured_again_after_each_answer(
+    client: TestClient, curator: Caller
+) -> None:
+    """The answer cache measured a decoded release once, after its first answer. A later
+    answer of another kind fills tables the first did not (a Gaussian query's parent chain
+    over the synopsis's index set: 58 MB at R = 2 10^5, d = 30, after a polynomial query),
+    which then stayed uncounted against CURATOR_ANSWER_CACHE_BYTES (review). Every answer
+    now measures it again."""
+    from app.answers.service import _cache
+
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"basis_size": 2000}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    key = (uuid.UUID(release_id), 0)
+    polynomial = {
+        "type": "polynomial",
+        "terms": [{"coefficient": 1.0, "powers": {"x": 1, "y": 1}}],
+    }
+    gaussian = {
+        "type": "gaussian_mixture",
+        "centers": [[0.1, 0.2, -0.1]],
+        "weights": [1.0],
+        "sigma": 2.0,
+    }
+    _cache.clear()
+    _answers(client, curator, release_id, [polynomial])
+    synopsis = _cache.get(key)
+    assert "_parent_chain" not in vars(synopsis.index_set)
+    before = _cache.nbytes
+    _answers(client, curator, release_id, [gaussian])
+    assert _cache.get(key) is synopsis
+    assert "_parent_chain" in vars(synopsis.index_set)
+    chain = sum(a.nbytes for level in synopsis.index_set.parent_chain for a in level)
+    assert _cache.nbytes >= before + chain
+    _cache.clear()
+
+
 def test_a_synopsis_measure_publishes_progress_through_its_moments(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
