@@ -73,8 +73,8 @@ class ArtifactStore:
         """A fresh temporary directory for writing ``version`` (stale ones are removed)."""
         base = self.release_dir(release_id)
         base.mkdir(parents=True, exist_ok=True)
-        for stale in base.glob(f".tmp-v{version}-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        for stale in _listed(base, f".tmp-v{version}-*"):
+            _remove(stale)
         work = base / f".tmp-v{version}-{uuid.uuid4().hex[:8]}"
         work.mkdir(parents=True)  # the release's directory again if a discard removed it
         return work
@@ -82,8 +82,7 @@ class ArtifactStore:
     def publish(self, release_id: uuid.UUID, version: int, work: Path) -> Path:
         """Move a completed temporary directory into place as ``version``."""
         final = self.version_dir(release_id, version)
-        if final.exists():
-            shutil.rmtree(final)
+        _remove(final)  # a version of this run moved into place before, if any
         work.rename(final)
         return final
 
@@ -93,7 +92,7 @@ class ArtifactStore:
         synthesis left an empty directory behind (one in thirty of a soak run's
         releases). ``rmdir`` removes only an empty directory, so a version or another
         run's work in it stays; a run beginning meanwhile makes the directory again."""
-        shutil.rmtree(work, ignore_errors=True)
+        _remove(work)
         with contextlib.suppress(OSError):
             work.parent.rmdir()
 
@@ -103,17 +102,17 @@ class ArtifactStore:
         if not base.exists():
             return
         keep = {f"v{version}" for version in keep_versions}
-        for child in base.iterdir():
+        for child in _listed(base, "*"):
             if child.name not in keep and not child.name.startswith(".tmp-"):
-                shutil.rmtree(child, ignore_errors=True)
+                _remove(child)  # a version, or what a removal cut short left
 
     def work_dirs(self) -> list[tuple[uuid.UUID, int, Path]]:
         """Every temporary directory on disk, as ``(release id, version, path)``."""
         found = []
         if not self.root.exists():
             return []
-        for base in self.root.iterdir():
-            for work in base.glob(".tmp-v*-*"):
+        for base in _listed(self.root, "*"):
+            for work in _listed(base, ".tmp-v*-*"):
                 try:
                     release_id = uuid.UUID(base.name)
                     version = int(work.name.removeprefix(".tmp-v").split("-", 1)[0])
@@ -126,3 +125,27 @@ class ArtifactStore:
         if "/" in name or name.startswith("."):
             raise ValueError(f"bad artifact name {name!r}")
         return self.version_dir(release_id, version) / name
+
+
+def _listed(folder: Path, pattern: str) -> list[Path]:
+    """``folder``'s entries matching ``pattern``; none if ``folder`` is gone (a discard
+    removes a release's directory once it is empty, maybe while this lists it)."""
+    try:
+        return list(folder.glob(pattern))
+    except FileNotFoundError:
+        return []
+
+
+def _remove(path: Path) -> None:
+    """Remove a version or a run's directory: first renamed out of the way (atomic), then
+    deleted. ``rmtree`` unlinks the files before the directory, so a reader that loaded
+    some files of a version being removed and then found the directory still there took
+    the missing ones as never written (a moments release's bootstrap replicates: answers
+    without a standard error). Renamed, the directory is gone at once; what is left of it
+    (``.trash-*``, if the process dies meanwhile) goes with the release's next prune."""
+    trash = path.with_name(f".trash-{uuid.uuid4().hex}")
+    try:
+        path.rename(trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from app.storage import artifacts
 from app.storage.artifacts import ArtifactStore
 
 
@@ -41,3 +45,46 @@ def test_discarding_a_later_run_keeps_the_published_version(tmp_path: Path) -> N
     store.discard(third)
     store.discard(store.version_dir(release_id, 1))  # never published: nothing there
     assert sorted(p.name for p in store.release_dir(release_id).iterdir()) == ["v0"]
+
+
+def test_a_version_is_gone_before_its_files_are_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prune renames a version out of the way before deleting it. ``rmtree`` unlinks the
+    files first and the directory last, so a reader could load some files of a version
+    being removed, find its directory still there, and take the missing ones as never
+    written (a moments release's bootstrap replicates: answers without a standard error).
+    What a removal cut short (``.trash-*``) goes with the next prune."""
+    store = ArtifactStore(tmp_path)
+    release_id = uuid.uuid4()
+    for version in (0, 1, 2):
+        work = store.begin(release_id, version)
+        (work / "replicates.npz").write_bytes(b"x")
+        store.publish(release_id, version, work)
+    base = store.release_dir(release_id)
+    (base / ".trash-left-by-a-crash").mkdir()
+    seen: list[tuple[str, bool, bool]] = []
+    rmtree = artifacts.shutil.rmtree
+
+    def watched(path: Path, *args: Any, **kwargs: Any) -> None:
+        a_version = (Path(path) / "replicates.npz").exists()
+        seen.append((Path(path).name, a_version, store.version_dir(release_id, 0).exists()))
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(artifacts.shutil, "rmtree", watched)
+    store.prune(release_id, 2, 1)
+    assert all(name.startswith(".trash-") for name, _, _ in seen), seen
+    versions = [v0_there for _, a_version, v0_there in seen if a_version]
+    assert versions == [False], seen  # v0's files deleted once v0 itself was gone
+    assert sorted(p.name for p in base.iterdir()) == ["v1", "v2"]
+
+
+def test_listing_a_release_directory_removed_meanwhile_finds_nothing(tmp_path: Path) -> None:
+    """A discard removes a release's directory once it is empty, maybe while another
+    process lists it (``begin``'s stale runs, the sweeper's work directories): the listing
+    is empty, not a FileNotFoundError that fails the stage or the sweep."""
+    store = ArtifactStore(tmp_path)
+    assert artifacts._listed(tmp_path / "gone", "*") == []
+    assert store.work_dirs() == []
+    work = store.begin(uuid.uuid4(), 0)
+    assert [path for _, _, path in store.work_dirs()] == [work]
