@@ -117,6 +117,9 @@ TABLE_FORMS = ("recurrence", "trigonometric")
 _KINDS = ("full_tensor", "total_degree", "custom")
 
 
+_NOT_COMPUTED = object()
+
+
 @dataclass(frozen=True, eq=False)
 class IndexSet:
     """Multi-indices ``r`` of the non-constant basis functions ``T_r``, one per row.
@@ -187,7 +190,7 @@ class IndexSet:
         out.setflags(write=False)
         return out
 
-    @cached_property
+    @property
     def parent_chain(
         self,
     ) -> tuple[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], ...] | None:
@@ -200,11 +203,24 @@ class IndexSet:
         that is not closed under dropping a column; full tensors and total-degree sets
         always are).
 
-        Kept on the set, so it lives as long as the set (and a cached release's footprint
-        counts it): a module-level cache keyed by the set (sets compare by identity) held
-        the chains of the last 8 sets decoded, 58 MB each at R = 2 10^5 and d = 30,
-        outside the answer cache's byte limit.
+        Kept on the set (in its ``__dict__``, as ``_parent_chain``), so it lives as long as
+        the set and a cached release's footprint counts it: a module-level cache keyed by
+        the set (sets compare by identity) held the chains of the last 8 sets decoded, 58
+        MB each at R = 2 10^5 and d = 30, outside the answer cache's byte limit. Not a
+        ``cached_property``: on Python 3.11 its lock is one for every set, so one large
+        set's first chain held up every other set's in other request threads. Two threads
+        may both compute it the first time; the chains are equal.
         """
+        cached = self.__dict__.get("_parent_chain", _NOT_COMPUTED)
+        if cached is not _NOT_COMPUTED:
+            return cached  # type: ignore[no-any-return]
+        chain = self._compute_parent_chain()
+        self.__dict__["_parent_chain"] = chain
+        return chain
+
+    def _compute_parent_chain(
+        self,
+    ) -> tuple[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]], ...] | None:
         deg = self.degrees
         R, d = deg.shape
         support = np.count_nonzero(deg, axis=1)

@@ -746,7 +746,7 @@ def test_the_parent_chain_lives_and_dies_with_its_index_set() -> None:
     index_set = total_degree(3, 200)
     query = GaussianMixture(np.array([[0.1, -0.2, 0.3]]), np.array([1.0]), sigma=0.8)
     with_chain = ch.query_coefficients(query, index_set)
-    assert "parent_chain" in vars(index_set)  # computed once and kept on the set
+    assert "_parent_chain" in vars(index_set)  # computed once and kept on the set
     assert index_set.parent_chain is not None
     again = ch.query_coefficients(query, index_set)
     np.testing.assert_array_equal(again.coefficients, with_chain.coefficients)

@@ -405,6 +405,8 @@ def test_a_waiting_revocation_does_not_hold_up_its_callers_other_writes(
         own = uuid.UUID(_key_id(client, admin))
         if key_lock(own) < key_lock(target) and own < target:
             break
+    else:
+        pytest.fail("no admin key is locked before the curator's in 100 tries")
     held, release_it = threading.Event(), threading.Event()
     lock_dataset = ledger.lock_dataset
 
