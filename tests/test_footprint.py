@@ -48,3 +48,19 @@ def test_sparse_matrices_and_cycles() -> None:
     loop.append(loop)
     assert 8000 <= footprint(loop) < 8000 + 1000
     assert footprint(None) == sys.getsizeof(None)
+
+
+def test_the_answer_cache_keeps_the_larger_size_of_one_object() -> None:
+    """Answers measure a cached release after each answer, outside the cache's lock: one
+    that measured before a concurrent answer built more tables must not put the smaller
+    size back over the larger. A new object under the key takes its own size."""
+    from app.answers.service import _LoadedReleases
+
+    cache = _LoadedReleases(4)
+    held, fresh = object(), object()
+    cache.put(("r", 0), held, 100, 1000)
+    cache.put(("r", 0), held, 60, 1000)
+    assert cache.nbytes == 100
+    cache.put(("r", 0), fresh, 60, 1000)
+    assert cache.nbytes == 60
+    assert cache.get(("r", 0)) is fresh

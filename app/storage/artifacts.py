@@ -148,4 +148,7 @@ def _remove(path: Path) -> None:
         path.rename(trash)
     except FileNotFoundError:
         return
+    except OSError:  # not renamed (permissions, a mount point): removed in place, as before
+        shutil.rmtree(path, ignore_errors=True)
+        return
     shutil.rmtree(trash, ignore_errors=True)

@@ -739,7 +739,8 @@ def test_the_parent_chain_lives_and_dies_with_its_index_set() -> None:
     (``IndexSet.parent_chain``). A module-level cache keyed by the set (sets compare by
     identity, and a release decoded again is a new set) kept the last 8 sets and their
     chains alive, outside the answer cache's byte limit: the soak audit saw 58 MB an entry
-    at R = 2 10^5, d = 30. Here the set, once dropped, is collected."""
+    at R = 2 10^5, d = 30 (the set's degrees, 48 MB, and its chain, 6.4 MB). Here the set,
+    once dropped, is collected."""
     import gc
     import weakref
 

@@ -2181,7 +2181,7 @@ def test_a_cached_release_is_measured_again_after_each_answer(
 ) -> None:
     """The answer cache measured a decoded release once, after its first answer. A later
     answer of another kind fills tables the first did not (a Gaussian query's parent chain
-    over the synopsis's index set: 58 MB at R = 2 10^5, d = 30, after a polynomial query),
+    over the synopsis's index set: 6.4 MB at R = 2 10^5, d = 30, after a polynomial query),
     which then stayed uncounted against CURATOR_ANSWER_CACHE_BYTES (review). Every answer
     now measures it again."""
     from app.answers.service import _cache

@@ -88,3 +88,21 @@ def test_listing_a_release_directory_removed_meanwhile_finds_nothing(tmp_path: P
     assert store.work_dirs() == []
     work = store.begin(uuid.uuid4(), 0)
     assert [path for _, _, path in store.work_dirs()] == [work]
+
+
+def test_a_version_that_cannot_be_renamed_is_removed_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename that fails for another reason than a missing path (permissions, a mount
+    point) does not stop a removal: the directory is deleted in place, as before renames,
+    so a stage's error handling that discards its work never raises from it."""
+    store = ArtifactStore(tmp_path)
+    work = store.begin(uuid.uuid4(), 0)
+    (work / "part.csv").write_text("x\n")
+
+    def refused(self: Path, target: Path) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "rename", refused)
+    store.discard(work)
+    assert not work.exists()
