@@ -55,17 +55,24 @@ def heartbeat_sees_the_cancel(monkeypatch: pytest.MonkeyPatch) -> threading.Even
     test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper), and a loaded
     machine must not get there between the heartbeat seeing the cancel and the stage going
     on."""
-    seen = threading.Event()
+    seen = heartbeat_finds(monkeypatch, "cancelled")
+    monkeypatch.setattr(stages, "CANCEL_GRACE_LEASES", 10_000)
+    return seen
+
+
+def heartbeat_finds(monkeypatch: pytest.MonkeyPatch, flag: str) -> threading.Event:
+    """An event set once a stage's heartbeat, after a beat, has its ``flag`` set
+    (``"cancelled"``: it read the release's cancel; ``"lost"``: it gave the lease up)."""
+    found = threading.Event()
     beat = stages.Heartbeat.beat
 
     def beat_and_tell(self: stages.Heartbeat) -> None:
         beat(self)
-        if self.cancelled:
-            seen.set()
+        if getattr(self, flag):
+            found.set()
 
     monkeypatch.setattr(stages.Heartbeat, "beat", beat_and_tell)
-    monkeypatch.setattr(stages, "CANCEL_GRACE_LEASES", 10_000)
-    return seen
+    return found
 
 
 def run_all(client: TestClient, release_id: str) -> None:

@@ -36,6 +36,7 @@ from tests.releases.helpers import (
     Gate,
     budget,
     dataset,
+    heartbeat_finds,
     heartbeat_sees_the_cancel,
     race_same_key,
     request_release,
@@ -316,6 +317,25 @@ def test_a_release_ended_before_measuring_says_it_cannot_be_resynthesised(
     assert _entries(client, curator, dataset_id, running) == ["reserve", "refund"]
 
 
+def _measuring_at_gate(
+    client: TestClient,
+    curator: Caller,
+    tmp_path: Path,
+    gate: str = "after_reading",
+    params: dict[str, Any] | None = None,
+) -> tuple[str, str, Gate, threading.Thread]:
+    """A release of the fake mechanism (``params`` added to the request's) whose measure
+    runs in a started worker thread and stands at ``gate`` until the test opens it:
+    ``(dataset id, release id, the gate, the worker)``."""
+    dataset_id = dataset(client, curator)
+    held = Gate(tmp_path)
+    body = {**REQUEST, "params": {**held.params(gate), **(params or {})}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
+    worker.start()
+    return dataset_id, release_id, held, worker
+
+
 def _cancel_while_measuring(
     client: TestClient,
     curator: Caller,
@@ -331,12 +351,9 @@ def _cancel_while_measuring(
     heartbeat; ``params`` add to the request's. Returns the dataset, the release and its
     final state."""
     seen = heartbeat_sees_the_cancel(monkeypatch)
-    dataset_id = dataset(client, curator)
-    held = Gate(tmp_path)
-    body = {**REQUEST, "params": {**held.params(gate), **params}}
-    release_id = request_release(client, curator, dataset_id, body).json()["id"]
-    worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
-    worker.start()
+    dataset_id, release_id, held, worker = _measuring_at_gate(
+        client, curator, tmp_path, gate, params
+    )
     try:
         held.wait_reached()
         response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
@@ -371,12 +388,7 @@ def test_a_short_stage_publishes_its_progress_before_the_next_renewal(
     waits (the lease of 600 s puts the first renewal 150 s away)."""
     monkeypatch.setattr(services_of(client).settings, "lease_seconds", 600.0)
     monkeypatch.setattr(stages, "PROGRESS_SECONDS", 0.2)
-    dataset_id = dataset(client, curator)
-    held = Gate(tmp_path)
-    body = {**REQUEST, "params": held.params("after_reading")}
-    release_id = request_release(client, curator, dataset_id, body).json()["id"]
-    worker = threading.Thread(target=run_measure, args=(services_of(client), uuid.UUID(release_id)))
-    worker.start()
+    _, release_id, held, worker = _measuring_at_gate(client, curator, tmp_path)
     seen: list[float] = []
     try:
         held.wait_reached()
@@ -1241,12 +1253,7 @@ def test_a_cancel_the_stage_ignores_ends_the_release_through_the_sweeper(
     (spent: the first attempt read the data)."""
     services = services_of(client)
     monkeypatch.setattr(services.settings, "lease_seconds", 0.5)
-    dataset_id = dataset(client, curator)
-    held = Gate(tmp_path)
-    body = {**REQUEST, "params": held.params("after_reading")}
-    release_id = request_release(client, curator, dataset_id, body).json()["id"]
-    worker = threading.Thread(target=run_measure, args=(services, uuid.UUID(release_id)))
-    worker.start()
+    dataset_id, release_id, held, worker = _measuring_at_gate(client, curator, tmp_path)
     try:
         held.wait_reached()
         assert (
@@ -1279,21 +1286,8 @@ def test_an_attempt_that_gave_up_its_lease_over_an_ignored_cancel_stores_nothing
     services = services_of(client)
     monkeypatch.setattr(services.settings, "lease_seconds", 0.4)
     monkeypatch.setattr(stages, "CANCEL_GRACE_LEASES", 0)
-    gave_up = threading.Event()
-    beat = stages.Heartbeat.beat
-
-    def beat_and_tell(self: stages.Heartbeat) -> None:
-        beat(self)
-        if self.lost:
-            gave_up.set()
-
-    monkeypatch.setattr(stages.Heartbeat, "beat", beat_and_tell)
-    dataset_id = dataset(client, curator)
-    held = Gate(tmp_path)
-    body = {**REQUEST, "params": held.params("after_reading")}
-    release_id = request_release(client, curator, dataset_id, body).json()["id"]
-    worker = threading.Thread(target=run_measure, args=(services, uuid.UUID(release_id)))
-    worker.start()
+    gave_up = heartbeat_finds(monkeypatch, "lost")
+    dataset_id, release_id, held, worker = _measuring_at_gate(client, curator, tmp_path)
     try:
         held.wait_reached()
         assert (
