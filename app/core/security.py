@@ -57,6 +57,12 @@ def key_lock(key_id: uuid.UUID) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def _take_key_lock(session: Session, key_id: uuid.UUID, *, exclusive: bool) -> None:
+    """Take the key's advisory lock (:func:`key_lock`) until the transaction ends."""
+    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    session.execute(text(f"SELECT {function}(:lock)"), {"lock": key_lock(key_id)})
+
+
 def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     """Check again, in the request's own transaction, that the key it was authenticated
     with (``request.state.api_key_id``) has not been revoked since: every write transaction
@@ -75,32 +81,24 @@ def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:
     queue is fair (a shared request waits behind a waiting exclusive one). (SQLite's
     ``BEGIN IMMEDIATE`` transactions are already serial.)"""
     if uses_row_locks(session):
-        session.execute(
-            text("SELECT pg_advisory_xact_lock_shared(:lock)"), {"lock": key_lock(key_id)}
-        )
-    statement = select(ApiKey).where(ApiKey.id == key_id)
-    key = session.scalars(statement.execution_options(populate_existing=True)).one_or_none()
+        _take_key_lock(session, key_id, exclusive=False)
+    key = session.get(ApiKey, key_id, populate_existing=True)
     if key is None or key.revoked_at is not None:
         raise Unauthorized(INVALID_KEY)
 
 
-def lock_keys(
-    session: Session, revoked: uuid.UUID, caller: uuid.UUID | None
-) -> dict[uuid.UUID, ApiKey]:
-    """The keys ``revoked`` and ``caller`` (those that exist), read after taking their
-    advisory locks on PostgreSQL: ``revoked``'s exclusively (it waits for the writes that
-    have checked it, and later ones wait for it), the caller's shared (as a write's
-    check), both in the locks' order. A revocation locks them this way instead of
+def lock_keys(session: Session, revoked: uuid.UUID, caller: uuid.UUID | None) -> None:
+    """Take the advisory locks of a revocation on PostgreSQL: ``revoked``'s exclusively
+    (it waits for the writes that have checked that key, and later ones wait for it), the
+    caller's shared (as a write's check, :func:`ensure_key_active`, which the caller then
+    makes), both in the locks' order. A revocation locks them this way instead of
     :func:`ensure_key_active` first: two revocations that each held a lock on a key the
     other then wanted exclusively (two of one key, or two admins revoking each other's
     keys) waited for each other, a deadlock PostgreSQL ends by failing one of them."""
-    if uses_row_locks(session):
-        modes = {caller: "pg_advisory_xact_lock_shared"} if caller is not None else {}
-        modes[revoked] = "pg_advisory_xact_lock"  # exclusive, also when it is the caller's
-        for key_id in sorted(modes, key=key_lock):
-            session.execute(text(f"SELECT {modes[key_id]}(:lock)"), {"lock": key_lock(key_id)})
-    ids = {revoked} if caller is None else {revoked, caller}
-    statement = select(ApiKey).where(ApiKey.id.in_(ids))
-    return {
-        key.id: key for key in session.scalars(statement.execution_options(populate_existing=True))
-    }
+    if not uses_row_locks(session):
+        return
+    exclusive = {revoked: True}
+    if caller is not None:
+        exclusive.setdefault(caller, False)  # exclusive already when it is the revoked key
+    for key_id in sorted(exclusive, key=key_lock):
+        _take_key_lock(session, key_id, exclusive=exclusive[key_id])

@@ -9,11 +9,11 @@ from sqlalchemy.orm import Session
 
 from app.core import pagination
 from app.core.audit import record
-from app.core.errors import Forbidden, NotFound, Unauthorized
+from app.core.errors import Forbidden, NotFound
 from app.core.pagination import Page
 from app.core.security import (
-    INVALID_KEY,
     display_prefix,
+    ensure_key_active,
     generate_api_key,
     hash_api_key,
     lock_keys,
@@ -78,15 +78,13 @@ def revoke_key(
     """Revoke a key: admins revoke any key, other users only their own.
 
     ``actor_key_id``, the key the request was authenticated with, is checked here (401 if
-    revoked since), locked together with the key to revoke, in one order
+    revoked since), after locking it together with the key to revoke, in one order
     (:func:`~app.core.security.lock_keys`); the route's transaction does not check it first
     (:func:`app.core.deps.get_revocation_session`)."""
-    locked = lock_keys(session, key_id, actor_key_id)
+    lock_keys(session, key_id, actor_key_id)
     if actor_key_id is not None:
-        own = locked.get(actor_key_id)
-        if own is None or own.revoked_at is not None:
-            raise Unauthorized(INVALID_KEY)
-    key = locked.get(key_id)
+        ensure_key_active(session, actor_key_id)  # under the lock just taken: no new one
+    key = session.get(ApiKey, key_id, populate_existing=True)
     if key is None or (actor.role != Role.admin and key.user_id != actor.id):
         raise NotFound("API key not found")
     if key.revoked_at is None:

@@ -212,9 +212,9 @@ def _revoke_at_once(
     barrier = threading.Barrier(len(revocations), timeout=10)
     lock_keys = users.lock_keys
 
-    def together(session: Session, *key_ids: uuid.UUID | None) -> dict[uuid.UUID, ApiKey]:
+    def together(session: Session, *key_ids: uuid.UUID | None) -> None:
         barrier.wait()
-        return lock_keys(session, *key_ids)
+        lock_keys(session, *key_ids)
 
     monkeypatch.setattr(users, "lock_keys", together)
     codes: list[int] = [0] * len(revocations)
