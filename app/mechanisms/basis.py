@@ -207,10 +207,10 @@ class IndexSet:
         the set and a cached release's footprint counts it: a module-level cache keyed by
         the set (sets compare by identity) held the last 8 sets decoded and their chains,
         58 MB each at R = 2 10^5 and d = 30 (the degrees 48 MB, the chain 6.4 MB), outside
-        the answer cache's byte limit. Not a
-        ``cached_property``: on Python 3.11 its lock is one for every set, so one large
-        set's first chain held up every other set's in other request threads. Two threads
-        may both compute it the first time; the chains are equal.
+        the answer cache's byte limit. Not a ``cached_property``: on Python 3.11 its lock
+        is one for every set, so one large set's first chain held up every other set's in
+        other request threads. Two threads may both compute it the first time; the chains
+        are equal.
         """
         cached = self.__dict__.get("_parent_chain", _NOT_COMPUTED)
         if cached is not _NOT_COMPUTED:

@@ -26,7 +26,7 @@ blocks, whatever the batches are: for ``n`` rows the depth is at most
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -185,3 +185,13 @@ def iter_checked(source: RowSource) -> Iterator[NDArray[np.float64]]:
     if seen != source.n_rows:
         # Neither count in the message: a graph's stored row count is private.
         raise MechanismError("the source yielded a different number of rows than it declares")
+
+
+def progress_part(
+    progress: Callable[[float], None] | None, start: float, stop: float
+) -> Callable[[float], None] | None:
+    """``progress`` of a part of the work: its fraction ``f`` as ``start + (stop - start) f``
+    (``None`` if ``progress`` is)."""
+    if progress is None:
+        return None
+    return lambda done: progress(start + (stop - start) * done)

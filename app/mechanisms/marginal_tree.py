@@ -631,7 +631,7 @@ from scipy.special import chdtri, ndtri
 
 from app.mechanisms import bootstrap, marginals, noise
 from app.mechanisms.chebyshev import TensorExpansion
-from app.mechanisms.data import RowSource, as_source, iter_checked
+from app.mechanisms.data import RowSource, as_source, iter_checked, progress_part
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import CostPart, PrivacyCost, check_budget
 
@@ -1903,15 +1903,6 @@ PROGRESS_COUNTED = 0.5
 PROGRESS_SELECTED = 0.95
 
 
-def _progress_part(
-    progress: Callable[[float], None] | None, start: float, stop: float
-) -> Callable[[float], None] | None:
-    """``progress`` of a part of the work: its fraction ``f`` as ``start + (stop - start) f``."""
-    if progress is None:
-        return None
-    return lambda done: progress(start + (stop - start) * done)
-
-
 def measure(
     X: ArrayLike | RowSource,
     epsilon: float,
@@ -1960,7 +1951,7 @@ def measure(
     # pair's exact table counted in one streamed pass: pair_scores and pair_table of the
     # coarse codes, without the n d bytes of codes in memory)
     rows, counts = all_pair_counts(
-        source, B, atoms, group, b, _progress_part(progress, 0.0, PROGRESS_COUNTED)
+        source, B, atoms, group, b, progress_part(progress, 0.0, PROGRESS_COUNTED)
     )
     pairs = all_pairs(d)
     scores = scores_of_counts(rows, counts, P)
@@ -1969,7 +1960,7 @@ def measure(
         scores,
         d,
         lambda open_scores: noise.noisy_max(open_scores, fixed.selection_scale),
-        _progress_part(progress, PROGRESS_COUNTED, PROGRESS_SELECTED),
+        progress_part(progress, PROGRESS_COUNTED, PROGRESS_SELECTED),
     )
     # 3. the selected pair tables
     position = {pair: k for k, pair in enumerate(pairs)}

@@ -245,7 +245,7 @@ from app.mechanisms.chebyshev import (
     separable_blocks,
     truncation_estimate,
 )
-from app.mechanisms.data import RowSource, as_source
+from app.mechanisms.data import RowSource, as_source, progress_part
 from app.mechanisms.dependence import CoSpread
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.privacy import PrivacyCost, check_budget
@@ -1355,11 +1355,7 @@ def measure(
         dimension=index_set.size,
     )
     top = MOMENTS_PROGRESS if share else 1.0
-    exact = moments(
-        source,
-        index_set,
-        progress=None if progress is None else (lambda done: progress(top * done)),
-    )
+    exact = moments(source, index_set, progress=progress_part(progress, 0.0, top))
     noisy = noise.sample(calibration, exact)
     spread = None
     if share:
