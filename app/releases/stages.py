@@ -683,17 +683,23 @@ def sweep(services: Services) -> int:
 
 
 def remove_stale_work(session: Session, services: Services) -> int:
-    """Remove the temporary directories of synthesis runs that are over. A worker killed in
-    a run leaves its ``.tmp-v<N>-*`` directory, which the next claim of that run removes
-    (:meth:`ArtifactStore.begin`); a run that is not claimed again (the curator cancelled
-    it, or it was given up) left it for ever. A directory is stale when its release is not
-    synthesising that version; versions only grow, so such a run never resumes. The
-    directories are listed before the releases are read, so a run that begins meanwhile is
-    never among them. Returns how many were removed."""
+    """Remove the temporary directories of synthesis runs that are over, and what removals
+    cut short left. A worker killed in a run leaves its ``.tmp-v<N>-*`` directory, which
+    the next claim of that run removes (:meth:`ArtifactStore.begin`); a run that is not
+    claimed again (the curator cancelled it, or it was given up) left it for ever. A
+    directory is stale when its release is not synthesising that version; versions only
+    grow, so such a run never resumes. The directories are listed before the releases are
+    read, so a run that begins meanwhile is never among them. A ``.trash-*`` directory (a
+    version or a run's work renamed out of the way, whose deletion a dead process cut
+    short) went only with that release's next prune, so a release never re-synthesised
+    kept it. Returns how many directories were removed."""
     store = ArtifactStore(services.settings.releases_dir)
-    candidates = store.work_dirs()
+    candidates, trash = store.leftovers()
+    for leftover in trash:
+        store.discard(leftover)
+        log.warning("removed %s, left by a removal that was cut short", leftover.name)
     if not candidates:
-        return 0
+        return len(trash)
     running = {
         (release_id, version)
         for release_id, version in session.execute(
@@ -706,7 +712,7 @@ def remove_stale_work(session: Session, services: Services) -> int:
     for work in stale:
         store.discard(work)
         log.warning("removed the work directory %s of a synthesis run that is over", work.name)
-    return len(stale)
+    return len(trash) + len(stale)
 
 
 class Sweeper:

@@ -108,18 +108,31 @@ class ArtifactStore:
 
     def work_dirs(self) -> list[tuple[uuid.UUID, int, Path]]:
         """Every temporary directory on disk, as ``(release id, version, path)``."""
-        found = []
+        return self.leftovers()[0]
+
+    def leftovers(self) -> tuple[list[tuple[uuid.UUID, int, Path]], list[Path]]:
+        """In one listing of the release directories: every run's temporary directory, as
+        ``(release id, version, path)``, and every ``.trash-*`` directory (what a removal
+        that a dead process cut short left; nothing reads one, and deleting one that a
+        live removal is deleting too is harmless, as both ignore what the other took)."""
+        work_dirs: list[tuple[uuid.UUID, int, Path]] = []
+        trash: list[Path] = []
         if not self.root.exists():
-            return []
+            return work_dirs, trash
         for base in _listed(self.root, "*"):
-            for work in _listed(base, ".tmp-v*-*"):
+            for entry in _listed(base, ".*"):
+                if entry.name.startswith(".trash-"):
+                    trash.append(entry)
+                    continue
+                if not entry.name.startswith(".tmp-v") or "-" not in entry.name[6:]:
+                    continue
                 try:
                     release_id = uuid.UUID(base.name)
-                    version = int(work.name.removeprefix(".tmp-v").split("-", 1)[0])
+                    version = int(entry.name.removeprefix(".tmp-v").split("-", 1)[0])
                 except ValueError:
                     continue
-                found.append((release_id, version, work))
-        return found
+                work_dirs.append((release_id, version, entry))
+        return work_dirs, trash
 
     def path(self, release_id: uuid.UUID, version: int, name: str) -> Path:
         if "/" in name or name.startswith("."):
@@ -142,7 +155,8 @@ def _remove(path: Path) -> None:
     some files of a version being removed and then found the directory still there took
     the missing ones as never written (a moments release's bootstrap replicates: answers
     without a standard error). Renamed, the directory is gone at once; what is left of it
-    (``.trash-*``, if the process dies meanwhile) goes with the release's next prune."""
+    (``.trash-*``, if the process dies meanwhile) goes with the release's next prune, or
+    the sweeper's next pass (:func:`app.releases.stages.remove_stale_work`)."""
     trash = path.with_name(f".trash-{uuid.uuid4().hex}")
     try:
         path.rename(trash)

@@ -644,6 +644,32 @@ def test_the_work_of_an_earlier_synthesis_run_of_a_resynthesising_release_is_rem
     assert live.exists()
 
 
+def test_what_a_cut_short_removal_left_is_removed_by_the_sweeper(
+    client: TestClient, curator: Caller
+) -> None:
+    """A version is renamed to ``.trash-*`` before it is deleted; a process that died
+    in the deletion left it, and only that release's next prune removed it, so a release
+    never re-synthesised kept it for ever. The sweeper removes it (and the release's
+    directory, if that leaves it empty); the published version stays."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    store = ArtifactStore(services.settings.releases_dir)
+    published = request_release(client, curator, dataset_id).json()["id"]
+    run_all(client, published)
+    left = store.release_dir(uuid.UUID(published)) / ".trash-0123456789abcdef"
+    (left / "nested").mkdir(parents=True)
+    (left / "nested" / "support.csv").write_text("x\n1\n")
+    emptied = store.release_dir(uuid.uuid4()) / ".trash-fedcba9876543210"
+    emptied.mkdir(parents=True)
+    stages.Sweeper(services).start().stop()
+    assert not left.exists()
+    assert not emptied.parent.exists()
+    names = sorted(p.name for p in store.release_dir(uuid.UUID(published)).iterdir())
+    assert names == ["v0"]
+    status = client.get(f"/v1/releases/{published}", headers=curator.headers).json()["status"]
+    assert status == "succeeded"
+
+
 def test_a_synthesis_claim_whose_lease_ran_out_leaves_the_new_owners_work_alone(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
