@@ -329,8 +329,9 @@ def cmd_create_key(args: argparse.Namespace) -> int:
 
 
 def cmd_rotate_data_key(args: argparse.Namespace) -> int:
-    """Re-encrypt the stored datasets under ``CURATOR_DATA_KEY``; the previous keys come
-    from ``CURATOR_PREVIOUS_DATA_KEYS``. Exit 1 if a file could not be re-encrypted."""
+    """Re-encrypt the stored datasets under fresh keys of their own, sealed with
+    ``CURATOR_DATA_KEY``; the previous keys come from ``CURATOR_PREVIOUS_DATA_KEYS``.
+    Exit 1 if a file could not be re-encrypted."""
     from app.datasets.service import rotate_data_key
 
     settings = _settings()
@@ -358,8 +359,8 @@ def cmd_rotate_data_key(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print(
-            f"re-encrypted {out['rotated']} dataset file(s) under CURATOR_DATA_KEY; "
-            f"{out['current']} already were"
+            f"re-encrypted {out['rotated']} dataset file(s) under new keys of their own, "
+            f"sealed with CURATOR_DATA_KEY; {out['current']} already were"
         )
         for name in done.missing:
             print(f"missing: {name} (its dataset row names it, the file is not there)")
@@ -370,8 +371,8 @@ def cmd_rotate_data_key(args: argparse.Namespace) -> int:
     if done.missing or done.unreadable or done.failed:
         return 1
     print(
-        "every dataset file now opens with CURATOR_DATA_KEY alone: restart the API and the "
-        "workers without CURATOR_PREVIOUS_DATA_KEYS to retire the old key(s)",
+        "every dataset file's key is now sealed with CURATOR_DATA_KEY alone: restart the API "
+        "and the workers without CURATOR_PREVIOUS_DATA_KEYS to retire the old key(s)",
         file=sys.stderr,
     )
     return 0
@@ -472,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rotate = sub.add_parser(
         "rotate-data-key",
-        help="re-encrypt the stored datasets under CURATOR_DATA_KEY "
+        help="re-encrypt the stored datasets under fresh keys sealed with CURATOR_DATA_KEY "
         "(the old keys in CURATOR_PREVIOUS_DATA_KEYS)",
     )
     rotate.add_argument("--json", action="store_true", help="print one JSON object")

@@ -428,41 +428,54 @@ def test_0008_downgrade_serves_the_published_version(empty_database: str) -> Non
     assert _release_column(url, "published_version") == {cancelled_run: 1, running: None}
 
 
-def test_0009_downgrade_refuses_while_a_datasets_data_are_deleted(empty_database: str) -> None:
-    """0009 adds datasets.data_deleted_at (null for every dataset); its downgrade refuses
-    while a dataset's data are recorded as deleted (0008 would take them for stored), and
-    goes once none is."""
+#: Revisions that add a nullable column of ``datasets`` (null for every dataset already
+#: there) whose downgrade refuses while a dataset has a value in it: (revision, column,
+#: a value, the refusal).
+REFUSING_DATASET_COLUMNS = [
+    # the code before it would take a dataset whose data were deleted for a stored one
+    ("0009", "data_deleted_at", datetime.now(UTC), "the data of 1 datasets were deleted"),
+    # the code before it opens files with the service key alone
+    ("0012", "file_keys", "a sealed key", "1 datasets' files are encrypted under keys of"),
+]
+
+
+@pytest.mark.parametrize(("revision", "column", "value", "refusal"), REFUSING_DATASET_COLUMNS)
+def test_a_downgrade_refuses_while_a_dataset_has_the_column_it_drops(
+    empty_database: str, revision: str, column: str, value: Any, refusal: str
+) -> None:
+    """The revision adds ``column`` (null for every dataset); its downgrade refuses while
+    a dataset has a value there, changing nothing, and goes once none has."""
     from sqlalchemy import MetaData, update
 
     url = empty_database
+    before = f"{int(revision) - 1:04d}"
     _head_with_a_release(url, ["reserve", "commit"], measured=False)
-    assert _scalar(url, "datasets", "data_deleted_at") is None
     engine = make_engine(url)
     try:
         meta = MetaData()
         meta.reflect(engine)
         datasets = meta.tables["datasets"]
         with engine.begin() as connection:
-            connection.execute(update(datasets).values(data_deleted_at=datetime.now(UTC)))
+            connection.execute(update(datasets).values({column: value}))
         head = migrations.current_revision(url)
-        with pytest.raises(RuntimeError, match="the data of 1 datasets were deleted"):
-            migrations.downgrade(url, "0008")
+        with pytest.raises(RuntimeError, match=refusal):
+            migrations.downgrade(url, before)
         assert migrations.current_revision(url) == head
         with engine.begin() as connection:
-            connection.execute(update(datasets).values(data_deleted_at=None))
+            connection.execute(update(datasets).values({column: None}))
     finally:
         engine.dispose()
-    migrations.downgrade(url, "0008")
-    assert migrations.current_revision(url) == "0008"
+    migrations.downgrade(url, before)
+    assert migrations.current_revision(url) == before
     engine = make_engine(url)
     try:  # the column goes with the revision, and comes back with it
         columns = {c["name"] for c in inspect(engine).get_columns("datasets")}
-        assert "data_deleted_at" not in columns
+        assert column not in columns
     finally:
         engine.dispose()
-    migrations.upgrade(url, "0009")
-    assert migrations.current_revision(url) == "0009"
-    assert _scalar(url, "datasets", "data_deleted_at") is None
+    migrations.upgrade(url, revision)
+    assert migrations.current_revision(url) == revision
+    assert _scalar(url, "datasets", column) is None
 
 
 #: The indexes 0010 adds, one per list endpoint's page order, by table.

@@ -12,12 +12,13 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, exists, false, select
+from sqlalchemy import ColumnElement, exists, false, select, update
 from sqlalchemy.orm import Session
 
 from app.core import pagination
@@ -110,6 +111,7 @@ def store_dataset(
     dataset_id = uuid.uuid4()
     storage_name = f"{dataset_id}.parquet"
     destination = services.settings.datasets_dir / storage_name
+    file_key = tables.new_file_key()  # the file's own: forgotten when its data are deleted
     common = {
         "id": dataset_id,
         "owner_id": curator.id,
@@ -117,12 +119,13 @@ def store_dataset(
         "epsilon_total": epsilon_units(declaration.budget.epsilon, charge=False),
         "delta_total": delta_units(declaration.budget.delta, charge=False),
         "storage_name": storage_name,
+        "file_keys": tables.seal_file_keys(services.data_key, [file_key]),
     }
     try:
         with upload.file.open() as reader:
             if isinstance(declaration, GraphDeclaration):
                 graph = validate_graph_and_store(
-                    reader, upload.file.size, declaration.vertices, destination, services.data_key
+                    reader, upload.file.size, declaration.vertices, destination, file_key
                 )
                 report = ValidationReport(format="edge_list", n_rows=None)
                 dataset = Dataset(
@@ -142,7 +145,7 @@ def store_dataset(
                     declaration.columns,
                     declaration.out_of_bounds,
                     destination,
-                    services.data_key,
+                    file_key,
                     filename=upload.filename,
                     max_cells=max_cells(services.settings.max_upload_bytes),
                 )
@@ -434,7 +437,9 @@ def revoke_grant(
 def delete_data(
     session: Session, services: Services, user: User, dataset_id: uuid.UUID
 ) -> DatasetOut:
-    """Delete the dataset's stored rows (its encrypted file); keep its declaration, its
+    """Delete the dataset's stored rows: forget the key of its encrypted file (its
+    ``file_keys``, in this transaction), so that no copy of the file, nor its blocks left
+    on the disk, can be opened again, then remove the file. Keep its declaration, its
     append-only ledger, its releases and their measurements, which are post-processing
     of the rows and need them no more (downloads, answers and re-synthesis go on). The
     dataset then takes no new release (:func:`app.releases.service.create_release`).
@@ -443,7 +448,9 @@ def delete_data(
     it or wait for it), under the dataset lock that a release request takes too, so no
     request can slip in between. The file is removed once the transaction commits; if
     the process dies first, the sweeper removes it (:func:`remove_stray_files`). Asking
-    again is answered as the first time, with nothing new recorded."""
+    again is answered as the first time, with nothing new recorded. (A file stored before
+    datasets had keys of their own opens with the service key: removing it is all there
+    is; ``curator rotate-data-key`` gives such files keys of their own.)"""
     owned_dataset(session, user, dataset_id)
     dataset = ledger.lock_dataset(session, dataset_id)
     if dataset.data_deleted_at is None:
@@ -465,6 +472,7 @@ def delete_data(
                 "are measured"
             )
         dataset.data_deleted_at = utcnow()
+        dataset.file_keys = None  # no copy of the file, or block of it, opens again
         session.flush()
         record(session, user.id, "dataset.delete_data", "dataset", dataset.id)
         path = services.settings.datasets_dir / dataset.storage_name
@@ -532,35 +540,65 @@ class KeyRotation:
 
 
 def rotate_data_key(services: Services) -> KeyRotation:
-    """Re-encrypt every stored dataset under the current data key (``CURATOR_DATA_KEY``),
-    opening it with any key of the ring (:func:`app.storage.tables.rotate`). A file the
-    current key opens already is left as it is, so a run that stopped half-way can be run
-    again. The dataset rows are read in one short transaction and the files re-encrypted
-    after it (minutes for large tables; no session held). A file no key of the ring opens
-    is reported as ``unreadable`` and left untouched; one that is not on disk, as
-    ``missing``; one that fails otherwise (corrupt), as ``failed``, and the run goes on
-    with the others. A dataset whose data were deleted while its file was re-encrypted has
-    the new file removed at the end (the sweeper would too). Uploads recorded after the
-    list was read are not visited: run it once the API and the workers use the new key
-    (README, "Rotating the data key"). The run is recorded in the audit log (counts and
-    file names, no key)."""
+    """Give every stored dataset a fresh file key sealed with the current data key
+    (``CURATOR_DATA_KEY``): its file is re-encrypted under the new file key, opened with
+    its old one, itself unsealed with any key of the ring (:func:`app.storage.tables.rotate`).
+    A file stored before datasets had keys of their own (opened with the service key)
+    gets one the same way. A dataset whose file key is sealed with the current key alone
+    and opens its file is left as it is, so a run that stopped half-way can be run again.
+
+    A reader must open the file whichever of the two it finds, so the new key is
+    recorded before the rename, beside the old one, and the old one is dropped after it
+    (:func:`_reseal`); a reader that read the key before the first record and opens the
+    file after the rename reads the key again (:class:`app.storage.source.EncryptedTableSource`).
+    Each record is conditional on the dataset's keys being as this run read them and its
+    data not deleted, so two runs at once re-encrypt a file once, and a deletion that
+    commits meanwhile keeps its keys forgotten (the new file is removed at the end).
+
+    The dataset rows are read in one short transaction and the files re-encrypted after
+    it (minutes for large tables; no session held). A dataset whose file key no key of
+    the ring opens, or whose file it does not open, is reported as ``unreadable`` and
+    left untouched; one whose file is not on disk, as ``missing``; one that fails
+    otherwise (corrupt), as ``failed``, and the run goes on with the others. Uploads
+    recorded after the list was read are not visited: run it once the API and the
+    workers use the new key (README, "Rotating the data key"). The run is recorded in
+    the audit log (counts and file names, no key)."""
     with services.db.transaction(read_only=True) as session:
-        names = list(
-            session.scalars(
-                select(Dataset.storage_name)
+        rows = list(
+            session.execute(
+                select(Dataset.id, Dataset.storage_name, Dataset.file_keys)
                 .where(Dataset.data_deleted_at.is_(None))  # nothing left to re-encrypt
                 .order_by(Dataset.created_at)
             )
         )
+    ring = services.data_key
     rotated: list[str] = []
     current: list[str] = []
     missing: list[str] = []
     unreadable: list[str] = []
     failed: list[str] = []
-    for name in names:
+    superseded: list[str] = []
+    for dataset_id, name, sealed in rows:
         path = services.settings.datasets_dir / name
         try:
-            changed = tables.rotate(path, services.data_key)
+            if _keyed_under_current(ring, path, sealed):
+                current.append(name)
+                log.info("data key rotation: %s current", name)
+                continue
+            old = [] if sealed is None else tables.unseal_file_keys(ring, sealed)
+            fresh = tables.new_file_key()
+            during = tables.seal_file_keys(ring, [fresh, *old])
+            tables.rotate(
+                path,
+                tables.file_ring(ring, sealed),
+                fresh,
+                before_replace=partial(_reseal, services, dataset_id, sealed, during),
+            )
+            if old:  # the old key opens nothing now: forgotten
+                _reseal(services, dataset_id, during, tables.seal_file_keys(ring, [fresh]))
+        except _Superseded:
+            superseded.append(name)
+            log.info("data key rotation: %s changed meanwhile; left to that change", name)
         except FileNotFoundError:
             missing.append(name)
         except PermissionError:
@@ -569,13 +607,14 @@ def rotate_data_key(services: Services) -> KeyRotation:
             failed.append(name)
             log.warning("data key rotation: %s failed (%s)", name, type(exc).__name__)
         else:
-            (rotated if changed else current).append(name)
-            log.info("data key rotation: %s %s", name, "re-encrypted" if changed else "current")
+            rotated.append(name)
+            log.info("data key rotation: %s re-encrypted", name)
     with services.db.transaction() as session:
         deleted = set(
             session.scalars(
                 select(Dataset.storage_name).where(
-                    Dataset.storage_name.in_(rotated), Dataset.data_deleted_at.is_not(None)
+                    Dataset.storage_name.in_(rotated + superseded),
+                    Dataset.data_deleted_at.is_not(None),
                 )
             )
         )
@@ -596,3 +635,34 @@ def rotate_data_key(services: Services) -> KeyRotation:
     return KeyRotation(
         rotated=rotated, current=current, missing=missing, unreadable=unreadable, failed=failed
     )
+
+
+class _Superseded(Exception):
+    """A dataset's keys changed, or its data were deleted, while a rotation re-encrypted
+    its file (:func:`_reseal`)."""
+
+
+def _keyed_under_current(ring: bytes, path: Path, sealed: str | None) -> bool:
+    """Whether a dataset's file key is its only one, sealed with the ring's current key
+    alone, and opens its file: what :func:`rotate_data_key` leaves as it is.
+    :class:`FileNotFoundError` if the file is not there."""
+    if not path.is_file():
+        raise FileNotFoundError(path.name)
+    if sealed is None or not tables.sealed_with(tables.current_key(ring), sealed):
+        return False
+    keys = tables.unseal_file_keys(ring, sealed)
+    return len(keys) == 1 and tables.opens_with(path, keys[0])
+
+
+def _reseal(services: Services, dataset_id: uuid.UUID, expected: str | None, sealed: str) -> None:
+    """Record ``sealed`` as the dataset's file keys, in a transaction of its own, if they
+    are still ``expected`` and its data not deleted; :class:`_Superseded` otherwise."""
+    with services.db.transaction() as session:
+        matches = Dataset.file_keys.is_(None) if expected is None else Dataset.file_keys == expected
+        done = session.execute(
+            update(Dataset)
+            .where(Dataset.id == dataset_id, matches, Dataset.data_deleted_at.is_(None))
+            .values(file_keys=sealed)
+        )
+        if done.rowcount != 1:  # type: ignore[attr-defined]
+            raise _Superseded

@@ -6,7 +6,16 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, CheckConstraint, ForeignKey, Index, Integer, String
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.models.base import Base, new_id, utcnow
@@ -47,6 +56,11 @@ class Dataset(Base):
     #: When the curator deleted the stored rows (``DELETE /v1/datasets/{id}/data``): the
     #: encrypted file is gone; the declaration, ledger and releases stay. No new release.
     data_deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: The key(s) of the stored file, sealed with the service's data key
+    #: (:func:`app.storage.tables.seal_file_keys`). Forgotten (null) when the data are
+    #: deleted, so that no copy of the file opens again; null too for a file stored
+    #: before datasets had keys of their own (it opens with the service key).
+    file_keys: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class Grant(Base):

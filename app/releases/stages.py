@@ -68,6 +68,7 @@ from app.releases.service import (
     end_synthesis_run,
     lock_release,
 )
+from app.storage import tables
 from app.storage.artifacts import ArtifactStore
 from app.storage.source import EncryptedTableSource
 
@@ -393,6 +394,7 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             assert dataset is not None
             info = dataset_info(dataset, mechanism, claim.columns)
             path = services.settings.datasets_dir / dataset.storage_name
+            file_keys = dataset.file_keys
             stored_rows = dataset.n_rows
             # Progress is rows read over stored rows. A graph's row count is its edge
             # count, which is private: published fractions of whole batches would give it
@@ -422,7 +424,12 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
                 mechanism.measure_read_share(info, eps_value, delta_value_, params),
             )
             source = EncryptedTableSource(
-                path, services.data_key, info.names, stored_rows, on_rows=progress.rows
+                path,
+                tables.file_ring(services.data_key, file_keys),
+                info.names,
+                stored_rows,
+                on_rows=progress.rows,
+                reopen_key=lambda: _file_ring(services, claim.dataset_id),
             )
             measured = mechanism.measure(
                 source, info, eps_value, delta_value_, params, progress=progress.work
@@ -640,6 +647,14 @@ def _publish_synthesis(
         release.lease_expires_at = None
         kept = (version,) if replaced is None else (version, replaced)
         on_commit(_session_of(release), lambda: store.prune(claim.release_id, *kept))
+
+
+def _file_ring(services: Services, dataset_id: uuid.UUID) -> bytes:
+    """What the dataset's file opens with now (:func:`app.storage.tables.file_ring`), read
+    again: a key rotation replaced the file since the measure stage read its keys."""
+    with services.db.transaction(read_only=True) as session:
+        file_keys = session.scalar(select(Dataset.file_keys).where(Dataset.id == dataset_id))
+    return tables.file_ring(services.data_key, file_keys)
 
 
 #: The longest wait, in leases, before a release that no worker has claimed since it was

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from app.storage import tables
-from app.storage.tables import iter_batches
 
 ProgressFn = Callable[[int], None]
 
@@ -35,6 +35,10 @@ class EncryptedTableSource:
     batch_rows: int = 0
     #: Called with the number of rows read so far (all passes), after every batch.
     on_rows: ProgressFn | None = None
+    #: Reads the file's key again when ``key`` does not open it: a key rotation replaced
+    #: the file since the key was read (:func:`app.datasets.service.rotate_data_key`),
+    #: before this pass opened it.
+    reopen_key: Callable[[], bytes] | None = field(default=None, repr=False)
     rows_read: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -45,8 +49,25 @@ class EncryptedTableSource:
     def n_cols(self) -> int:
         return len(self.columns)
 
+    def _opened(self) -> pq.ParquetFile:
+        try:
+            return tables.open_table(self.path, self.key)
+        except PermissionError:
+            if self.reopen_key is None:
+                raise
+            self.key = self.reopen_key()
+            return tables.open_table(self.path, self.key)
+
+    def _read(self) -> Iterator[pa.RecordBatch]:
+        """One pass: batches of ``batch_rows`` rows, whatever the file's row groups."""
+        parquet = self._opened()
+        try:
+            yield from parquet.iter_batches(batch_size=self.batch_rows, columns=list(self.columns))
+        finally:
+            parquet.close()
+
     def batches(self) -> Iterator[NDArray[np.float64]]:
-        for batch in iter_batches(self.path, self.key, self.columns, self.batch_rows):
+        for batch in self._read():
             # progress first: a cancel it raises hands nothing to the mechanism, and the
             # release then counts as unread (refunded); then the count, so that anything
             # that fails once values are touched counts as read
@@ -69,7 +90,7 @@ class EncryptedTableSource:
     def codes(self) -> Iterator[pa.RecordBatch]:
         """The raw Arrow batches (category codes, 0/1 and normalised values), for the
         mechanisms over finite domains."""
-        for batch in iter_batches(self.path, self.key, self.columns, self.batch_rows):
+        for batch in self._read():
             if self.on_rows is not None:
                 self.on_rows(self.rows_read + batch.num_rows)
             self.rows_read += batch.num_rows

@@ -1,20 +1,28 @@
 """Validated tables at rest: Parquet with modular encryption.
 
 Every page and the footer are encrypted with AES-GCM data keys that Parquet generates
-per file; the data keys are wrapped with the service's Fernet key (``CURATOR_DATA_KEY``,
-passed around as its bytes), so a stolen file is useless without it.
+per file; the data keys are wrapped with a *file key* of the dataset's own (a Fernet key,
+:func:`new_file_key`), and the file key is kept in the dataset's database row sealed
+with the service's Fernet key (``CURATOR_DATA_KEY``, passed around as its bytes;
+:func:`seal_file_keys`). So a stolen file is useless without both the row and the
+service key, and deleting a dataset's data forgets its file key (crypto-shredding): a
+copy of the file, or its blocks left on the disk, can no longer be opened by anyone,
+the service included. Files stored before datasets had keys of their own have their
+data keys wrapped with the service key directly (``file_keys`` is null), and open with
+it (:func:`file_ring`) until a key rotation gives them keys of their own.
 
-The key passed around is a *key ring*: the current Fernet key, then any previous ones
-(``CURATOR_PREVIOUS_DATA_KEYS``), joined by commas (Fernet keys are url-safe base64,
-which has none). New files are wrapped with the current key; a file opens with any key
-of the ring (:class:`cryptography.fernet.MultiFernet`). :func:`rotate` re-encrypts a file
-under the current key, so that the previous keys can be retired (``curator
-rotate-data-key``).
+The service key passed around is a *key ring*: the current Fernet key, then any
+previous ones (``CURATOR_PREVIOUS_DATA_KEYS``), joined by commas (Fernet keys are
+url-safe base64, which has none). New file keys are sealed with the current key; a
+sealed key opens with any key of the ring (:class:`cryptography.fernet.MultiFernet`).
+:func:`rotate` re-encrypts a file under a fresh file key, so that the previous service
+keys can be retired (``curator rotate-data-key``).
 
-Reads stream row groups (``iter_batches``), so a worker never needs the whole table in
-memory: the file is opened without pyarrow's ``pre_buffer`` (its default), which reads
-every row group's column chunks ahead into a cache that lives as long as the reader, so
-that a pass held the whole compressed file (about 420 MB at 10^7 rows of 10 columns).
+Reads stream row groups (:class:`app.storage.source.EncryptedTableSource`), so a worker
+never needs the whole table in memory: the file is opened without pyarrow's
+``pre_buffer`` (its default), which reads every row group's column chunks ahead into a
+cache that lives as long as the reader, so that a pass held the whole compressed file
+(about 420 MB at 10^7 rows of 10 columns).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -67,6 +75,53 @@ def key_ring(current: bytes, previous: Sequence[bytes] = ()) -> bytes:
 def current_key(ring: bytes) -> bytes:
     """The ring's first key: the one new files are wrapped with."""
     return ring.split(KEY_RING_SEPARATOR, 1)[0]
+
+
+def new_file_key() -> bytes:
+    """A fresh file key: the Fernet key that wraps one dataset file's data keys."""
+    return Fernet.generate_key()
+
+
+def _unsealable() -> PermissionError:
+    return PermissionError(
+        "no key of CURATOR_DATA_KEY and CURATOR_PREVIOUS_DATA_KEYS opens this dataset's "
+        "file key (was the data key changed?)"
+    )
+
+
+def seal_file_keys(ring: bytes, file_keys: Sequence[bytes]) -> str:
+    """``file_keys`` (the key a dataset's file is encrypted under, then, during a
+    rotation, the one it was) as stored in the dataset's row: joined as a key ring and
+    encrypted with the service ring's current key (Fernet)."""
+    token = Fernet(current_key(ring)).encrypt(KEY_RING_SEPARATOR.join(file_keys))
+    return token.decode("ascii")
+
+
+def unseal_file_keys(ring: bytes, sealed: str) -> list[bytes]:
+    """The file keys of :func:`seal_file_keys`, opened with any key of the service ring;
+    :class:`PermissionError` if none opens them."""
+    fernet = MultiFernet([Fernet(k) for k in ring.split(KEY_RING_SEPARATOR)])
+    try:
+        return fernet.decrypt(sealed.encode("ascii")).split(KEY_RING_SEPARATOR)
+    except InvalidToken:
+        raise _unsealable() from None
+
+
+def sealed_with(key: bytes, sealed: str) -> bool:
+    """Whether ``key`` alone (one Fernet key) opens ``sealed``."""
+    try:
+        Fernet(key).decrypt(sealed.encode("ascii"))
+    except InvalidToken:
+        return False
+    return True
+
+
+def file_ring(ring: bytes, sealed: str | None) -> bytes:
+    """What a dataset's file opens with: its own keys (``sealed``, the dataset's
+    ``file_keys``; none for a file stored before datasets had keys of their own), then
+    the service ring, which wraps such older files' data keys directly."""
+    own = [] if sealed is None else unseal_file_keys(ring, sealed)
+    return KEY_RING_SEPARATOR.join([*own, ring])
 
 
 class _FernetKms(pe.KmsClient):  # type: ignore[misc]
@@ -144,23 +199,6 @@ def open_table(path: Path, key: bytes) -> pq.ParquetFile:
     return pq.ParquetFile(str(path), decryption_properties=_decryption(key), pre_buffer=False)
 
 
-def iter_batches(
-    path: Path,
-    key: bytes,
-    columns: Sequence[str] | None = None,
-    rows: int | None = None,
-) -> Iterator[pa.RecordBatch]:
-    """Batches of ``rows`` rows (default :func:`batch_rows` of the columns read), whatever
-    the file's row groups."""
-    parquet = open_table(path, key)
-    try:
-        if rows is None:
-            rows = batch_rows(len(columns) if columns else len(parquet.schema_arrow))
-        yield from parquet.iter_batches(batch_size=rows, columns=list(columns) if columns else None)
-    finally:
-        parquet.close()
-
-
 def opens_with(path: Path, key: bytes) -> bool:
     """Whether ``key`` (a key or a ring) opens the table at ``path``."""
     try:
@@ -170,24 +208,25 @@ def opens_with(path: Path, key: bytes) -> bool:
     return True
 
 
-def rotate(path: Path, ring: bytes) -> bool:
-    """Re-encrypt the table at ``path`` under the ring's current key, if that key alone
-    does not open it already; returns whether it did. The file is read with the whole
-    ring, row group by row group, written beside it (a random name ending in
-    ``ROTATING_SUFFIX``), checked, and moved over it in one rename: a reader that opened
-    the old file keeps reading it, one that opens the path afterwards gets the new file,
-    never half of either. Raises :class:`PermissionError` if no key of the ring opens it,
-    :class:`FileNotFoundError` if it is removed meanwhile (its dataset deleted: nothing
-    is put back)."""
-    current = current_key(ring)
-    if opens_with(path, current):
-        return False
-    # a name of its own: two rotations run at once each write a whole file, the last
-    # rename wins, and neither writes into the other's
+def rotate(
+    path: Path, ring: bytes, file_key: bytes, before_replace: Callable[[], None] | None = None
+) -> None:
+    """Re-encrypt the table at ``path`` under ``file_key``. The file is read with
+    ``ring`` (:func:`file_ring`), row group by row group, written beside it (a random
+    name ending in ``ROTATING_SUFFIX``), checked, and moved over it in one rename: a
+    reader that opened the old file keeps reading it, one that opens the path afterwards
+    gets the new file, never half of either. ``before_replace`` runs once the new file is
+    written and checked, before the rename: the caller records the new key there, so
+    that a reader that has read it opens either file; if it raises, the old file stays
+    and the new one is removed. Raises :class:`PermissionError` if no key of the ring
+    opens the file, :class:`FileNotFoundError` if it is removed meanwhile (its dataset
+    deleted: nothing is put back)."""
+    # a name of its own: two rotations run at once each write a whole file, and neither
+    # writes into the other's (the caller's ``before_replace`` lets one of them through)
     staging = path.with_name(f"{path.name}.{secrets.token_hex(6)}{ROTATING_SUFFIX}")
     source = open_table(path, ring)
     try:
-        writer = EncryptedTableWriter(staging, source.schema_arrow, current)
+        writer = EncryptedTableWriter(staging, source.schema_arrow, file_key)
         try:
             for batch in source.iter_batches(batch_size=writer.row_group_rows):
                 writer.write(batch)
@@ -197,7 +236,7 @@ def rotate(path: Path, ring: bytes) -> bool:
     finally:
         source.close()
     try:
-        check = open_table(staging, current)
+        check = open_table(staging, file_key)
         try:
             if check.metadata.num_rows != rows:
                 raise OSError(f"{staging.name} holds {check.metadata.num_rows} rows, not {rows}")
@@ -207,7 +246,8 @@ def rotate(path: Path, ring: bytes) -> bool:
             os.fsync(handle.fileno())
         if not path.exists():
             raise FileNotFoundError(f"{path.name} was removed while it was re-encrypted")
+        if before_replace is not None:
+            before_replace()
         os.replace(staging, path)
     finally:
         staging.unlink(missing_ok=True)
-    return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -11,6 +12,8 @@ import pyarrow.parquet as pq
 from fastapi.testclient import TestClient
 from httpx2 import Response
 
+from app.models import Dataset
+from app.storage import tables
 from tests.conftest import Caller
 
 SCHEMA: dict[str, Any] = {
@@ -61,3 +64,15 @@ def with_columns(*columns: dict[str, Any], **changes: Any) -> dict[str, Any]:
     schema = {**SCHEMA, "columns": list(columns) or SCHEMA["columns"]}
     schema.update(changes)
     return schema
+
+
+def stored_table(client: TestClient, dataset_id: str) -> pa.Table:
+    """A dataset's stored (encrypted) table, opened as the measure stage opens it: with
+    the dataset's own file key, unsealed with the service's data key."""
+    services = client.app.state.services  # type: ignore[attr-defined]
+    with services.db.transaction(read_only=True) as session:
+        dataset = session.get(Dataset, uuid.UUID(dataset_id))
+        assert dataset is not None
+        path = services.settings.datasets_dir / dataset.storage_name
+        key = tables.file_ring(services.data_key, dataset.file_keys)
+    return tables.open_table(path, key).read()

@@ -3,7 +3,9 @@ keeps the declaration, the ledger, the releases and their measurements."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
@@ -12,6 +14,7 @@ import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.datasets.service import remove_stray_files
 from app.models import AuditEvent, Dataset
 from app.models.base import utcnow
+from app.storage import tables
 from tests.conftest import Caller, make_user
 from tests.releases.helpers import (
     REQUEST,
@@ -74,6 +77,32 @@ def test_deleting_the_data_keeps_ledger_and_releases_and_refuses_new_releases(
             select(AuditEvent.action).where(AuditEvent.object_id == dataset_id)
         ).all()
     assert actions.count("dataset.delete_data") == 1
+
+
+def test_deleting_the_data_forgets_the_files_key(
+    client: TestClient, curator: Caller, tmp_path: Path
+) -> None:
+    """Crypto-shredding: a copy of the file taken before the deletion (a backup, the
+    blocks an unlink leaves on the disk) opened with the dataset's file key, which the
+    service key unseals; the deletion forgets that key, so the copy opens no more, with
+    the service key or any other the service has."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    copy = tmp_path / "copy.parquet"
+    shutil.copyfile(_file(client, dataset_id), copy)
+
+    def sealed() -> str | None:
+        with services.db.transaction(read_only=True) as session:
+            found = session.get(Dataset, uuid.UUID(dataset_id))
+            assert found is not None
+            return found.file_keys
+
+    before = sealed()
+    assert tables.opens_with(copy, tables.file_ring(services.data_key, before))
+    assert _delete(client, curator, dataset_id).status_code == 200
+    assert sealed() is None
+    assert not tables.opens_with(copy, tables.file_ring(services.data_key, None))
+    assert not tables.opens_with(copy, services.data_key)
 
 
 def test_deleting_the_data_waits_for_releases_that_have_yet_to_read_them(

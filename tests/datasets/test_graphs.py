@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.errors import InvalidUpload
-from app.core.services import Services
 from app.storage.tables import open_table
 from tests.conftest import Caller
+from tests.datasets.helpers import stored_table
 from tests.datasets.test_upload import assert_nothing_stored
 
 GRAPH: dict[str, Any] = {
@@ -61,10 +61,7 @@ def test_graph_upload_normalises_edges(client: TestClient, curator: Caller, cont
         [],
     )
     assert body["validation"] is None  # the edge count is private under edge-level DP
-    services: Services = client.app.state.services  # type: ignore[attr-defined]
-    table = open_table(
-        services.settings.datasets_dir / f"{body['id']}.parquet", services.data_key
-    ).read()
+    table = stored_table(client, body["id"])
     edges = np.column_stack([table["u"].to_numpy(), table["v"].to_numpy()]).tolist()
     assert edges == [[0, 1], [1, 2], [4, 5]]
 
@@ -143,10 +140,7 @@ def test_public_columns_are_stored_as_text(client: TestClient, curator: Caller) 
     }
     response = upload(client, curator, b"movie,liked\nm1,1\n42,0\n", schema)
     assert response.status_code == 201, response.text
-    services: Services = client.app.state.services  # type: ignore[attr-defined]
-    table = open_table(
-        services.settings.datasets_dir / f"{response.json()['id']}.parquet", services.data_key
-    ).read()
+    table = stored_table(client, response.json()["id"])
     assert table["movie"].to_pylist() == ["m1", "42"]
     empty = upload(client, curator, b"movie,liked\n,1\n", schema)
     assert {"column": "movie", "problem": "empty cells", "rows": 1} in empty.json()["error"][

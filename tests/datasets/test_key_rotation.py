@@ -1,24 +1,25 @@
 """Rotating the data key: `curator rotate-data-key` re-encrypts every stored dataset under
-CURATOR_DATA_KEY, the old key(s) given in CURATOR_PREVIOUS_DATA_KEYS; the service then
-runs with the new key alone."""
+a fresh key of its own, sealed with CURATOR_DATA_KEY, the old key(s) given in
+CURATOR_PREVIOUS_DATA_KEYS; the service then runs with the new key alone."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.cli import main
 from app.config import KEY_FILE_NAME, Settings
 from app.main import create_app
-from app.models import AuditEvent
+from app.models import AuditEvent, Dataset
 from app.storage import tables
 from tests.conftest import Caller
 from tests.datasets.test_graphs import upload_graph
@@ -67,6 +68,30 @@ def new_key() -> bytes:
     return Fernet.generate_key()
 
 
+def _sealed(client: TestClient) -> dict[str, str | None]:
+    """Every dataset's sealed file keys, by storage file name."""
+    with services_of(client).db.transaction(read_only=True) as session:
+        return dict(session.execute(select(Dataset.storage_name, Dataset.file_keys)).all())
+
+
+def _opens(path: Path, ring: bytes, sealed: str | None) -> bool:
+    """Whether the file opens as the measure stage opens it under the service ``ring``."""
+    try:
+        return tables.opens_with(path, tables.file_ring(ring, sealed))
+    except PermissionError:  # the ring does not unseal the file keys
+        return False
+
+
+def _measures(client: TestClient, curator: Caller, dataset_id: str) -> None:
+    """A release of the dataset, run through, succeeds: its file opened."""
+    response = request_release(client, curator, dataset_id)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    shown = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert shown["status"] == "succeeded", shown
+
+
 @pytest.fixture
 def rotated_client(settings: Settings, new_key: bytes) -> Iterator[TestClient]:
     """The service after the rotation: the new key alone."""
@@ -93,13 +118,17 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
     old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
     files = sorted(settings.datasets_dir.iterdir())
     assert len(files) == 2
-    before = {path.name: tables.open_table(path, old).read() for path in files}
+    sealed = _sealed(client)
+    before = {
+        path.name: tables.open_table(path, tables.file_ring(old, sealed[path.name])).read()
+        for path in files
+    }
 
     # without the previous key nothing can be opened: refused before anything is touched
     code, _, err = rotate(new=new_key, previous=[])
     assert code == 2
     assert "CURATOR_PREVIOUS_DATA_KEYS is not set" in err
-    assert all(tables.opens_with(path, old) for path in files)
+    assert _sealed(client) == sealed
 
     code, out, err = rotate(new=new_key, previous=[old])
     assert code == 0, err
@@ -111,10 +140,14 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
         "failed": [],
     }
     assert "retire the old key" in err
+    after = _sealed(client)
     for path in files:
-        assert tables.opens_with(path, new_key)
-        assert not tables.opens_with(path, old)
-        assert tables.open_table(path, new_key).read().equals(before[path.name])
+        # a fresh file key, sealed with the new key alone: the old one opens neither
+        (file_key,) = tables.unseal_file_keys(new_key, after[path.name])
+        assert tables.sealed_with(new_key, after[path.name])
+        assert not _opens(path, old, after[path.name])
+        assert not _opens(path, old, sealed[path.name])  # nor the old file key
+        assert tables.open_table(path, file_key).read().equals(before[path.name])
     with services_of(client).db.transaction(read_only=True) as session:
         events = session.scalars(
             select(AuditEvent).where(AuditEvent.action == "data_key.rotate")
@@ -138,6 +171,7 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
     assert code == 1
     assert sorted(json.loads(out)["unreadable"]) == sorted(contents)
     assert {path.name: path.read_bytes() for path in files} == contents
+    assert _sealed(client) == after
     with services_of(client).db.transaction(read_only=True) as session:
         last = session.scalars(
             select(AuditEvent)
@@ -161,12 +195,7 @@ def test_a_release_measures_a_rotated_dataset_with_the_new_key_alone(
     old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
     code, _, err = rotate(new=new_key, previous=[old])
     assert code == 0, err
-    response = request_release(rotated_client, curator, table_id)
-    assert response.status_code == 202, response.text
-    release_id = response.json()["id"]
-    run_all(rotated_client, release_id)
-    shown = rotated_client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
-    assert shown["status"] == "succeeded", shown
+    _measures(rotated_client, curator, table_id)
 
 
 def test_a_missing_file_is_reported(
@@ -206,7 +235,8 @@ def test_a_corrupt_file_is_reported_and_the_others_rotated(
     report = json.loads(out)
     assert (report["failed"], report["rotated"]) == ([broken.name], 1)
     assert broken.read_bytes() == b"PAR1 not a table"
-    assert tables.opens_with(settings.datasets_dir / f"{second}.parquet", new_key)
+    kept = f"{second}.parquet"
+    assert _opens(settings.datasets_dir / kept, new_key, _sealed(client)[kept])
     with services_of(client).db.transaction(read_only=True) as session:
         (event,) = session.scalars(
             select(AuditEvent).where(AuditEvent.action == "data_key.rotate")
@@ -214,36 +244,45 @@ def test_a_corrupt_file_is_reported_and_the_others_rotated(
     assert event.details["failed"] == [broken.name]
 
 
-def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file(
+@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
+def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file_and_no_key(
     client: TestClient,
     curator: Caller,
     settings: Settings,
     new_key: bytes,
     rotate: Rotate,
     monkeypatch: pytest.MonkeyPatch,
+    when: str,
 ) -> None:
-    """A deletion that commits while the file is re-encrypted removes the old file; the
-    rotation's rename would put the new one back: the rotation removes it at the end."""
-    from sqlalchemy import update
-
-    from app.models import Dataset
-    from app.models.base import utcnow
-
+    """A deletion that commits while the file is re-encrypted forgets the file's key and
+    removes the old file. The rotation records no new key for it (its records are
+    conditional on the data not being deleted), and removes what its rename put back."""
     dataset_id = dataset(client, curator)
+    other = dataset(client, curator)
     old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
     rotate_file = tables.rotate
 
-    def deleted_meanwhile(path: Path, ring: bytes) -> bool:
-        changed = rotate_file(path, ring)
-        with services_of(client).db.transaction() as session:
-            session.execute(update(Dataset).values(data_deleted_at=utcnow()))
-        return changed
+    def delete() -> None:
+        url = f"/v1/datasets/{dataset_id}/data"
+        assert client.delete(url, headers=curator.headers).status_code == 200
+
+    def deleted_meanwhile(
+        path: Path, ring: bytes, file_key: bytes, before_replace: Callable[[], None]
+    ) -> None:
+        if not path.name.startswith(dataset_id):
+            return rotate_file(path, ring, file_key, before_replace)
+        if when == "before the rename":
+            return rotate_file(path, ring, file_key, lambda: (delete(), before_replace()))
+        rotate_file(path, ring, file_key, before_replace)
+        delete()
 
     monkeypatch.setattr(tables, "rotate", deleted_meanwhile)
     code, out, err = rotate(new=new_key, previous=[old])
     assert code == 0, err
-    assert json.loads(out)["rotated"] == 1
+    assert json.loads(out)["rotated"] == 1  # the other dataset
     assert not (settings.datasets_dir / f"{dataset_id}.parquet").exists()
+    assert list(settings.datasets_dir.iterdir()) == [settings.datasets_dir / f"{other}.parquet"]
+    assert _sealed(client)[f"{dataset_id}.parquet"] is None
 
 
 def test_previous_keys_are_checked(tmp_path: Path) -> None:
@@ -279,7 +318,8 @@ def test_a_dataset_whose_data_were_deleted_is_not_missing(
         "unreadable": [],
         "failed": [],
     }
-    assert tables.opens_with(settings.datasets_dir / f"{kept}.parquet", new_key)
+    name = f"{kept}.parquet"
+    assert _opens(settings.datasets_dir / name, new_key, _sealed(client)[name])
 
 
 def test_rotation_refuses_a_database_that_is_not_migrated(
@@ -313,13 +353,132 @@ def test_the_text_report_names_missing_and_unreadable_files(
     code, out, _ = rotate(new=Fernet.generate_key(), previous=[Fernet.generate_key()], text=True)
     assert code == 1
     assert out.splitlines() == [
-        "re-encrypted 0 dataset file(s) under CURATOR_DATA_KEY; 0 already were",
+        "re-encrypted 0 dataset file(s) under new keys of their own, sealed with "
+        "CURATOR_DATA_KEY; 0 already were",
         f"missing: {gone.name} (its dataset row names it, the file is not there)",
         f"unreadable: {kept.name} (no key of the ring opens it; left as it was)",
     ]
     code, out, err = rotate(new=new_key, previous=[old], text=True)
     assert code == 1
     assert out.splitlines()[0] == (
-        "re-encrypted 1 dataset file(s) under CURATOR_DATA_KEY; 0 already were"
+        "re-encrypted 1 dataset file(s) under new keys of their own, sealed with "
+        "CURATOR_DATA_KEY; 0 already were"
     )
     assert "retire the old key" not in err  # not while a file is missing
+
+
+def _make_legacy(client: TestClient, dataset_id: str) -> Path:
+    """Store a dataset's file as before datasets had keys of their own: its data keys
+    wrapped with the service key directly, and no file keys in its row."""
+    services = services_of(client)
+    path = services.settings.datasets_dir / f"{dataset_id}.parquet"
+    sealed = _sealed(client)[path.name]
+    service_key = tables.current_key(services.data_key)
+    tables.rotate(path, tables.file_ring(services.data_key, sealed), service_key)
+    with services.db.transaction() as session:
+        session.execute(
+            update(Dataset).where(Dataset.storage_name == path.name).values(file_keys=None)
+        )
+    assert tables.opens_with(path, service_key)
+    return path
+
+
+def test_a_file_stored_before_datasets_had_keys_is_read_and_then_given_its_own(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+    rotated_client: TestClient,
+) -> None:
+    """A file stored before 0012 opens with the service key (no file keys in its row),
+    so releases go on measuring it; a rotation re-encrypts it under a key of its own,
+    sealed with the new service key, and a deletion can then forget it."""
+    table_id = dataset(client, curator)
+    path = _make_legacy(client, table_id)
+    _measures(client, curator, table_id)
+
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    code, out, err = rotate(new=new_key, previous=[old])
+    assert code == 0, err
+    assert json.loads(out)["rotated"] == 1
+    sealed = _sealed(client)[path.name]
+    assert sealed is not None
+    assert tables.sealed_with(new_key, sealed)
+    for service_key in (old, new_key):
+        assert not tables.opens_with(path, service_key)
+    assert _opens(path, new_key, sealed)
+    _measures(rotated_client, curator, table_id)
+
+
+def test_a_run_cut_short_after_recording_the_new_key_is_finished_by_the_next(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+    rotated_client: TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The new file key is recorded beside the old one before the rename, so a run cut
+    short in between (here: the rename fails) leaves a file that opens with the keys
+    recorded: releases go on. Those keys are sealed with the new service key already, but
+    the file is still under the old file key: the next run does not take the dataset for
+    done, and re-encrypts it."""
+    table_id = dataset(client, curator)
+    path = settings.datasets_dir / f"{table_id}.parquet"
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    before = path.read_bytes()
+
+    def refused(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tables.os, "replace", refused)
+        code, out, _ = rotate(new=new_key, previous=[old])
+    assert code == 1
+    assert json.loads(out)["failed"] == [path.name]
+    assert path.read_bytes() == before
+    assert [p.name for p in settings.datasets_dir.iterdir()] == [path.name]  # no staging left
+    during = _sealed(client)[path.name]
+    assert during is not None
+    assert len(tables.unseal_file_keys(new_key, during)) == 2
+    _measures(rotated_client, curator, table_id)
+
+    code, out, err = rotate(new=new_key, previous=[old])
+    assert code == 0, err
+    assert json.loads(out)["rotated"] == 1
+    (file_key,) = tables.unseal_file_keys(new_key, _sealed(client)[path.name] or "")
+    assert tables.opens_with(path, file_key)
+    code, out, _ = rotate(new=new_key, previous=[old])
+    assert json.loads(out)["current"] == 1
+
+
+def test_a_release_measuring_while_a_rotation_replaces_the_file_reads_its_key_again(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The measure stage reads the dataset's file keys, then opens the file. A rotation
+    that replaced the file in between left it under a key the stage does not have: the
+    stage reads the keys again instead of failing the release."""
+    from app.releases import stages
+    from app.storage.source import EncryptedTableSource
+
+    table_id = dataset(client, curator)
+    services = services_of(client)
+    replaced: list[bool] = []
+
+    def rotated_first(path: Path, key: bytes, *args: Any, **kwargs: Any) -> EncryptedTableSource:
+        fresh = tables.new_file_key()
+        tables.rotate(path, key, fresh)  # as a rotation would, once the stage read the key
+        with services.db.transaction() as session:
+            session.execute(
+                update(Dataset)
+                .where(Dataset.storage_name == path.name)
+                .values(file_keys=tables.seal_file_keys(services.data_key, [fresh]))
+            )
+        replaced.append(True)
+        return EncryptedTableSource(path, key, *args, **kwargs)
+
+    monkeypatch.setattr(stages, "EncryptedTableSource", rotated_first)
+    _measures(client, curator, table_id)
+    assert replaced == [True]

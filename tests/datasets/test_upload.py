@@ -23,6 +23,7 @@ from app.core.security import hash_api_key
 from app.core.services import Services
 from app.models import ApiKey, AuditEvent, Dataset
 from app.models.base import utcnow
+from app.storage import tables
 from app.storage.tables import open_table
 from tests.conftest import Caller
 from tests.datasets.helpers import (
@@ -32,6 +33,7 @@ from tests.datasets.helpers import (
     SENTINELS,
     csv_bytes,
     parquet_bytes,
+    stored_table,
     upload,
     with_columns,
 )
@@ -75,7 +77,7 @@ def test_csv_upload_is_validated_normalised_and_encrypted(
     assert all(value.encode() not in raw for value in SENTINELS)
     assert list(services.settings.tmp_dir.iterdir()) == []  # the spool is gone
 
-    table = open_table(stored, services.data_key).read()
+    table = stored_table(client, body["id"])
     np.testing.assert_allclose(
         table["age"].to_numpy(), [2 * 37.123456 / 100 - 1, 2 * 59.987654 / 100 - 1, -0.6, 0.6]
     )
@@ -96,19 +98,29 @@ def test_a_utf8_byte_order_mark_and_crlf_line_ends_are_read_as_plain_csv(
     content = b"\xef\xbb\xbf" + csv_bytes().decode().replace("\n", line_end).encode()
     response = upload(client, curator, content)
     assert response.status_code == 201, response.text
-    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
-    table = open_table(stored, _services(client).data_key).read()
+    table = stored_table(client, response.json()["id"])
     assert table.column_names == ["age", "weight", "blood", "smoker"]
     assert table["smoker"].to_pylist() == [1, 0, 1, 0]
 
 
-def test_stored_file_needs_the_key(client: TestClient, curator: Caller) -> None:
+def test_stored_file_needs_its_own_key(client: TestClient, curator: Caller) -> None:
+    """A stored file opens with the dataset's own file key only: not with another key,
+    and not with the service's data key either, which seals the file key in the
+    dataset's row (so deleting the data can forget it: tests/datasets/test_delete_data)."""
     from cryptography.fernet import Fernet
 
     body = upload(client, curator, csv_bytes()).json()
-    stored = _services(client).settings.datasets_dir / f"{body['id']}.parquet"
-    with pytest.raises(PermissionError, match="no key of CURATOR_DATA_KEY"):
-        open_table(stored, Fernet.generate_key()).read()
+    services = _services(client)
+    stored = services.settings.datasets_dir / f"{body['id']}.parquet"
+    for key in (Fernet.generate_key(), services.data_key):
+        with pytest.raises(PermissionError, match="no key of CURATOR_DATA_KEY"):
+            open_table(stored, key).read()
+    with services.db.transaction(read_only=True) as session:
+        sealed = session.get(Dataset, uuid.UUID(body["id"])).file_keys
+    assert sealed is not None
+    assert sealed.encode() not in stored.read_bytes()
+    (file_key,) = tables.unseal_file_keys(services.data_key, sealed)
+    assert open_table(stored, file_key).read().equals(stored_table(client, body["id"]))
 
 
 def test_parquet_upload(client: TestClient, curator: Caller) -> None:
@@ -123,8 +135,7 @@ def test_parquet_upload(client: TestClient, curator: Caller) -> None:
     response = upload(client, curator, parquet_bytes(table), filename="x.parquet")
     assert response.status_code == 201, response.text
     assert response.json()["validation"]["format"] == "parquet"
-    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
-    out = open_table(stored, _services(client).data_key).read()
+    out = stored_table(client, response.json()["id"])
     np.testing.assert_allclose(out["age"].to_numpy(), [-0.8, 0.0])
     np.testing.assert_allclose(out["weight"].to_numpy(), [-1.0, 1.0])
     assert out["blood"].to_pylist() == [3, 0]
@@ -148,8 +159,7 @@ def test_parquet_integers_beyond_two_to_the_53_are_numbers(
     response = upload(client, curator, parquet_bytes(table), filename="x.parquet")
     assert response.status_code == 201, response.text
     assert response.json()["validation"]["clipped"] == {"age": 1, "weight": 1}
-    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
-    out = open_table(stored, _services(client).data_key).read()
+    out = stored_table(client, response.json()["id"])
     np.testing.assert_allclose(out["age"].to_numpy(), [1.0, 0.0])
     np.testing.assert_allclose(out["weight"].to_numpy(), [1.0, 0.0])
 
@@ -167,8 +177,7 @@ def test_parquet_decimal_and_string_view_columns(client: TestClient, curator: Ca
     )
     response = upload(client, curator, parquet_bytes(table), filename="x.parquet")
     assert response.status_code == 201, response.text
-    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
-    out = open_table(stored, _services(client).data_key).read()
+    out = stored_table(client, response.json()["id"])
     np.testing.assert_allclose(out["age"].to_numpy(), [-0.8, 0.0])
     np.testing.assert_allclose(out["weight"].to_numpy(), [-1.0, 1.0])
     assert out["blood"].to_pylist() == [3, 0]
@@ -188,8 +197,7 @@ def test_clip_reports_counts_per_column(client: TestClient, curator: Caller) -> 
     assert all(d["validation"]["clipped"] is None for d in listed)
     with _services(client).db.transaction() as session:
         assert session.get(Dataset, uuid.UUID(dataset_id)).validation["clipped"] is None
-    stored = _services(client).settings.datasets_dir / f"{response.json()['id']}.parquet"
-    out = open_table(stored, _services(client).data_key).read()
+    out = stored_table(client, response.json()["id"])
     assert out["age"].to_pylist() == [-1.0, 1.0, 1.0, 0.0]
 
 

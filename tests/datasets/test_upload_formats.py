@@ -16,9 +16,14 @@ from fastapi.testclient import TestClient
 
 from app.datasets import service as dataset_service
 from app.datasets import validation
-from app.storage.tables import open_table
 from tests.conftest import Caller
-from tests.datasets.helpers import SENTINELS, parquet_bytes, upload, with_columns
+from tests.datasets.helpers import (
+    SENTINELS,
+    parquet_bytes,
+    stored_table,
+    upload,
+    with_columns,
+)
 from tests.datasets.test_upload import assert_no_raw_values, assert_nothing_stored
 
 COLUMNS: list[dict[str, Any]] = [
@@ -31,11 +36,9 @@ COLUMNS: list[dict[str, Any]] = [
 def stored_rows(
     client: TestClient, dataset_id: str, columns: list[dict[str, Any]] = COLUMNS
 ) -> dict[str, list[Any]]:
-    """The stored table, decrypted by open_table (under EncryptedTableSource), its
+    """The stored table, decrypted with its file key (as EncryptedTableSource does), its
     continuous columns mapped back to original units and categories to their labels."""
-    services = client.app.state.services  # type: ignore[attr-defined]
-    path = services.settings.datasets_dir / f"{dataset_id}.parquet"
-    data = open_table(path, services.data_key).read().to_pydict()
+    data = stored_table(client, dataset_id).to_pydict()
     out: dict[str, list[Any]] = {}
     for column in columns:
         values = data[column["name"]]

@@ -94,16 +94,15 @@ def test_a_key_ring_wraps_with_its_first_key_and_opens_with_any(
     assert not tables.opens_with(written, old)
 
 
-def test_rotate_re_encrypts_under_the_current_key_once(
+def test_rotate_re_encrypts_under_the_new_key(
     stored: tuple[Path, bytes, np.ndarray],
 ) -> None:
     """The rotated file opens with the new key alone, not the old; its rows, schema and
-    row groups are the old file's; a second run leaves it be; nothing is left beside it."""
+    row groups are the old file's; nothing is left beside it."""
     path, old, values = stored
     before, groups = _read(path, old)
     new = Fernet.generate_key()
-    ring = tables.key_ring(new, [old])
-    assert tables.rotate(path, ring) is True
+    tables.rotate(path, old, new)
     assert tables.opens_with(path, new)
     assert not tables.opens_with(path, old)
     after, after_groups = _read(path, new)
@@ -112,9 +111,41 @@ def test_rotate_re_encrypts_under_the_current_key_once(
     assert after_groups == groups
     assert_array_equal(_matrix(after), values)
     assert [p.name for p in path.parent.iterdir()] == [path.name]
-    stamp = path.stat().st_mtime_ns
-    assert tables.rotate(path, ring) is False
-    assert path.stat().st_mtime_ns == stamp
+
+
+def test_rotate_runs_before_replace_between_the_copy_and_the_rename(
+    stored: tuple[Path, bytes, np.ndarray],
+) -> None:
+    """``before_replace`` (where the caller records the new key) runs once the copy is
+    written beside the file and before it replaces it; if it raises, the file stays as
+    it was and the copy is removed."""
+    path, old, _ = stored
+    content = path.read_bytes()
+    new = Fernet.generate_key()
+    seen: list[tuple[bool, list[str]]] = []
+
+    def record() -> None:
+        names = sorted(p.name for p in path.parent.iterdir())
+        seen.append((tables.opens_with(path, old), names))
+
+    tables.rotate(path, old, new, before_replace=record)
+    ((old_in_place, names),) = seen
+    assert old_in_place
+    assert len(names) == 2
+    assert names[1].endswith(tables.ROTATING_SUFFIX)
+    assert tables.opens_with(path, new)
+
+    class Refused(Exception):
+        pass
+
+    def refuse() -> None:
+        raise Refused
+
+    content = path.read_bytes()
+    with pytest.raises(Refused):
+        tables.rotate(path, new, Fernet.generate_key(), before_replace=refuse)
+    assert path.read_bytes() == content
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
 
 
 def test_rotate_leaves_a_file_no_key_opens_and_a_removed_one_removed(
@@ -124,7 +155,7 @@ def test_rotate_leaves_a_file_no_key_opens_and_a_removed_one_removed(
     content = path.read_bytes()
     strangers = tables.key_ring(Fernet.generate_key(), [Fernet.generate_key()])
     with pytest.raises(PermissionError, match="no key of CURATOR_DATA_KEY"):
-        tables.rotate(path, strangers)
+        tables.rotate(path, strangers, Fernet.generate_key())
     assert path.read_bytes() == content
     assert [p.name for p in path.parent.iterdir()] == [path.name]
     # the dataset's file removed while it was re-encrypted: it is not put back
@@ -136,7 +167,7 @@ def test_rotate_leaves_a_file_no_key_opens_and_a_removed_one_removed(
 
     monkeypatch.setattr(tables.EncryptedTableWriter, "write", write_then_remove)
     with pytest.raises(FileNotFoundError):
-        tables.rotate(path, tables.key_ring(Fernet.generate_key(), [old]))
+        tables.rotate(path, old, Fernet.generate_key())
     assert list(path.parent.iterdir()) == []
 
 
@@ -150,7 +181,6 @@ def test_two_rotations_at_once_leave_one_whole_file(
 
     path, old, values = stored
     new = Fernet.generate_key()
-    ring = tables.key_ring(new, [old])
     barrier = threading.Barrier(2, timeout=30)
     written = tables.EncryptedTableWriter.write
 
@@ -159,11 +189,11 @@ def test_two_rotations_at_once_leave_one_whole_file(
         written(self, batch)
 
     monkeypatch.setattr(tables.EncryptedTableWriter, "write", in_step)
-    results: list[bool | BaseException] = []
+    results: list[BaseException | None] = []
 
     def run() -> None:
         try:
-            results.append(tables.rotate(path, ring))
+            results.append(tables.rotate(path, old, new))
         except BaseException as exc:
             results.append(exc)
 
@@ -172,7 +202,7 @@ def test_two_rotations_at_once_leave_one_whole_file(
         thread.start()
     for thread in threads:
         thread.join()
-    assert results == [True, True]
+    assert results == [None, None]
     assert_array_equal(_matrix(_read(path, new)[0]), values)
     assert [p.name for p in path.parent.iterdir()] == [path.name]
 
@@ -195,7 +225,7 @@ def test_rotate_keeps_the_file_when_the_copy_is_short(
 
     monkeypatch.setattr(tables.EncryptedTableWriter, "write", drop_the_first)
     with pytest.raises(OSError, match="rows, not"):
-        tables.rotate(path, tables.key_ring(Fernet.generate_key(), [old]))
+        tables.rotate(path, old, Fernet.generate_key())
     assert path.read_bytes() == content
     assert [p.name for p in path.parent.iterdir()] == [path.name]
 
@@ -222,6 +252,23 @@ def test_rotate_syncs_the_copy_before_it_replaces_the_table(
 
     monkeypatch.setattr(tables.os, "fsync", spy_fsync)
     monkeypatch.setattr(tables.os, "replace", spy_replace)
-    assert tables.rotate(path, tables.key_ring(Fernet.generate_key(), [old]))
+    tables.rotate(path, old, Fernet.generate_key())
     assert [kind for kind, _ in calls] == ["fsync", "replace"]
     assert calls[0][1] == calls[1][1]  # the staging file, synced, is the one renamed
+
+
+def test_file_keys_are_sealed_with_the_current_key_and_open_with_any_of_the_ring() -> None:
+    """A dataset's file keys are sealed with the service ring's current key alone, open
+    with any ring holding that key, and with no other; a file stored before datasets had
+    keys of their own opens with the service ring itself."""
+    old, new, stranger = (Fernet.generate_key() for _ in range(3))
+    file_keys = [tables.new_file_key(), tables.new_file_key()]
+    sealed = tables.seal_file_keys(tables.key_ring(new, [old]), file_keys)
+    assert tables.sealed_with(new, sealed)
+    assert not tables.sealed_with(old, sealed)
+    assert tables.unseal_file_keys(tables.key_ring(stranger, [new]), sealed) == file_keys
+    with pytest.raises(PermissionError, match="opens this dataset's file key"):
+        tables.unseal_file_keys(tables.key_ring(stranger, [old]), sealed)
+    ring = tables.key_ring(new, [old])
+    assert tables.file_ring(ring, sealed).split(b",") == [*file_keys, new, old]
+    assert tables.file_ring(ring, None) == ring
