@@ -143,13 +143,25 @@ def answer(
 
 
 def _refuse_non_finite(answers: list[dict[str, Any]]) -> None:
-    """422 naming the first query whose value or standard error is not a finite number
-    (pydantic would write it as ``null``: an answer that looks like "no answer")."""
+    """422 naming the first query one of whose numbers (value, stderr, interval ends and
+    every other number an answer carries, also inside lists and objects) is not finite:
+    pydantic would write it as ``null``, an answer that looks like "no answer" (a
+    synopsis's interval came back as ``[null, null]`` where its value was finite)."""
     for position, item in enumerate(answers):
-        for field in ("value", "stderr"):
-            number = item.get(field)
-            if isinstance(number, float) and not math.isfinite(number):
+        for field, content in item.items():
+            if _holds_non_finite(content):
+                what = "a finite number" if isinstance(content, float) else "made of finite numbers"
                 raise InvalidRequest(
-                    f"queries.{position}: its {field} is not a finite number (the query's "
+                    f"queries.{position}: its {field} is not {what} (the query's "
                     "coefficients or weights overflow a float); scale the query down"
                 )
+
+
+def _holds_non_finite(content: Any) -> bool:
+    if isinstance(content, float):
+        return not math.isfinite(content)
+    if isinstance(content, Mapping):
+        return any(_holds_non_finite(v) for v in content.values())
+    if isinstance(content, list | tuple):
+        return any(_holds_non_finite(v) for v in content)
+    return False

@@ -1911,6 +1911,35 @@ def test_an_answer_that_overflows_is_refused_with_its_position(
     assert len(_answers(client, curator, release_id, [fine])) == 1
 
 
+def test_a_synopsis_answer_whose_interval_overflows_is_refused_with_its_position(
+    client: TestClient, curator: Caller
+) -> None:
+    """Chebyshev coefficients of +-1e308 give a finite value and stderr but an interval
+    past the float range: it came back as ``"interval": [null, null]`` (and
+    ``"worst_case_interval": [null, null]``, ``"noise_halfwidth": null``) in a 200, where
+    the schema promises numbers; only the value and stderr were checked."""
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"smoothness": 4}}
+    release_id = request_release(client, curator, dataset_id, body).json()["id"]
+    run_all(client, release_id)
+    fine = {"type": "product", "factors": {"x": {"type": "chebyshev", "coefficients": [0.5, 0.1]}}}
+    wide = {
+        "type": "product",
+        "factors": {"x": {"type": "chebyshev", "coefficients": [1e308, -1e308, 1e308]}},
+    }
+    response = client.post(
+        f"/v1/releases/{release_id}/answers",
+        headers=curator.headers,
+        json={"queries": [fine, wide]},
+    )
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith("queries.1: its "), message
+    assert "finite number" in message, message
+    (answer,) = _answers(client, curator, release_id, [fine])
+    assert all(isinstance(end, float) for end in answer["interval"]), answer
+
+
 @pytest.mark.parametrize(
     "query",
     [
