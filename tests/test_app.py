@@ -140,6 +140,9 @@ def test_a_json_body_sent_without_its_content_type_says_so(
     assert "dataset_id" in bad_path.json()["error"]["message"]
 
 
+NOT_PARSED = "the request body is not valid JSON: it is not UTF-8 text, or it is nested too deeply"
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -149,6 +152,9 @@ def test_a_json_body_sent_without_its_content_type_says_so(
             "double quotes (at character 13)",
         ),
         (b"\xff\xfe", "the request body is not valid JSON: Expecting value (at character 0)"),
+        # FastAPI answered these with an undocumented 400 "There was an error parsing the body"
+        (b'{"name": "\xc3("}', NOT_PARSED),  # not UTF-8
+        (b"[" * 100_000 + b"]" * 100_000, NOT_PARSED),  # nested past the parser's depth
     ],
 )
 def test_a_body_that_is_not_json_is_named_as_such(

@@ -198,6 +198,14 @@ def _not_sent_as_json(request: Request, errors: Sequence[Mapping[str, Any]]) -> 
     return any(tuple(err.get("loc", ())) == ("body",) for err in errors)
 
 
+#: FastAPI's 400 detail for a JSON body it could not decode: invalid UTF-8 (a
+#: ``UnicodeDecodeError``) or nesting past the parser's recursion limit (a
+#: ``RecursionError``); a body that decodes but is not JSON is its ``json_invalid`` 422.
+_BODY_NOT_PARSED = "There was an error parsing the body"
+BODY_NOT_PARSED_MESSAGE = (
+    "the request body is not valid JSON: it is not UTF-8 text, or it is nested too deeply"
+)
+
 _STATUS_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -234,6 +242,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _BODY_NOT_PARSED:
+            # a JSON body FastAPI could not decode at all (not UTF-8, or nested past the
+            # parser's depth): the 422 of any other body that is not JSON, which every
+            # JSON route documents (it was an undocumented 400 "bad_request")
+            body = {"error": {"code": "validation_error", "message": BODY_NOT_PARSED_MESSAGE}}
+            return JSONResponse(body, status_code=422)
         code = _STATUS_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
         return JSONResponse(
