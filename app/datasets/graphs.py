@@ -1,11 +1,11 @@
 """Validate an uploaded edge list against its declared vertex count and store it.
 
 Format: one undirected edge per line, two integer vertex ids separated by a comma, a tab
-or a single space; an optional header line (e.g. ``source,target``); leading lines that
-start with ``#`` are skipped. Ids must lie in ``0..vertices-1``; self-loops and repeated
-edges (in either orientation) are refused. Problems are counted, never quoted: under
-edge-level privacy even the number of edges is not public, so the stored graph's size is
-not reported back either.
+or a single space; an optional header line (e.g. ``source,target``: no field of it a
+number); leading lines that start with ``#`` are skipped. Ids must lie in
+``0..vertices-1``; self-loops and repeated edges (in either orientation) are refused.
+Problems are counted, never quoted: under edge-level privacy even the number of edges is
+not public, so the stored graph's size is not reported back either.
 
 Stored as encrypted Parquet with int32 columns ``u < v``, sorted.
 """
@@ -28,6 +28,9 @@ from app.storage.tables import EncryptedTableWriter
 
 _INTEGER = r"^\s*\d+\s*$"
 _SMALL_INTEGER = r"^\s*\d{1,9}\s*$"  # castable without overflow; longer ids are out of range
+#: A field that reads as a number (sign, decimals, exponent): such a first line is an edge,
+#: not a header.
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _BLOCK_BYTES = 4 << 20
 GRAPH_SCHEMA = pa.schema(
     [pa.field("u", pa.int32(), nullable=False), pa.field("v", pa.int32(), nullable=False)]
@@ -54,7 +57,11 @@ def _layout(reader: io.RawIOBase) -> tuple[str, int, bool]:
             continue
         delimiter = "," if "," in line else ("\t" if "\t" in line else " ")
         fields = line.split(delimiter)
-        header = not all(f.strip().isdigit() for f in fields)
+        # a header names its columns: a line with a number in it is an edge, also one that
+        # is not valid (``0 -1``, ``2 1.0``, ``0,2,``), refused with the other bad edges
+        # (taken for a header, such a first edge was dropped in silence, and the 201 shows
+        # no edge count to notice it by)
+        header = not any(_NUMBER.fullmatch(f.strip()) for f in fields)
         return delimiter, comments, header
     raise file_problem("the file has no edges")
 

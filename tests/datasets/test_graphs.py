@@ -74,8 +74,19 @@ def test_graph_upload_normalises_edges(client: TestClient, curator: Caller, cont
         (b"0 1\n1 0\n0 1\n2 3\n", "repeated edges (in either orientation)", 2),
         (b"0 1\n1 x\n-1 2\n", "ids that are not non-negative integers", 2),
         (b"0 1\n99999999999999999999 1\n", "ids outside 0..5 (the declared vertex count)", 1),
+        # a bad first edge was taken for a header row and dropped: a 201 without it
+        (b"0 -1\n0 1\n1 2\n", "ids that are not non-negative integers", 1),
+        (b"2 1.0\n0 1\n", "ids that are not non-negative integers", 1),
     ],
-    ids=["out-of-range", "self-loop", "duplicates", "not-integers", "huge-id"],
+    ids=[
+        "out-of-range",
+        "self-loop",
+        "duplicates",
+        "not-integers",
+        "huge-id",
+        "first-negative",
+        "first-decimal",
+    ],
 )
 def test_bad_edges_are_counted_not_quoted(
     client: TestClient, curator: Caller, content: bytes, problem: str, rows: int
