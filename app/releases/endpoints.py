@@ -40,7 +40,17 @@ _NPZ = {"application/octet-stream": _FILE}
 
 
 def _download(description: str, content: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
-    return {200: {"description": description, "content": content}}
+    """A download's responses: the file, the byte ranges a ``Range: bytes=...`` header
+    asks for (another unit, or one that does not parse, is ignored: the whole file), and
+    416 for a range past the end (``Content-Range: bytes */<size>``)."""
+    return {
+        200: {"description": description, "content": content},
+        206: {
+            "description": "the byte range asked for (Range: bytes=a-b), or several as "
+            "multipart/byteranges"
+        },
+        416: {"description": "the range starts past the end of the file (no body)"},
+    }
 
 
 @router.post(
