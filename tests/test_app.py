@@ -558,7 +558,8 @@ def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
     for path, operations in paths.items():
         for method, operation in operations.items():
             for status, response in operation["responses"].items():
-                if status.startswith(("4", "5")) and path != "/readyz":
+                # a download's 416 has no body (RFC 9110: Content-Range names the size)
+                if status.startswith(("4", "5")) and path != "/readyz" and status != "416":
                     schema = response["content"]["application/json"]["schema"]
                     assert schema == {"$ref": "#/components/schemas/ErrorOut"}, (method, path)
     # a bad path parameter is a validation_error, an upload that does not match an

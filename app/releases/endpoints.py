@@ -47,7 +47,11 @@ def _download(description: str, content: dict[str, Any]) -> dict[int | str, dict
         200: {"description": description, "content": content},
         206: {
             "description": "the byte range asked for (Range: bytes=a-b), or several as "
-            "multipart/byteranges"
+            "multipart/byteranges",
+            "content": {
+                **{media: {"schema": {"type": "string"}} for media in content},
+                "multipart/byteranges": _FILE,
+            },
         },
         416: {"description": "the range starts past the end of the file (no body)"},
     }

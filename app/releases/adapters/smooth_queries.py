@@ -281,18 +281,22 @@ def _gaussian_mixture(form: GaussianMixtureForm, info: DatasetInfo) -> Any:
 MIN_WIDTH = 1e-12
 
 
-def _check_rescaled_centers(centers: NDArray[np.float64]) -> None:
+def _check_rescaled_centers(centers: NDArray[np.float64] | float) -> None:
     """A finite centre in original units whose normalised coordinate overflows (1e308 on
-    bounds [0, 1]) is named as such, not as the ``inf`` the client never sent."""
-    if not np.all(np.isfinite(centers)):
+    bounds [0, 1]) is named as such, not as the ``inf`` the client never sent. (A float,
+    one factor's centre, is checked without numpy: a product query's factors are checked
+    one at a time, and numpy's reductions over a scalar took a third of parsing them.)"""
+    finite = math.isfinite(centers) if isinstance(centers, float) else np.isfinite(centers).all()
+    if not finite:
         raise InvalidRequest(
             "a centre lies too far outside the declared bounds to be rescaled to [-1, 1] "
             "(its normalised coordinate overflows a float)"
         )
 
 
-def _check_width(sigma: NDArray[np.float64]) -> None:
-    if np.any(sigma < MIN_WIDTH):
+def _check_width(sigma: NDArray[np.float64] | float) -> None:
+    narrow = sigma < MIN_WIDTH if isinstance(sigma, float) else bool(np.any(sigma < MIN_WIDTH))
+    if narrow:
         raise InvalidRequest(
             f"a Gaussian width is below {MIN_WIDTH} on the normalised scale (the declared "
             "bounds map to [-1, 1]): too narrow to answer"
@@ -435,9 +439,9 @@ def _product(form: ProductForm, info: DatasetInfo, columns: _Columns) -> Product
         if isinstance(factor, GaussianFactor):
             # exp(-(x - c)^2 / (2 s^2)) with x = a + b x' is exp(-(x' - c')^2 / (2 s'^2)),
             # c' = (c - a) / b, s' = s / b; the library expands it exactly (chebyshev)
-            _check_width(np.asarray(factor.sigma / b))
-            center = (factor.center - a) / b
-            _check_rescaled_centers(np.asarray(center))
+            _check_width(float(factor.sigma / b))
+            center = float((factor.center - a) / b)
+            _check_rescaled_centers(center)
             factors[i] = Gaussian1D(center=center, sigma=factor.sigma / b)
         elif isinstance(factor, PolynomialFactor):
             # g(x) = sum_k a_k x^k with x = a + b x': compose, then to Chebyshev coefficients
