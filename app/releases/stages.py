@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import or_, select
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, object_session
 
 from app.core.db import on_commit, uses_row_locks
@@ -438,7 +439,8 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
                 raise RuntimeError("the mechanism's privacy cost exceeds the reservation")
             if heartbeat.lost:  # a cancel is handled where the finished measurement is kept
                 raise LeaseLost
-        _persist_measurement(services, claim, mechanism, measured)
+            # under the heartbeat, which keeps the lease while a store is retried
+            _persist_retrying(services, claim, mechanism, measured)
     except LeaseLost:
         log.warning("release %s: lease lost while measuring; work discarded", release_id)
     except StageCancelled:
@@ -463,6 +465,52 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             f"{describe_failure(exc)}; {_outcome(read, mechanism)}",
             read=read,
         )
+
+
+#: How long, in leases, the measure stage retries storing a finished measurement through
+#: errors of the database's connection (a restart, a failover, a dropped connection, a
+#: SQLite lock held past its busy timeout) before the release ends failed and spent.
+PERSIST_RETRY_LEASES = 2
+#: The first wait between two tries (it doubles, up to :data:`PERSIST_RETRY_MAX_DELAY`).
+PERSIST_RETRY_DELAY = 0.5
+PERSIST_RETRY_MAX_DELAY = 8.0
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a database error is the connection's, not the statement's: the same
+    transaction may well commit once the database is back. A statement the database
+    refuses (a constraint, a value it cannot store) fails the same way every time."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def _persist_retrying(
+    services: Services, claim: Claim, mechanism: registry.Mechanism, measured: Measured
+) -> None:
+    """:func:`_persist_measurement`, tried again with the same measurement (never a fresh
+    draw) while it fails on the database's connection, for up to
+    :data:`PERSIST_RETRY_LEASES` leases. One dropped connection in its transaction ended
+    the release failed and spent, its complete measurement thrown away (DESIGN rule 6
+    spends a release that read the data), and every request retried by its curator spent
+    the same epsilon again while the database was unsteady."""
+    deadline = time.monotonic() + PERSIST_RETRY_LEASES * services.settings.lease_seconds
+    delay = PERSIST_RETRY_DELAY
+    while True:
+        try:
+            _persist_measurement(services, claim, mechanism, measured)
+            return
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "release %s: storing the measurement failed (%s); retrying in %.1f s",
+                claim.release_id,
+                type(exc).__name__,
+                delay,
+            )
+        time.sleep(delay)
+        delay = min(2 * delay, PERSIST_RETRY_MAX_DELAY)
 
 
 def _persist_measurement(

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 import tests.releases.fake_mechanism as fake  # registers test_means
 from app.mechanisms.privacy import CostPart, PrivacyCost
@@ -1267,6 +1267,47 @@ def test_a_measurement_that_cannot_be_stored_ends_the_release_spent(
     )
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
     assert not _stored(client, release_id)
+
+
+def test_a_measurement_whose_connection_drops_while_stored_is_stored_on_a_retry(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database's connection dropped in the transaction that stores a finished
+    measurement (a PostgreSQL restart or failover; a SQLite lock held past its busy
+    timeout): the release ended failed and spent, its measurement thrown away, where the
+    same transaction commits once the database is back. The store is tried again with the
+    same measurement: one draw, one spend, and the release goes on to its synthesis."""
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    monkeypatch.setattr(stages, "PERSIST_RETRY_DELAY", 0.01)
+    commit, failures = stages.ledger.commit, []
+    measured: list[Measured] = []
+    measure = fake.TestMeans.measure
+
+    def drops_twice(session: Any, *args: Any) -> Any:
+        if len(failures) < 2:
+            failures.append(1)
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+        return commit(session, *args)
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Measured:
+        measured.append(measure(self, *args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(stages.ledger, "commit", drops_twice)
+    monkeypatch.setattr(fake.TestMeans, "measure", recorded)
+    run_measure(services_of(client), uuid.UUID(release_id))
+    monkeypatch.undo()
+    assert len(failures) == 2
+    assert len(measured) == 1
+    with services_of(client).db.transaction() as session:
+        stored = session.get(ReleaseMeasurement, uuid.UUID(release_id))
+        assert stored is not None
+        assert stored.payload == measured[0].payload
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+    run_all(client, release_id)
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "succeeded", final
 
 
 @pytest.mark.parametrize("opened", [True, False])
