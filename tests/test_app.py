@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import re
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from fastapi import Response
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
 
 from app.answers.schemas import AnswerRequest
 from app.config import Settings
@@ -500,6 +502,39 @@ def test_unhandled_errors_are_answered_and_logged_without_their_message(
     assert secret not in response.text
     assert "unhandled ValueError on GET /boom" in caplog.text
     assert secret not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (OperationalError("SELECT 1", {}, Exception("connection refused")), 503),
+        (OSError(errno.ENOSPC, "No space left on device"), 503),
+        (OSError(errno.EROFS, "Read-only file system"), 503),
+        (OSError(errno.ENOENT, "No such file or directory"), 500),
+    ],
+)
+def test_an_unreachable_database_or_a_full_disk_is_a_503(
+    error: Exception, status: int, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database that cannot be reached (restarted, failed over, a SQLite lock held past
+    its busy timeout) or a data directory that is full or read-only was a 500 "internal
+    error; this is a bug" with a traceback in the log: it is a 503 with Retry-After, and
+    one warning line for the operator. Any other error is still a bug."""
+
+    def fails() -> None:
+        raise error
+
+    client.app.add_api_route("/fails", fails)  # type: ignore[attr-defined]
+    with caplog.at_level(logging.DEBUG):
+        response = client.get("/fails")
+    assert response.status_code == status
+    if status == 503:
+        assert response.json()["error"]["code"] == "service_unavailable"
+        assert response.headers["retry-after"] == "30"
+        assert "answered 503" in caplog.text
+        assert "Traceback" not in caplog.text
+    else:
+        assert response.json()["error"]["code"] == "internal_error"
 
 
 def test_responses_carry_nosniff_and_api_responses_no_store(

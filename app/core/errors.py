@@ -8,6 +8,7 @@ exception message, which could quote a data value).
 
 from __future__ import annotations
 
+import errno
 import logging
 import traceback
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -85,6 +87,42 @@ class InvalidRequest(ServiceError):
 
     status_code = 422
     code = "invalid_request"
+
+
+class ServiceUnavailable(ServiceError):
+    """The service cannot do it now, through no fault of the request: its database cannot
+    be reached or its disk takes no more files. Answered with ``Retry-After``."""
+
+    status_code = 503
+    code = "service_unavailable"
+
+
+#: Write errors of a data directory that is full or read-only (the operator's to fix).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+#: ``Retry-After`` of a :class:`ServiceUnavailable` (seconds).
+RETRY_AFTER_SECONDS = 30
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write refused by a full or read-only disk (pyarrow's write
+    errors carry the errno too)."""
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+
+
+def unavailable(exc: BaseException) -> ServiceUnavailable | None:
+    """The 503 for an infrastructure failure under a request, or None for anything else
+    (a bug: 500). A database error of the connection (refused, dropped, a restart, a
+    SQLite lock held past its busy timeout, a full SQLite disk) or a full or read-only
+    data directory is not the request's fault nor a bug, and a retry later may succeed."""
+    if is_storage_full(exc):
+        return ServiceUnavailable(
+            "the service cannot store files now (its data directory is full or read-only); "
+            "try again later"
+        )
+    connection_lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
+    if connection_lost or isinstance(exc, OperationalError | InterfaceError):
+        return ServiceUnavailable("the database is unavailable now; try again later")
+    return None
 
 
 class InvalidUpload(ServiceError):
@@ -220,7 +258,11 @@ _STATUS_CODES = {
 def error_response(exc: ServiceError) -> JSONResponse:
     """The response of ``exc``: its body and status, and for a 401 the
     ``WWW-Authenticate`` challenge (the route's handler and ``app.main.BodyLimit``)."""
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    headers: dict[str, str] | None = None
+    if exc.status_code == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif exc.status_code == 503:
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
 
@@ -293,6 +335,16 @@ class ErrorBarrier:
         except Exception as exc:
             method, path = scope.get("method", ""), scope.get("path", "")
             name = type(exc).__name__
+            refusal = unavailable(exc)
+            if refusal is not None:
+                # the infrastructure's failure, not a bug: a line for the operator (type
+                # and errno only) and a 503 the client may retry
+                number = exc.errno if isinstance(exc, OSError) else None
+                code = errno.errorcode.get(number, "") if number is not None else ""
+                log.warning("%s %s on %s %s: answered 503", name, code, method, path)
+                if not started:
+                    await error_response(refusal)(scope, receive, send)
+                return
             log.error("unhandled %s on %s %s\n%s", name, method, path, frames_only(exc))
             if not started:
                 body = {

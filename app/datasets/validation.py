@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from app.core.errors import InvalidUpload
+from app.core.errors import InvalidUpload, is_storage_full
 from app.datasets.schemas import (
     BinaryColumn,
     CategoricalColumn,
@@ -803,6 +803,10 @@ def validate_and_store(
     except (pa.ArrowException, OSError) as exc:
         # pyarrow's read errors only; anything else is a bug and must surface as one.
         destination.unlink(missing_ok=True)
+        if is_storage_full(exc):
+            # the stored table's write, refused by a full or read-only disk: the file is
+            # not at fault (a 422 told its curator it could not be read as CSV)
+            raise
         for stopped in (r for r in (header_ragged, ragged) if r.stopped):
             problems = Problems()
             stopped.report(problems)

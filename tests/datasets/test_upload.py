@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import json
 import logging
@@ -792,7 +793,35 @@ def test_transaction_that_cannot_begin_removes_the_stored_file(
     monkeypatch.setattr(database, "transaction", refuse_writes)
     failing = TestClient(client.app, raise_server_exceptions=False)
     response = upload(failing, curator, csv_bytes())
-    assert response.status_code == 500
+    assert response.status_code == 503  # the database's, not a bug
+    assert response.json()["error"]["code"] == "service_unavailable"
+    monkeypatch.undo()
+    assert_nothing_stored(client)
+
+
+@pytest.mark.parametrize("where", ["spool", "stored table"])
+def test_a_full_disk_is_a_503_and_not_the_files_fault(
+    where: str, client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data directory that takes no more bytes (ENOSPC, also read-only or over quota)
+    while the upload spools or its table is stored: the stored table's write error was
+    taken for pyarrow's read error, a 422 telling the curator that a valid file "could not
+    be read as CSV", and a full spool was a 500 "this is a bug"; both are a 503 that says
+    to try again later, and nothing is left behind."""
+    from app.storage.spool import EncryptedSpool
+    from app.storage.tables import EncryptedTableWriter
+
+    def full(*_args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    owner = EncryptedSpool if where == "spool" else EncryptedTableWriter
+    monkeypatch.setattr(owner, "write", full)
+    response = upload(client, curator, csv_bytes())
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "service_unavailable"
+    assert "full or read-only" in response.json()["error"]["message"]
+    assert response.headers["retry-after"] == "30"
+    assert_no_raw_values(response.text)
     monkeypatch.undo()
     assert_nothing_stored(client)
 
