@@ -341,7 +341,8 @@ class ErrorBarrier:
                 # and errno only) and a 503 the client may retry
                 number = exc.errno if isinstance(exc, OSError) else None
                 code = errno.errorcode.get(number, "") if number is not None else ""
-                log.warning("%s %s on %s %s: answered 503", name, code, method, path)
+                name += f" {code}" if code else ""
+                log.warning("%s on %s %s: answered 503", name, method, path)
                 if not started:
                     await error_response(refusal)(scope, receive, send)
                 return

@@ -49,7 +49,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, object_session
 
 from app.core.db import on_commit, uses_row_locks
-from app.core.errors import InvalidRequest, frames_only
+from app.core.errors import InvalidRequest, frames_only, is_storage_full
 from app.core.services import Services
 from app.datasets.service import remove_stray_files
 from app.ledger import service as ledger
@@ -114,7 +114,16 @@ def describe_failure(exc: BaseException) -> str:
         return str(exc)
     if isinstance(exc, InvalidRequest):
         return exc.message
+    if is_storage_full(exc):
+        return (
+            "the service could not write the release's files: its data directory is full "
+            "or read-only (the operator's to fix)"
+        )
     return f"internal error ({type(exc).__name__}); see the worker log"
+
+
+#: What a failed synthesis run's message ends with.
+KEPT = "the measurements are kept: re-synthesise with other parameters at no privacy cost"
 
 
 def _log_failure(release_id: uuid.UUID, stage: str, exc: BaseException) -> None:
@@ -591,11 +600,19 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         return
     version = claim.synthesis_version
     rng = np.random.default_rng(np.random.SeedSequence([claim.seed, version]))
-    with _owned(services, claim, "synthesizing") as release:
-        # begun under the lock, as the lease's holder: ``begin`` removes the run's other
-        # temporary directories, and a claim whose lease ran out since (its worker held
-        # up) would remove the work of the run's new owner
-        work = None if release is None else store.begin(claim.release_id, version)
+    try:
+        with _owned(services, claim, "synthesizing") as release:
+            # begun under the lock, as the lease's holder: ``begin`` removes the run's other
+            # temporary directories, and a claim whose lease ran out since (its worker held
+            # up) would remove the work of the run's new owner
+            work = None if release is None else store.begin(claim.release_id, version)
+    except OSError as exc:
+        # a data directory that is read-only (or full, out of inodes): the run ends now,
+        # where it escaped and was claimed again until its attempts ran out, then
+        # blamed on workers that died
+        _log_failure(release_id, "synthesize", exc)
+        _end_synthesizing(services, claim, "failed", f"{describe_failure(exc)}; {KEPT}")
+        return
     if work is None:  # logged once the lock is let go (it reads the release again)
         _log_not_ours(services, claim, "before synthesizing; nothing done")
         return
@@ -618,13 +635,7 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         store.discard(work)
         ended = True  # a failure, also if ending the run fails
         try:
-            ended = _end_synthesizing(
-                services,
-                claim,
-                "failed",
-                f"{describe_failure(exc)}; the measurements are kept: re-synthesise with "
-                "other parameters at no privacy cost",
-            )
+            ended = _end_synthesizing(services, claim, "failed", f"{describe_failure(exc)}; {KEPT}")
         finally:
             if ended:
                 _log_failure(release_id, "synthesize", exc)

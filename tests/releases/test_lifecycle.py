@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -1308,6 +1309,39 @@ def test_a_measurement_whose_connection_drops_while_stored_is_stored_on_a_retry(
     run_all(client, release_id)
     final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert final["status"] == "succeeded", final
+
+
+def test_a_synthesis_that_cannot_begin_its_files_fails_at_once(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data directory made read-only (or full) under the worker: the run's temporary
+    directory could not be made, the error escaped the stage, and the run was claimed
+    again after each lease until its attempts ran out, ending as "its workers died or lost
+    their leases, e.g. out of memory". It fails at its first claim and says why; the
+    measurements are kept, and a re-synthesis once the directory is writable succeeds."""
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    run_measure(services_of(client), uuid.UUID(release_id))
+
+    def read_only(*_args: Any) -> Path:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(ArtifactStore, "begin", read_only)
+    run_synthesize(services_of(client), uuid.UUID(release_id))
+    monkeypatch.undo()
+    failed = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert failed["status"] == "failed"
+    assert failed["message"].startswith("the service could not write the release's files")
+    assert failed["message"].endswith("re-synthesise with other parameters at no privacy cost")
+    assert _stored(client, release_id)
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize", json={"params": {}}, headers=curator.headers
+    )
+    assert again.status_code == 202, again.text
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
 
 
 @pytest.mark.parametrize("opened", [True, False])
