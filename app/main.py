@@ -23,6 +23,7 @@ from app import __version__
 from app.answers.endpoints import router as answers_router
 from app.config import Settings, load_settings
 from app.core.deps import key_authenticates
+from app.core.disk import space_is_low
 from app.core.errors import (
     ErrorBarrier,
     Unauthorized,
@@ -283,11 +284,16 @@ def publish_schemas(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
 
 
 class Readiness(BaseModel):
-    """The body of ``GET /readyz``, with 200 (ready) or 503 (not ready)."""
+    """The body of ``GET /readyz``, with 200 (ready) or 503 (not ready: the database or
+    the queue cannot be reached). ``storage`` is ``low`` while the data directory has
+    less than ``CURATOR_MIN_FREE_BYTES`` free (``unreadable``: its free space cannot be
+    read): uploads and release requests are refused (503) meanwhile, but the process
+    stays ready, as downloads and answers, which only read, go on."""
 
     status: Literal["ready", "not ready"]
     database: Literal["ok", "unreachable"]
     queue: Literal["ok", "unreachable"]
+    storage: Literal["ok", "low", "unreadable"]
 
 
 def create_app(settings: Settings | None = None, *, embedded_worker: bool = False) -> FastAPI:
@@ -346,7 +352,8 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
         responses={503: {"model": Readiness, "description": "not ready"}},
     )
     def readyz() -> JSONResponse:
-        """Readiness: the database and the queue are reachable."""
+        """Readiness: the database and the queue are reachable (and whether the data
+        directory has room for uploads and releases: :class:`Readiness`)."""
         checks: dict[str, str] = {}
         for name, ping in (("database", services.db.ping), ("queue", services.queue.ping)):
             try:
@@ -356,8 +363,13 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
                 log.warning("readiness: %s unreachable (%s)", name, type(exc).__name__)
                 checks[name] = "unreachable"
         ready = all(v == "ok" for v in checks.values())
+        try:
+            storage = "low" if space_is_low(services.settings) else "ok"
+        except OSError as exc:
+            log.warning("readiness: free space unreadable (%s)", type(exc).__name__)
+            storage = "unreadable"
         return JSONResponse(
-            {"status": "ready" if ready else "not ready", **checks},
+            {"status": "ready" if ready else "not ready", **checks, "storage": storage},
             status_code=200 if ready else 503,
         )
 

@@ -18,6 +18,7 @@ from fastapi import Response
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.answers.schemas import AnswerRequest
 from app.config import Settings
 from app.core.services import Services
@@ -37,14 +38,14 @@ from app.users.schemas import UserCreate
 from tests.conftest import Caller
 from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.datasets.test_graphs import upload_graph
-from tests.releases.helpers import request_release, run_all
+from tests.releases.helpers import dataset, request_release, run_all
 
 
 def test_healthz_and_readyz(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "database": "ok", "queue": "ok"}
+    assert ready.json() == {"status": "ready", "database": "ok", "queue": "ok", "storage": "ok"}
 
 
 def test_the_interactive_api_pages_can_be_turned_off(settings: Settings) -> None:
@@ -67,7 +68,54 @@ def test_readyz_reports_an_unreachable_database(client: TestClient) -> None:
     services.db.ping = down  # type: ignore[method-assign]
     response = client.get("/readyz")
     assert response.status_code == 503
-    assert response.json() == {"status": "not ready", "database": "unreachable", "queue": "ok"}
+    assert response.json() == {
+        "status": "not ready",
+        "database": "unreachable",
+        "queue": "ok",
+        "storage": "ok",
+    }
+
+
+def test_low_free_space_refuses_uploads_and_releases_before_anything_is_stored_or_reserved(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release measured on a full disk is spent, then fails at synthesis, and its
+    curator asks (and pays) again; a full disk took every such request (fault-injection
+    audit). Below CURATOR_MIN_FREE_BYTES free, an upload and a new release are 503s with
+    nothing stored or reserved, an idempotent replay is still answered, /readyz says
+    ``storage: low`` and stays ready, and downloads go on."""
+    from app.core import disk
+
+    services: Services = client.app.state.services  # type: ignore[attr-defined]
+    dataset_id = dataset(client, curator)
+    first = request_release(client, curator, dataset_id, key="first")
+    assert first.status_code == 202, first.text
+    run_all(client, first.json()["id"])
+    before = client.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
+    files = sorted(p.name for p in services.settings.datasets_dir.iterdir())
+
+    free = services.settings.min_free_bytes - 1
+    monkeypatch.setattr(disk, "free_bytes", lambda settings: free)
+    assert client.get("/readyz").json()["storage"] == "low"
+    assert client.get("/readyz").status_code == 200
+    refused = request_release(client, curator, dataset_id)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "30"
+    assert "CURATOR_MIN_FREE_BYTES" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["code"] == "service_unavailable"
+    upload_refused = upload(client, curator, csv_bytes())
+    assert upload_refused.status_code == 503, upload_refused.text
+    assert sorted(p.name for p in services.settings.datasets_dir.iterdir()) == files
+    assert list(services.settings.tmp_dir.iterdir()) == []
+    again = request_release(client, curator, dataset_id, key="first")
+    assert again.status_code == 200, again.text  # the replay: the same release
+    assert again.json()["id"] == first.json()["id"]
+    after = client.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
+    assert after == before
+    url = f"/v1/releases/{first.json()['id']}/synthetic"
+    assert client.get(url, headers=curator.headers).status_code == 200
+    monkeypatch.setattr(services.settings, "min_free_bytes", 0)  # 0: not checked
+    assert request_release(client, curator, dataset_id).status_code == 202
 
 
 def test_openapi_declares_the_readiness_body(client: TestClient) -> None:
@@ -79,7 +127,7 @@ def test_openapi_declares_the_readiness_body(client: TestClient) -> None:
         schema = responses[status]["content"]["application/json"]["schema"]
         assert schema == {"$ref": "#/components/schemas/Readiness"}, status
     readiness = spec["components"]["schemas"]["Readiness"]
-    assert readiness["required"] == ["status", "database", "queue"]
+    assert readiness["required"] == ["status", "database", "queue", "storage"]
     assert readiness["properties"]["status"]["enum"] == ["ready", "not ready"]
 
 

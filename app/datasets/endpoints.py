@@ -13,6 +13,7 @@ from app.core.deps import (
     ServicesDep,
     SessionDep,
 )
+from app.core.disk import ensure_free_space
 from app.core.errors import (
     Conflict,
     Forbidden,
@@ -20,6 +21,7 @@ from app.core.errors import (
     InvalidUpload,
     NotFound,
     PayloadTooLarge,
+    ServiceUnavailable,
     Unauthorized,
     UnsupportedMediaType,
     error_responses,
@@ -87,7 +89,12 @@ _UPLOAD_BODY = {
     status_code=status.HTTP_201_CREATED,
     response_model=DatasetOut,
     responses=error_responses(
-        Forbidden, InvalidRequest, InvalidUpload, PayloadTooLarge, UnsupportedMediaType
+        Forbidden,
+        InvalidRequest,
+        InvalidUpload,
+        PayloadTooLarge,
+        UnsupportedMediaType,
+        ServiceUnavailable,
     ),
     openapi_extra=_UPLOAD_BODY,
 )
@@ -100,6 +107,7 @@ async def create_dataset(
     """Upload a table with its declared schema and budget (multipart: ``file``, ``schema``)."""
     # No SessionDep: the body streams and the file is validated and stored for minutes,
     # holding no database resource; only the recording takes a (deferred) transaction.
+    ensure_free_space(services.settings, "upload")  # before a byte is spooled
     upload = await receive_multipart(
         request, services.settings.tmp_dir, services.settings.max_upload_bytes
     )

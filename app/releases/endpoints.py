@@ -21,6 +21,7 @@ from app.core.errors import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    ServiceUnavailable,
     Unauthorized,
     error_responses,
 )
@@ -73,6 +74,7 @@ def _download(description: str, content: dict[str, Any]) -> dict[int | str, dict
             BudgetExhausted,
             Conflict,
             service.IdempotencyConflict,
+            ServiceUnavailable,
         ),
     },
 )

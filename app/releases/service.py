@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.core import pagination
 from app.core.audit import record
 from app.core.db import on_commit, uses_row_locks
+from app.core.disk import ensure_free_space
 from app.core.errors import Conflict, InvalidRequest, NotFound
 from app.core.pagination import Page
 from app.core.security import ensure_key_active
@@ -369,6 +370,9 @@ def create_release(
             return to_out(session, existing), False
     if checked.replay_only:  # validate_release saw its release: it cannot have gone
         raise RuntimeError("a replay-only request found no release to replay")
+    # a replay above is answered whatever the disk; a new release, measured and spent,
+    # would fail at synthesis on a full disk, and its curator would ask (and pay) again
+    ensure_free_space(services.settings, "release request")
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
     locked = ledger.lock_dataset(session, dataset.id)
     if idempotency_key is not None:

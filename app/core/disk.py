@@ -1,0 +1,41 @@
+"""Free space of the data directory.
+
+A release measured on a full disk is spent, then fails at synthesis (its measurements
+are kept, and a re-synthesis once space is freed costs nothing); but its curator, seeing
+it fail, asks again and pays again, and a full disk accepted every such request
+(fault-injection audit). So an upload or a release request is refused with a 503 before
+anything is stored or reserved while the data directory has less than
+``CURATOR_MIN_FREE_BYTES`` free, and ``/readyz`` reports it. Downloads and answers,
+which only read, go on.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from app.config import Settings
+from app.core.errors import ServiceUnavailable
+
+
+def free_bytes(settings: Settings) -> int:
+    """The fewest bytes free on the file systems of the data directory's parts (the
+    stored datasets, the releases' files, the upload spools: one file system unless the
+    operator mounted them apart)."""
+    parts = (settings.datasets_dir, settings.releases_dir, settings.tmp_dir)
+    return min(shutil.disk_usage(path).free for path in parts)
+
+
+def space_is_low(settings: Settings) -> bool:
+    """Whether the data directory has less free space than ``CURATOR_MIN_FREE_BYTES``."""
+    return settings.min_free_bytes > 0 and free_bytes(settings) < settings.min_free_bytes
+
+
+def ensure_free_space(settings: Settings, what: str) -> None:
+    """:class:`ServiceUnavailable` (503) for ``what`` (an upload, a release request)
+    while :func:`space_is_low`: nothing is stored or reserved."""
+    if space_is_low(settings):
+        raise ServiceUnavailable(
+            f"the service's data directory has less than {settings.min_free_bytes} bytes "
+            f"free (CURATOR_MIN_FREE_BYTES): no {what} is taken until its operator frees "
+            "space; nothing was stored or reserved"
+        )
