@@ -14,7 +14,7 @@
   rotate-data-key`` has re-encrypted them.
 - ``CURATOR_MAX_UPLOAD_BYTES`` (default 1 GiB): larger uploads get 413; a Parquet file
   may decode to at most half this many cells (:func:`app.datasets.validation.max_cells`).
-- ``CURATOR_MIN_FREE_BYTES`` (default 256 MiB; 0: not checked): an upload or a new release
+- ``CURATOR_MIN_FREE_BYTES`` (default 128 MiB; 0: not checked): an upload or a new release
   request is a 503 while the data directory has less free (:mod:`app.core.disk`).
 - ``CURATOR_MAX_JSON_BYTES`` (default 64 MiB): larger bodies on every other route get 413;
   one over 64 KiB is read only from a caller with an active key (``app.main.BodyLimit``).
@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=1 << 30, gt=0)
     #: Free space the data directory must have for an upload or a release request to be
     #: taken (:func:`app.core.disk.ensure_free_space`); 0: not checked.
-    min_free_bytes: int = Field(default=256 << 20, ge=0)
+    min_free_bytes: int = Field(default=128 << 20, ge=0)
     #: Largest body of every request but the dataset upload (JSON: releases, answers).
     max_json_bytes: int = Field(default=64 << 20, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -94,6 +94,7 @@ def test_low_free_space_refuses_uploads_and_releases_before_anything_is_stored_o
     before = client.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
     files = sorted(p.name for p in services.settings.datasets_dir.iterdir())
 
+    monkeypatch.setattr(services.settings, "min_free_bytes", Settings().min_free_bytes)
     free = services.settings.min_free_bytes - 1
     monkeypatch.setattr(disk, "free_bytes", lambda settings: free)
     assert client.get("/readyz").json()["storage"] == "low"
