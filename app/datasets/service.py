@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -548,11 +549,13 @@ def rotate_data_key(services: Services) -> KeyRotation:
     and opens its file is left as it is, so a run that stopped half-way can be run again.
 
     A reader must open the file whichever of the two it finds, so the new key is
-    recorded before the rename, beside the old one, and the old one is dropped after it
-    (:func:`_reseal`); a reader that read the key before the first record and opens the
+    recorded before the rename, beside the old one (:func:`_reseal`), and the old one is
+    dropped in the transaction that holds the dataset's row lock over the rename
+    (:func:`_replace_if_recorded`); a reader that read the key before the first record and opens the
     file after the rename reads the key again (:class:`app.storage.source.EncryptedTableSource`).
-    Each record is conditional on the dataset's keys being as this run read them and its
-    data not deleted, so two runs at once re-encrypt a file once, and a deletion that
+    Each record, and the rename, is conditional on the dataset's keys being as this run
+    read (or recorded) them and its data not deleted, so two runs at once re-encrypt a
+    file once, and a deletion that
     commits meanwhile keeps its keys forgotten (the new file is removed at the end).
 
     The dataset rows are read in one short transaction and the files re-encrypted after
@@ -588,14 +591,16 @@ def rotate_data_key(services: Services) -> KeyRotation:
             old = [] if sealed is None else tables.unseal_file_keys(ring, sealed)
             fresh = tables.new_file_key()
             during = tables.seal_file_keys(ring, [fresh, *old])
+            # once the file is renamed the old key opens nothing: forgotten (a file
+            # stored before datasets had keys of their own has none to forget)
+            alone = tables.seal_file_keys(ring, [fresh]) if old else None
             tables.rotate(
                 path,
                 tables.file_ring(ring, sealed),
                 fresh,
                 before_replace=partial(_reseal, services, dataset_id, sealed, during),
+                replace=partial(_replace_if_recorded, services, dataset_id, during, alone),
             )
-            if old:  # the old key opens nothing now: forgotten
-                _reseal(services, dataset_id, during, tables.seal_file_keys(ring, [fresh]))
         except _Superseded:
             superseded.append(name)
             log.info("data key rotation: %s changed meanwhile; left to that change", name)
@@ -652,6 +657,31 @@ def _keyed_under_current(ring: bytes, path: Path, sealed: str | None) -> bool:
         return False
     keys = tables.unseal_file_keys(ring, sealed)
     return len(keys) == 1 and tables.opens_with(path, keys[0])
+
+
+def _replace_if_recorded(
+    services: Services,
+    dataset_id: uuid.UUID,
+    recorded: str,
+    alone: str | None,
+    rename: Callable[[], None],
+) -> None:
+    """Rename the re-encrypted copy over the dataset's file (``rename``) under the
+    dataset's row lock, if its file keys are still ``recorded`` (this run's, both keys:
+    :func:`_reseal` before the rename) and its data not deleted; then, in the same
+    transaction, record ``alone`` (the new key by itself), if given. :class:`_Superseded`
+    otherwise, nothing renamed. Unlocked, another rotation that read the keys this run
+    recorded could re-encrypt the file, rename its copy and record its own key alone
+    before this run's rename, which then put back a file under a key recorded nowhere
+    (``test_a_rotation_run_whole_between_anothers_record_and_rename_loses_nothing``). If
+    the commit fails after the rename, both keys stay recorded: the file opens."""
+    with services.db.transaction() as session:
+        dataset = ledger.lock_dataset(session, dataset_id)
+        if dataset.file_keys != recorded or dataset.data_deleted_at is not None:
+            raise _Superseded
+        rename()
+        if alone is not None:
+            dataset.file_keys = alone
 
 
 def _reseal(services: Services, dataset_id: uuid.UUID, expected: str | None, sealed: str) -> None:

@@ -209,7 +209,11 @@ def opens_with(path: Path, key: bytes) -> bool:
 
 
 def rotate(
-    path: Path, ring: bytes, file_key: bytes, before_replace: Callable[[], None] | None = None
+    path: Path,
+    ring: bytes,
+    file_key: bytes,
+    before_replace: Callable[[], None] | None = None,
+    replace: Callable[[Callable[[], None]], None] | None = None,
 ) -> None:
     """Re-encrypt the table at ``path`` under ``file_key``. The file is read with
     ``ring`` (:func:`file_ring`), row group by row group, written beside it (a random
@@ -218,11 +222,15 @@ def rotate(
     gets the new file, never half of either. ``before_replace`` runs once the new file is
     written and checked, before the rename: the caller records the new key there, so
     that a reader that has read it opens either file; if it raises, the old file stays
-    and the new one is removed. Raises :class:`PermissionError` if no key of the ring
-    opens the file, :class:`FileNotFoundError` if it is removed meanwhile (its dataset
-    deleted: nothing is put back)."""
+    and the new one is removed. ``replace``, if given, is called with the function that
+    renames the copy over the file, and does the rename: the caller holds there what makes
+    it conditional (the dataset's row lock, its keys still those it recorded); if it
+    raises without renaming, the old file stays too. Raises :class:`PermissionError` if
+    no key of the ring opens the file, :class:`FileNotFoundError` if it is removed
+    meanwhile (its dataset deleted: nothing is put back)."""
     # a name of its own: two rotations run at once each write a whole file, and neither
-    # writes into the other's (the caller's ``before_replace`` lets one of them through)
+    # writes into the other's (the caller's ``before_replace`` and ``replace`` let one of
+    # them through)
     staging = path.with_name(f"{path.name}.{secrets.token_hex(6)}{ROTATING_SUFFIX}")
     source = open_table(path, ring)
     try:
@@ -248,6 +256,13 @@ def rotate(
             raise FileNotFoundError(f"{path.name} was removed while it was re-encrypted")
         if before_replace is not None:
             before_replace()
-        os.replace(staging, path)
+
+        def rename() -> None:
+            os.replace(staging, path)
+
+        if replace is None:
+            rename()
+        else:
+            replace(rename)
     finally:
         staging.unlink(missing_ok=True)

@@ -267,19 +267,21 @@ def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file_and_no_k
         assert client.delete(url, headers=curator.headers).status_code == 200
 
     def deleted_meanwhile(
-        path: Path, ring: bytes, file_key: bytes, before_replace: Callable[[], None]
+        path: Path, ring: bytes, file_key: bytes, before_replace: Callable[[], None], **kw: Any
     ) -> None:
         if not path.name.startswith(dataset_id):
-            return rotate_file(path, ring, file_key, before_replace)
+            return rotate_file(path, ring, file_key, before_replace, **kw)
         if when == "before the rename":
-            return rotate_file(path, ring, file_key, lambda: (delete(), before_replace()))
-        rotate_file(path, ring, file_key, before_replace)
+            return rotate_file(path, ring, file_key, lambda: (delete(), before_replace()), **kw)
+        rotate_file(path, ring, file_key, before_replace, **kw)
         delete()
 
     monkeypatch.setattr(tables, "rotate", deleted_meanwhile)
     code, out, err = rotate(new=new_key, previous=[old])
     assert code == 0, err
-    assert json.loads(out)["rotated"] == 1  # the other dataset
+    # the other dataset; and this one when deleted once renamed (its old key was dropped
+    # with the rename, under the dataset's row lock)
+    assert json.loads(out)["rotated"] == (2 if when == "after the rename" else 1)
     assert not (settings.datasets_dir / f"{dataset_id}.parquet").exists()
     assert list(settings.datasets_dir.iterdir()) == [settings.datasets_dir / f"{other}.parquet"]
     assert _sealed(client)[f"{dataset_id}.parquet"] is None
@@ -482,3 +484,47 @@ def test_a_release_measuring_while_a_rotation_replaces_the_file_reads_its_key_ag
     monkeypatch.setattr(stages, "EncryptedTableSource", rotated_first)
     _measures(client, curator, table_id)
     assert replaced == [True]
+
+
+def test_a_rotation_run_whole_between_anothers_record_and_rename_loses_nothing(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    new_key: bytes,
+    rotate: Rotate,
+    rotated_client: TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two runs at once. Run A records the new key beside the old one; before its rename,
+    run B reads those keys, re-encrypts the file, renames its copy and records its own key
+    alone. A's rename then put back a file under A's key, which no row recorded any more:
+    the dataset could never be read again. A's rename is conditional, under the dataset's
+    row lock, on its keys being still those it recorded: A gives way, B's file stays."""
+    table_id = dataset(client, curator)
+    path = settings.datasets_dir / f"{table_id}.parquet"
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    rotate_file = tables.rotate
+    other_run: list[tuple[int, str, str]] = []
+
+    def other_run_between(
+        path: Path, ring: bytes, file_key: bytes, before_replace: Callable[[], None], **kw: Any
+    ) -> None:
+        def recorded_then_other_run() -> None:
+            before_replace()  # A records [its key, the old key]; then B runs, whole
+            monkeypatch.setattr(tables, "rotate", rotate_file)
+            other_run.append(rotate(new=new_key, previous=[old]))
+
+        rotate_file(path, ring, file_key, recorded_then_other_run, **kw)
+
+    monkeypatch.setattr(tables, "rotate", other_run_between)
+    code, _, err = rotate(new=new_key, previous=[old])
+    assert code == 0, err
+    ((other_code, other_out, _),) = other_run
+    assert other_code == 0
+    assert json.loads(other_out)["rotated"] == 1
+    sealed = _sealed(client)[path.name]
+    assert sealed is not None
+    assert len(tables.unseal_file_keys(new_key, sealed)) == 1
+    assert _opens(path, new_key, sealed)
+    assert [p.name for p in settings.datasets_dir.iterdir()] == [path.name]
+    _measures(rotated_client, curator, table_id)
