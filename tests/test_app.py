@@ -7,12 +7,14 @@ import errno
 import json
 import logging
 import re
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
+import psycopg.errors
 import pytest
 from fastapi import Response
 from fastapi.testclient import TestClient
@@ -553,10 +555,41 @@ def test_unhandled_errors_are_answered_and_logged_without_their_message(
     assert secret not in caplog.text
 
 
+def _sqlite_error(sql: str) -> sqlite3.Error:
+    """The error SQLite raises for ``sql`` (run outside any transaction, in memory)."""
+    connection = sqlite3.connect(":memory:")
+    try:
+        connection.execute(sql)
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        connection.close()
+    raise AssertionError(f"{sql!r} ran")
+
+
+def _sqlite_locked() -> sqlite3.Error:
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = 5  # type: ignore[attr-defined] # SQLITE_BUSY, as SQLite sets
+    return locked
+
+
 @pytest.mark.parametrize(
     ("error", "status"),
     [
         (OperationalError("SELECT 1", {}, Exception("connection refused")), 503),
+        (OperationalError("BEGIN IMMEDIATE", {}, _sqlite_locked()), 503),
+        (
+            OperationalError("SELECT 1", {}, psycopg.errors.AdminShutdown("terminating")),
+            503,
+        ),
+        # the statement's errors, which sqlite3 and psycopg raise as OperationalError too:
+        # bugs, never "try again later" without a traceback
+        (OperationalError("SELECT nope", {}, _sqlite_error("SELECT nope")), 500),
+        (OperationalError("COMMIT", {}, _sqlite_error("COMMIT")), 500),
+        (
+            OperationalError("SELECT", {}, psycopg.errors.ProgramLimitExceeded("too many")),
+            500,
+        ),
         (OSError(errno.ENOSPC, "No space left on device"), 503),
         (OSError(errno.EROFS, "Read-only file system"), 503),
         (OSError(errno.ENOENT, "No such file or directory"), 500),

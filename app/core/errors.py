@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import sqlite3
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -119,10 +120,44 @@ def unavailable(exc: BaseException) -> ServiceUnavailable | None:
             "the service cannot store files now (its data directory is full or read-only); "
             "try again later"
         )
-    connection_lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
-    if connection_lost or isinstance(exc, OperationalError | InterfaceError):
+    if database_unavailable(exc):
         return ServiceUnavailable("the database is unavailable now; try again later")
     return None
+
+
+#: SQLite's primary result codes of a database that cannot be used now, whatever the
+#: statement: BUSY, LOCKED (a lock held past the busy timeout), NOMEM, READONLY, IOERR,
+#: FULL, CANTOPEN, PROTOCOL. The rest of its ``OperationalError`` is the statement's
+#: (SQLITE_ERROR: no such table or column, a syntax error, "cannot commit - no
+#: transaction is active"): a bug, which a retry does not cure.
+_SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
+#: SQLSTATE classes of a PostgreSQL that cannot serve the transaction now: connection
+#: exception, transaction rollback (serialization failure, deadlock), insufficient
+#: resources (disk full, too many connections), operator intervention (shutdown, a
+#: statement cancelled), system error. Psycopg raises ``OperationalError`` for several
+#: others that are the statement's (54 program limit exceeded, 55 object not in
+#: prerequisite state, 3B savepoint exception, ...).
+_POSTGRES_UNAVAILABLE = ("08", "40", "53", "57", "58", "55P03")
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database error of the connection or of the database's state
+    (refused, dropped, restarted, a lock held past its timeout, a full disk), which the
+    same transaction may get past later, and not of the statement (a bug). A driver
+    error with no code (a connection refused before any statement, or one this does not
+    know) counts as the connection's."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    cause = exc.orig
+    if isinstance(cause, sqlite3.Error):
+        code = getattr(cause, "sqlite_errorcode", None)
+        return isinstance(code, int) and code & 0xFF in _SQLITE_UNAVAILABLE
+    sqlstate = getattr(cause, "sqlstate", None)
+    return not isinstance(sqlstate, str) or sqlstate.startswith(_POSTGRES_UNAVAILABLE)
 
 
 class InvalidUpload(ServiceError):

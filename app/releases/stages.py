@@ -45,11 +45,15 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import or_, select
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, object_session
 
 from app.core.db import on_commit, uses_row_locks
-from app.core.errors import InvalidRequest, frames_only, is_storage_full
+from app.core.errors import (
+    InvalidRequest,
+    database_unavailable,
+    frames_only,
+    is_storage_full,
+)
 from app.core.services import Services
 from app.datasets.service import remove_stray_files
 from app.ledger import service as ledger
@@ -488,10 +492,9 @@ PERSIST_RETRY_MAX_DELAY = 8.0
 def _transient(exc: BaseException) -> bool:
     """Whether a database error is the connection's, not the statement's: the same
     transaction may well commit once the database is back. A statement the database
-    refuses (a constraint, a value it cannot store) fails the same way every time."""
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, OperationalError | InterfaceError)
+    refuses (a constraint, a value it cannot store, a column it does not have) fails the
+    same way every time (:func:`app.core.errors.database_unavailable`)."""
+    return database_unavailable(exc)
 
 
 def _persist_retrying(

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import sqlite3
 import threading
 import time
 import uuid
@@ -1309,6 +1310,40 @@ def test_a_measurement_whose_connection_drops_while_stored_is_stored_on_a_retry(
     run_all(client, release_id)
     final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert final["status"] == "succeeded", final
+
+
+def test_a_store_the_database_refuses_as_a_statement_is_not_retried(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite raises ``OperationalError`` for a statement's own errors too (no such
+    column, a syntax error): a bug that fails the same way every time, not a connection
+    that may come back. The store is not tried again for two leases: the release ends
+    failed (spent: the data were read) at the first failure, where it was tried again
+    and the second try stored it, hiding the bug."""
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    monkeypatch.setattr(stages, "PERSIST_RETRY_DELAY", 0.01)
+    commit, failures = stages.ledger.commit, []
+
+    def no_such_column(session: Any, *args: Any) -> Any:
+        if failures:  # a retry, or the failed release's spend
+            return commit(session, *args)
+        failures.append(1)
+        connection = sqlite3.connect(":memory:")
+        try:
+            connection.execute("SELECT nope")
+        except sqlite3.OperationalError as exc:
+            raise OperationalError("SELECT nope", {}, exc) from exc
+        raise AssertionError("SELECT nope ran")
+
+    monkeypatch.setattr(stages.ledger, "commit", no_such_column)
+    run_measure(services_of(client), uuid.UUID(release_id))
+    monkeypatch.undo()
+    assert failures == [1]
+    final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert final["status"] == "failed", final
+    assert not _stored(client, release_id)
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
 
 
 def test_a_synthesis_that_cannot_begin_its_files_fails_at_once(
