@@ -42,6 +42,19 @@ class StoredGraph:
     n_edges: int
 
 
+def _is_number(field: str) -> bool:
+    """Whether a field of a first line reads as a number: :data:`_NUMBER`, digits of any
+    script (``１``, ``٣``: ``str.isdigit``), or what ``float`` takes (``nan``, ``inf``,
+    ``1_000``): such a line is an edge, refused if it is not a valid one."""
+    if _NUMBER.fullmatch(field) or field.isdigit():
+        return True
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
+
+
 def _layout(reader: io.RawIOBase) -> tuple[str, int, bool]:
     """(delimiter, leading comment lines, has a header) from the first lines, split as the
     CSV reader splits them (``\\n``, ``\\r\\n`` or ``\\r``; ``str.splitlines`` also breaks at
@@ -61,7 +74,7 @@ def _layout(reader: io.RawIOBase) -> tuple[str, int, bool]:
         # is not valid (``0 -1``, ``2 1.0``, ``0,2,``), refused with the other bad edges
         # (taken for a header, such a first edge was dropped in silence, and the 201 shows
         # no edge count to notice it by)
-        header = not any(_NUMBER.fullmatch(f.strip()) for f in fields)
+        header = not any(_is_number(f.strip()) for f in fields)
         return delimiter, comments, header
     raise file_problem("the file has no edges")
 

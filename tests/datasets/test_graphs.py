@@ -77,6 +77,8 @@ def test_graph_upload_normalises_edges(client: TestClient, curator: Caller, cont
         # a bad first edge was taken for a header row and dropped: a 201 without it
         (b"0 -1\n0 1\n1 2\n", "ids that are not non-negative integers", 1),
         (b"2 1.0\n0 1\n", "ids that are not non-negative integers", 1),
+        ("\uff11,\uff12\n0,1\n".encode(), "ids that are not non-negative integers", 1),
+        (b"nan,inf\n0,1\n", "ids that are not non-negative integers", 1),
     ],
     ids=[
         "out-of-range",
@@ -86,6 +88,8 @@ def test_graph_upload_normalises_edges(client: TestClient, curator: Caller, cont
         "huge-id",
         "first-negative",
         "first-decimal",
+        "first-fullwidth-digits",
+        "first-nan-inf",
     ],
 )
 def test_bad_edges_are_counted_not_quoted(
