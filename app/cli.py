@@ -354,6 +354,7 @@ def cmd_rotate_data_key(args: argparse.Namespace) -> int:
         "missing": done.missing,
         "unreadable": done.unreadable,
         "failed": done.failed,
+        "superseded": len(done.superseded),
     }
     if args.json:
         print(json.dumps(out))
@@ -368,6 +369,11 @@ def cmd_rotate_data_key(args: argparse.Namespace) -> int:
             print(f"unreadable: {name} (no key of the ring opens it; left as it was)")
         for name in done.failed:
             print(f"failed: {name} (not a readable table: corrupt? left as it was)")
+        if done.superseded:
+            print(
+                f"{len(done.superseded)} dataset(s) changed while this ran (re-encrypted by "
+                "another run, or their data deleted): left to that change"
+            )
     if done.missing or done.unreadable or done.failed:
         return 1
     print(

@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -538,6 +538,9 @@ class KeyRotation:
     #: files that could not be re-encrypted for another reason (a corrupt file, a copy
     #: that came out short): left as they were
     failed: list[str]
+    #: datasets changed while the run went: re-encrypted by another run, or their data
+    #: deleted (nothing left to re-encrypt); left to that change
+    superseded: list[str] = field(default_factory=list)
 
 
 def rotate_data_key(services: Services) -> KeyRotation:
@@ -605,7 +608,8 @@ def rotate_data_key(services: Services) -> KeyRotation:
             superseded.append(name)
             log.info("data key rotation: %s changed meanwhile; left to that change", name)
         except FileNotFoundError:
-            missing.append(name)
+            # a deletion after the list was read removed it: not missing
+            (superseded if _data_deleted(services, dataset_id) else missing).append(name)
         except PermissionError:
             unreadable.append(name)
         except (OSError, pa.ArrowException) as exc:  # type only: no message in the log
@@ -636,10 +640,24 @@ def rotate_data_key(services: Services) -> KeyRotation:
             missing=missing,
             unreadable=unreadable,
             failed=failed,
+            superseded=len(superseded),
         )
     return KeyRotation(
-        rotated=rotated, current=current, missing=missing, unreadable=unreadable, failed=failed
+        rotated=rotated,
+        current=current,
+        missing=missing,
+        unreadable=unreadable,
+        failed=failed,
+        superseded=superseded,
     )
+
+
+def _data_deleted(services: Services, dataset_id: uuid.UUID) -> bool:
+    """Whether the dataset's data have been deleted (read now, in a transaction of its
+    own)."""
+    with services.db.transaction(read_only=True) as session:
+        deleted = session.scalar(select(Dataset.data_deleted_at).where(Dataset.id == dataset_id))
+    return deleted is not None
 
 
 class _Superseded(Exception):

@@ -50,13 +50,21 @@ class EncryptedTableSource:
         return len(self.columns)
 
     def _opened(self) -> pq.ParquetFile:
+        """The file, opened with ``key``; if that does not open it, with the key read
+        again (``reopen_key``), as long as the key read changes (rotations one after the
+        other may each replace the file between a read of the key and the open)."""
         try:
             return tables.open_table(self.path, self.key)
         except PermissionError:
             if self.reopen_key is None:
                 raise
-            self.key = self.reopen_key()
-            return tables.open_table(self.path, self.key)
+            while True:
+                tried, self.key = self.key, self.reopen_key()
+                try:
+                    return tables.open_table(self.path, self.key)
+                except PermissionError:
+                    if self.key == tried:  # no rotation since: the key does not open it
+                        raise
 
     def _read(self) -> Iterator[pa.RecordBatch]:
         """One pass: batches of ``batch_rows`` rows, whatever the file's row groups."""

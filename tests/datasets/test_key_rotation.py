@@ -138,6 +138,7 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
         "missing": [],
         "unreadable": [],
         "failed": [],
+        "superseded": 0,
     }
     assert "retire the old key" in err
     after = _sealed(client)
@@ -162,6 +163,7 @@ def test_rotation_re_encrypts_every_dataset_and_the_service_runs_on_the_new_key(
         "missing": [],
         "unreadable": [],
         "failed": [],
+        "superseded": 0,
     }
 
     # a key that opens nothing: every file reported, none touched, exit 1
@@ -244,7 +246,7 @@ def test_a_corrupt_file_is_reported_and_the_others_rotated(
     assert event.details["failed"] == [broken.name]
 
 
-@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
+@pytest.mark.parametrize("when", ["before its turn", "before the rename", "after the rename"])
 def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file_and_no_key(
     client: TestClient,
     curator: Caller,
@@ -257,8 +259,8 @@ def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file_and_no_k
     """A deletion that commits while the file is re-encrypted forgets the file's key and
     removes the old file. The rotation records no new key for it (its records are
     conditional on the data not being deleted), and removes what its rename put back."""
+    other = dataset(client, curator)  # rotated first (the order of upload)
     dataset_id = dataset(client, curator)
-    other = dataset(client, curator)
     old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
     rotate_file = tables.rotate
 
@@ -270,7 +272,10 @@ def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file_and_no_k
         path: Path, ring: bytes, file_key: bytes, before_replace: Callable[[], None], **kw: Any
     ) -> None:
         if not path.name.startswith(dataset_id):
-            return rotate_file(path, ring, file_key, before_replace, **kw)
+            rotate_file(path, ring, file_key, before_replace, **kw)
+            if when == "before its turn":  # after the list was read: not missing
+                delete()
+            return None
         if when == "before the rename":
             return rotate_file(path, ring, file_key, lambda: (delete(), before_replace()), **kw)
         rotate_file(path, ring, file_key, before_replace, **kw)
@@ -281,7 +286,10 @@ def test_a_dataset_deleted_while_its_file_is_re_encrypted_keeps_no_file_and_no_k
     assert code == 0, err
     # the other dataset; and this one when deleted once renamed (its old key was dropped
     # with the rename, under the dataset's row lock)
-    assert json.loads(out)["rotated"] == (2 if when == "after the rename" else 1)
+    report = json.loads(out)
+    assert report["rotated"] == (2 if when == "after the rename" else 1)
+    assert report["superseded"] == (0 if when == "after the rename" else 1)
+    assert report["missing"] == []
     assert not (settings.datasets_dir / f"{dataset_id}.parquet").exists()
     assert list(settings.datasets_dir.iterdir()) == [settings.datasets_dir / f"{other}.parquet"]
     assert _sealed(client)[f"{dataset_id}.parquet"] is None
@@ -319,6 +327,7 @@ def test_a_dataset_whose_data_were_deleted_is_not_missing(
         "missing": [],
         "unreadable": [],
         "failed": [],
+        "superseded": 0,
     }
     name = f"{kept}.parquet"
     assert _opens(settings.datasets_dir / name, new_key, _sealed(client)[name])

@@ -272,3 +272,23 @@ def test_file_keys_are_sealed_with_the_current_key_and_open_with_any_of_the_ring
     ring = tables.key_ring(new, [old])
     assert tables.file_ring(ring, sealed).split(b",") == [*file_keys, new, old]
     assert tables.file_ring(ring, None) == ring
+
+
+def test_a_source_reads_the_key_again_as_long_as_it_changes(
+    stored: tuple[Path, bytes, np.ndarray],
+) -> None:
+    """A measure's source whose key does not open the file reads the key again
+    (``reopen_key``): rotations one after the other may each have replaced the file since
+    the last read, so it goes on while the key read changes, and gives up (the key's
+    PermissionError) once it reads the same key twice."""
+    path, old, values = stored
+    stale = [Fernet.generate_key(), Fernet.generate_key()]
+    reads = iter([*stale, old])
+    source = EncryptedTableSource(
+        path, Fernet.generate_key(), ["x0"], len(values), reopen_key=lambda: next(reads)
+    )
+    assert_array_equal(np.concatenate(list(source.batches()))[:, 0], values[:, 0])
+    same = stale[0]
+    stuck = EncryptedTableSource(path, same, ["x0"], len(values), reopen_key=lambda: same)
+    with pytest.raises(PermissionError):
+        list(stuck.batches())
