@@ -64,6 +64,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
+            # what a row held (a dataset's sealed file keys, forgotten when its data are
+            # deleted) is overwritten in the database file, not left in its free pages
+            # (some builds default to it; this one need not)
+            cursor.execute("PRAGMA secure_delete=ON")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.close()
 
@@ -135,6 +139,25 @@ class Database:
             _run_hooks(session, _ON_COMMIT)
         finally:
             session.close()
+
+    def checkpoint(self) -> None:
+        """On SQLite, copy the write-ahead log into the database file and truncate it
+        (``PRAGMA wal_checkpoint(TRUNCATE)``, outside any transaction: it waits, up to the
+        busy timeout, for readers of the log to finish), so that what a transaction
+        overwrote (a dataset's sealed file keys, forgotten when its data are deleted) no
+        longer sits in the log's frames. Best effort: one that cannot finish is left to
+        SQLite's own checkpoints. Nothing on PostgreSQL (its server's VACUUM and WAL)."""
+        if not self.is_sqlite:
+            return
+        raw = self.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cursor.close()
+        except Exception as exc:
+            log.info("a checkpoint of the database's log did not finish (%s)", type(exc).__name__)
+        finally:
+            raw.close()
 
     def ping(self) -> None:
         with self.engine.connect() as connection:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -478,7 +479,15 @@ def delete_data(
         record(session, user.id, "dataset.delete_data", "dataset", dataset.id)
         path = services.settings.datasets_dir / dataset.storage_name
         on_commit(session, lambda: path.unlink(missing_ok=True))
+        # the sealed keys this overwrote stay in SQLite's write-ahead log until a
+        # checkpoint copies it over them; one is run now, in the background (it may wait
+        # for readers of the log)
+        on_commit(session, lambda: _in_background(services.db.checkpoint))
     return to_out(session, dataset, user)
+
+
+def _in_background(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="curator-checkpoint", daemon=True).start()
 
 
 #: How old an unrecorded dataset file or an upload spool must be before

@@ -4,9 +4,11 @@ keeps the declaration, the ledger, the releases and their measurements."""
 from __future__ import annotations
 
 import shutil
+import time
 import uuid
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
@@ -103,6 +105,35 @@ def test_deleting_the_data_forgets_the_files_key(
     assert sealed() is None
     assert not tables.opens_with(copy, tables.file_ring(services.data_key, None))
     assert not tables.opens_with(copy, services.data_key)
+
+
+def test_on_sqlite_the_forgotten_key_leaves_neither_the_database_file_nor_its_log(
+    client: TestClient, curator: Caller
+) -> None:
+    """The row's old value stayed in SQLite's write-ahead log (and, where the build does
+    not default to secure_delete, in the database file's free pages): an image of the data
+    directory taken after the deletion still held the sealed key (review). The service
+    sets secure_delete, and checkpoints the log once a deletion commits."""
+    services = services_of(client)
+    if not services.db.is_sqlite:
+        pytest.skip("SQLite only: PostgreSQL's dead rows and WAL are its server's")
+    dataset_id = dataset(client, curator)
+    with services.db.transaction(read_only=True) as session:
+        found = session.get(Dataset, uuid.UUID(dataset_id))
+        assert found is not None
+        sealed = found.file_keys
+    assert sealed is not None
+    database = Path(services.db.engine.url.database or "")
+    files = [database, database.with_name(database.name + "-wal")]
+    token = sealed.encode()
+    assert any(token in f.read_bytes() for f in files if f.exists())
+    with services.db.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA secure_delete").scalar() == 1
+    assert _delete(client, curator, dataset_id).status_code == 200
+    deadline = time.monotonic() + 30
+    while any(token in f.read_bytes() for f in files if f.exists()):
+        assert time.monotonic() < deadline, "the sealed key is still in the database's files"
+        time.sleep(0.05)
 
 
 def test_deleting_the_data_waits_for_releases_that_have_yet_to_read_them(
