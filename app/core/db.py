@@ -149,15 +149,16 @@ class Database:
         SQLite's own checkpoints. Nothing on PostgreSQL (its server's VACUUM and WAL)."""
         if not self.is_sqlite:
             return
-        raw = self.engine.raw_connection()
         try:
-            cursor = raw.cursor()
-            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            cursor.close()
+            raw = self.engine.raw_connection()
+            try:
+                cursor = raw.cursor()
+                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                cursor.close()
+            finally:
+                raw.close()
         except Exception as exc:
             log.info("a checkpoint of the database's log did not finish (%s)", type(exc).__name__)
-        finally:
-            raw.close()
 
     def ping(self) -> None:
         with self.engine.connect() as connection:
