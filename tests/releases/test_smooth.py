@@ -1551,6 +1551,10 @@ def test_synopsis_answers_are_bounded_by_queries_times_moments(
 
     monkeypatch.setattr(Synopsis, "answer_many", spy)
     monkeypatch.setattr(smooth_synopsis_adapter, "ANSWER_BLOCK_ENTRIES", 12 * 2)
+    for name in ("QUERY_WORK", "FACTOR_WORK", "LENGTH_WORK", "SADDLEPOINT_WORK"):
+        monkeypatch.setattr(
+            smooth_synopsis_adapter, name, 0
+        )  # R a query: test_synopsis_answer_work
     monkeypatch.setattr(smooth_synopsis_adapter, "MAX_ANSWER_WORK", 12 * 4)
     blocked = client.post(url, headers=curator.headers, json={"queries": [query] * 4})
     assert blocked.status_code == 200, blocked.text
@@ -1561,7 +1565,47 @@ def test_synopsis_answers_are_bounded_by_queries_times_moments(
         )
     refused = client.post(url, headers=curator.headers, json={"queries": [query] * 5})
     assert refused.status_code == 422, refused.text
-    assert "(each reads the 12 moments): at most 4 per request" in refused.text
+    assert "48 a request; about 4 like these fit in one request" in refused.text
+
+
+def test_synopsis_answer_work_charges_factors_and_expansion_lengths() -> None:
+    """An answer's work is its R moments and, beside them, its own cost, each factor's and
+    each coefficient of its expansion (and the saddlepoint quantile under Laplace noise):
+    charged R alone, 100,000 products of ten narrow Gaussian factors passed at R = 60, 1.6
+    hours of work (fuzz audit); the batch a request may hold shrinks by as much."""
+    from app.mechanisms import chebyshev
+    from app.mechanisms import smooth_synopsis as sy
+    from app.mechanisms.queries import Gaussian1D, ProductQuery
+
+    rows = np.random.default_rng(0).uniform(-1, 1, size=(500, 10))
+    adapter = smooth_synopsis_adapter
+    for delta, saddlepoint in ((1e-6, 0), (0.0, adapter.SADDLEPOINT_WORK)):
+        synopsis = sy.measure(rows, 1.0, delta, smoothness=4, co_spread=False)
+        min_length = synopsis.index_set.max_degree + 1
+
+        def product(width: float, factors: int) -> ProductQuery:
+            return ProductQuery(
+                factors=tuple(
+                    Gaussian1D(center=0.0, sigma=width) if j < factors else None for j in range(10)
+                )
+            )
+
+        for width, factors in ((2.0, 1), (0.02, 1), (0.02, 10)):
+            query = product(width, factors)
+            length = chebyshev.product_length(query, min_length)
+            assert length is not None
+            expected = (
+                synopsis.size
+                + adapter.QUERY_WORK
+                + saddlepoint
+                + adapter.FACTOR_WORK * factors
+                + adapter.LENGTH_WORK * length
+            )
+            assert adapter.answer_work(synopsis, [query, query]) == 2 * expected
+        narrow = adapter.answer_work(synopsis, [product(0.02, 10)])
+        wide = adapter.answer_work(synopsis, [product(2.0, 1)])
+        assert narrow > 50 * synopsis.size  # what R alone charged
+        assert narrow > 5 * wide
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -23,9 +24,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.core.errors import InvalidRequest
 from app.core.types import integral_number
+from app.mechanisms import chebyshev
 from app.mechanisms import smooth_synopsis as sy
 from app.mechanisms.basis import IndexSet, check_index_set_size
 from app.mechanisms.errors import MechanismError
+from app.mechanisms.queries import ProductQuery
 from app.releases import registry
 from app.releases.adapters import smooth_queries
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
@@ -70,6 +73,19 @@ MEASURE_WORK_SIZE = 10_000
 #: 1000. This bounds one request to about 12 s; without it 100 queries at R = 10^6 took
 #: 38 s, and the 100,000 a request may hold would have taken hours.
 MAX_ANSWER_WORK = 3 * 10**7
+#: Work of an answer beside its ``R`` moments (:func:`answer_work`), in units of about
+#: 0.4 microseconds, measured on WDBC at R = 60 and 5000 (2 cores,
+#: ``bench/results/synopsis_answer_work.md``): a query's own cost (its parse, its share of
+#: its block, its record: 150-300 us for one Gaussian factor), each factor's (80 us), each
+#: coefficient of its expansion's length ``L`` (3 us: a product of ten Gaussian factors of
+#: width 0.02 on the normalised scale has L = 23,500 and took 67 ms), and under Laplace
+#: noise the saddlepoint quantile of its interval (200 us). Charged ``R`` alone, 100,000
+#: single-factor queries at R = 60 took 10-40 s, and as many narrow ten-factor products
+#: passed (6 10^6 units) and would have taken 1.6 hours (fuzz audit).
+QUERY_WORK = 375
+FACTOR_WORK = 200
+LENGTH_WORK = 8
+SADDLEPOINT_WORK = 500
 #: Entries of the ``(block, R)`` coefficient matrix :meth:`Synopsis.answer_many` builds a
 #: block of queries at a time; each entry costs about 48 bytes with the arrays beside it
 #: (100 queries at R = 10^6 took 4.7 GB, and a block of 256 would have taken 12 GB), so a
@@ -273,8 +289,17 @@ class SmoothSynopsis(registry.Mechanism):
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
         parsed = smooth_queries.parse(queries, info)
-        registry.check_batch_work(
-            len(parsed), loaded.size, MAX_ANSWER_WORK, reads=f"the {loaded.size} moments"
+        try:
+            work = answer_work(loaded, parsed)
+        except MechanismError as exc:  # a query the expansion refuses, named by position
+            raise InvalidRequest(re.sub(r"^query (\d+): ", r"queries.\1: ", str(exc))) from None
+        registry.check_total_work(
+            len(parsed),
+            work,
+            MAX_ANSWER_WORK,
+            costs=f"about 0.4 us each here: the {loaded.size} moments of every answer, and "
+            "its factors and the length of their Chebyshev expansions",
+            smaller="use wider Gaussian factors (shorter expansions) or fewer factors",
         )
         block = max(1, min(sy.ANSWER_BLOCK, ANSWER_BLOCK_ENTRIES // loaded.size))
 
@@ -303,6 +328,35 @@ class SmoothSynopsis(registry.Mechanism):
             )
             out.append(item)
         return out
+
+
+def answer_work(synopsis: sy.Synopsis, parsed: Sequence[object]) -> int:
+    """The work of answering ``parsed`` on ``synopsis``, in the units of
+    :data:`MAX_ANSWER_WORK`, from public sizes before anything is expanded: per query
+    ``R + QUERY_WORK + FACTOR_WORK f + LENGTH_WORK L`` (``+ SADDLEPOINT_WORK`` under
+    Laplace noise), ``f`` its one-column factors (``k d`` for a mixture of ``k`` centres,
+    the monomials' ``k d`` for a polynomial) and ``L`` the length of its expansion
+    (:func:`~app.mechanisms.chebyshev.separable_layout`; ``k L`` for ``k`` kernels)."""
+    d = synopsis.d
+    per_query = synopsis.size + QUERY_WORK
+    if synopsis.noise_distribution == "laplace":
+        per_query += SADDLEPOINT_WORK
+    work = per_query * len(parsed)
+    layout = chebyshev.separable_layout(
+        parsed, d, min_length=synopsis.index_set.max_degree + 1, block=sy.ANSWER_BLOCK
+    )
+    for planned in layout:
+        if planned.kind == "product":
+            for position in planned.positions:
+                query = parsed[int(position)]
+                assert isinstance(query, ProductQuery)
+                factors = sum(g is not None for g in query.factors)
+                length = chebyshev.product_length(query, synopsis.index_set.max_degree + 1)
+                work += FACTOR_WORK * factors + LENGTH_WORK * (length or 1)
+        elif planned.shape is not None:
+            rows, kernels, length = planned.shape
+            work += rows * kernels * (FACTOR_WORK * d + LENGTH_WORK * length)
+    return work
 
 
 registry.register(SmoothSynopsis())
