@@ -29,8 +29,10 @@ from app.storage.tables import EncryptedTableWriter
 _INTEGER = r"^\s*\d+\s*$"
 _SMALL_INTEGER = r"^\s*\d{1,9}\s*$"  # castable without overflow; longer ids are out of range
 #: A field that reads as a number (sign, decimals, exponent): such a first line is an edge,
-#: not a header.
-_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+#: not a header. The digits after the point only follow a point (``[0-9]+\.?[0-9]*`` split a
+#: run of digits every way between its two parts on a failed match: a 64 KiB first line of
+#: digits and a letter held the GIL for minutes).
+_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _BLOCK_BYTES = 4 << 20
 GRAPH_SCHEMA = pa.schema(
     [pa.field("u", pa.int32(), nullable=False), pa.field("v", pa.int32(), nullable=False)]

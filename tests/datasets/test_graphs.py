@@ -290,3 +290,21 @@ def test_a_header_without_edges_is_refused_as_no_edges(client: TestClient, curat
         {"column": None, "problem": "the file has no edges", "rows": None}
     ]
     assert_nothing_stored(client)
+
+
+def test_a_long_first_line_is_read_in_linear_time() -> None:
+    """The first line's number pattern split a run of digits every way between its
+    integer and fraction parts when the field did not match (``1...1x``): quadratic, a
+    64 KiB first line held the GIL for about three minutes (review, helper-35). The
+    declaration's plain-number pattern was the same."""
+    import io
+    import time
+
+    from app.datasets.graphs import _layout
+    from app.datasets.schemas import _PLAIN_NUMBER
+
+    field = "1" * 20_000 + "x"
+    started = time.perf_counter()
+    assert _layout(io.BytesIO(field.encode() + b"\n0,1\n")) == (" ", 0, True)
+    assert _PLAIN_NUMBER.fullmatch("+" + field) is None
+    assert time.perf_counter() - started < 2.0  # about 36 s before
