@@ -1608,6 +1608,42 @@ def test_synopsis_answer_work_charges_factors_and_expansion_lengths() -> None:
         assert narrow > 5 * wide
 
 
+def test_synopsis_answer_work_charges_pairs_of_kernels_and_names_a_refused_mixture() -> None:
+    """An answer's truncation estimate is O(J^2 d L) for J kernels: charged J alone, one
+    mixture of 3162 centres (30 s on WDBC) or a 117-byte polynomial in original units that
+    expands to 2883 monomials (35 s) fitted in one request. And a mixture too narrow to
+    expand is named by its position, as before the work was counted (its refusal names no
+    query of its own) (review, helper-35)."""
+    from app.core.errors import InvalidRequest
+    from app.releases.adapters import smooth_queries
+    from app.releases.registry import ColumnInfo, DatasetInfo
+
+    d = 30
+    rows = np.random.default_rng(0).uniform(-1, 1, size=(300, d))
+    synopsis = sy.measure(rows, 1.0, 1e-6, smoothness=4, co_spread=False)
+    columns = tuple(ColumnInfo(f"c{j}", "continuous", 0.0, 10.0) for j in range(d))
+    info = DatasetInfo(300, columns)
+    adapter = smooth_synopsis_adapter
+    mixture = {
+        "type": "gaussian_mixture",
+        "centers": [[0.0] * d] * 3162,
+        "weights": [1.0] * 3162,
+        "sigma": 0.5,
+    }
+    polynomial = {
+        "type": "polynomial",
+        "space": "original",
+        "terms": [{"coefficient": 1.0, "powers": {"c0": 30, "c1": 30, "c2": 2}}],
+    }
+    for query in (mixture, polynomial):
+        parsed = smooth_queries.parse([query], info)
+        assert adapter.answer_work(synopsis, parsed) > adapter.MAX_ANSWER_WORK
+    wide = {"type": "product", "factors": {"c0": {"type": "gaussian", "center": 5, "sigma": 1}}}
+    narrow = {"type": "gaussian_mixture", "centers": [[0.0] * d], "weights": [1.0], "sigma": 1e-4}
+    with pytest.raises(InvalidRequest, match=r"^queries\.2: sigma \(0\.0001\) is too small"):
+        adapter.SmoothSynopsis().answer(synopsis, info, [wide, wide, narrow, wide])
+
+
 @pytest.mark.parametrize(
     "params",
     [{"method": "marginals"}, {"method": "tree"}, {"method": "moments", "grid_size": 500}],

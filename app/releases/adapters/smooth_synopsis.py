@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -86,6 +85,13 @@ QUERY_WORK = 375
 FACTOR_WORK = 200
 LENGTH_WORK = 8
 SADDLEPOINT_WORK = 500
+#: Pairs of kernels (centres of a mixture, monomials of a polynomial) times columns that
+#: one unit of work covers: the truncation estimate of an answer is ``O(J^2 d L)``
+#: (:func:`~app.mechanisms.chebyshev.truncation_estimate`, about 0.1 us a pair and a
+#: column on WDBC). Charged ``J`` alone, one mixture of 3162 centres (30 s) or a 117-byte
+#: polynomial in original units that expands to 2883 monomials (35 s) passed (review,
+#: helper-35).
+PAIR_COLUMNS_A_UNIT = 4
 #: Entries of the ``(block, R)`` coefficient matrix :meth:`Synopsis.answer_many` builds a
 #: block of queries at a time; each entry costs about 48 bytes with the arrays beside it
 #: (100 queries at R = 10^6 took 4.7 GB, and a block of 256 would have taken 12 GB), so a
@@ -291,8 +297,12 @@ class SmoothSynopsis(registry.Mechanism):
         parsed = smooth_queries.parse(queries, info)
         try:
             work = answer_work(loaded, parsed)
-        except MechanismError as exc:  # a query the expansion refuses, named by position
-            raise InvalidRequest(re.sub(r"^query (\d+): ", r"queries.\1: ", str(exc))) from None
+        except MechanismError as exc:
+            # a query the expansion refuses, named by position (a mixture's width says no
+            # position of its own: found by bisection on the work alone, nothing expanded)
+            raise smooth_queries.refusal(
+                exc, parsed, lambda batch: answer_work(loaded, batch)
+            ) from None
         registry.check_total_work(
             len(parsed),
             work,
@@ -336,7 +346,8 @@ def answer_work(synopsis: sy.Synopsis, parsed: Sequence[object]) -> int:
     ``R + QUERY_WORK + FACTOR_WORK f + LENGTH_WORK L`` (``+ SADDLEPOINT_WORK`` under
     Laplace noise), ``f`` its one-column factors (``k d`` for a mixture of ``k`` centres,
     the monomials' ``k d`` for a polynomial) and ``L`` the length of its expansion
-    (:func:`~app.mechanisms.chebyshev.separable_layout`; ``k L`` for ``k`` kernels)."""
+    (:func:`~app.mechanisms.chebyshev.separable_layout`; ``k L`` for ``k`` kernels), and
+    for ``k`` kernels ``k^2 d / PAIR_COLUMNS_A_UNIT`` (their truncation estimate)."""
     d = synopsis.d
     per_query = synopsis.size + QUERY_WORK
     if synopsis.noise_distribution == "laplace":
@@ -356,6 +367,7 @@ def answer_work(synopsis: sy.Synopsis, parsed: Sequence[object]) -> int:
         elif planned.shape is not None:
             rows, kernels, length = planned.shape
             work += rows * kernels * (FACTOR_WORK * d + LENGTH_WORK * length)
+            work += rows * kernels * kernels * d // PAIR_COLUMNS_A_UNIT
     return work
 
 
