@@ -138,7 +138,12 @@ def test_serve_migrates_answers_and_stops_cleanly(tmp_path: Path, stop: signal.S
     try:
         port = wait_for_port(process, port_file)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=30) as response:
-            assert json.load(response) == {"status": "ready", "database": "ok", "queue": "ok"}
+            assert json.load(response) == {
+                "status": "ready",
+                "database": "ok",
+                "queue": "ok",
+                "storage": "ok",
+            }
         process.send_signal(stop)
         output, _ = process.communicate(timeout=60)
     finally:
