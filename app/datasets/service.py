@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -482,12 +481,8 @@ def delete_data(
         # the sealed keys this overwrote stay in SQLite's write-ahead log until a
         # checkpoint copies it over them; one is run now, in the background (it may wait
         # for readers of the log)
-        on_commit(session, lambda: _in_background(services.db.checkpoint))
+        on_commit(session, services.db.request_checkpoint)
     return to_out(session, dataset, user)
-
-
-def _in_background(work: Callable[[], None]) -> None:
-    threading.Thread(target=work, name="curator-checkpoint", daemon=True).start()
 
 
 #: How old an unrecorded dataset file or an upload spool must be before
