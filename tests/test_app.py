@@ -117,6 +117,15 @@ def test_low_free_space_refuses_uploads_and_releases_before_anything_is_stored_o
     assert after == before
     url = f"/v1/releases/{first.json()['id']}/synthetic"
     assert client.get(url, headers=curator.headers).status_code == 200
+    # an upload needs room for its spool and stored table beside the threshold: about
+    # twice its declared length
+    content = csv_bytes()
+    free = services.settings.min_free_bytes + 2 * len(content) + 4096
+    assert upload(client, curator, content).status_code == 201
+    bigger = csv_bytes(rows=["20,60,AB,true"] * 400)
+    refused = upload(client, curator, bigger)
+    assert refused.status_code == 503, refused.text
+    assert "beside the" in refused.json()["error"]["message"]
     monkeypatch.setattr(services.settings, "min_free_bytes", 0)  # 0: not checked
     assert request_release(client, curator, dataset_id).status_code == 202
 

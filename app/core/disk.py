@@ -30,12 +30,17 @@ def space_is_low(settings: Settings) -> bool:
     return settings.min_free_bytes > 0 and free_bytes(settings) < settings.min_free_bytes
 
 
-def ensure_free_space(settings: Settings, what: str) -> None:
+def ensure_free_space(settings: Settings, what: str, writes: int = 0) -> None:
     """:class:`ServiceUnavailable` (503) for ``what`` (an upload, a release request)
-    while :func:`space_is_low`: nothing is stored or reserved."""
-    if space_is_low(settings):
+    while the data directory has less than ``CURATOR_MIN_FREE_BYTES`` free beside the
+    ``writes`` bytes it is about to write (an upload's spool and stored table: about twice
+    its declared length): nothing is stored or reserved."""
+    if settings.min_free_bytes <= 0:
+        return
+    if free_bytes(settings) < settings.min_free_bytes + writes:
+        beside = f" beside the {writes} it would write" if writes else ""
         raise ServiceUnavailable(
             f"the service's data directory has less than {settings.min_free_bytes} bytes "
-            f"free (CURATOR_MIN_FREE_BYTES): no {what} is taken until its operator frees "
-            "space; nothing was stored or reserved"
+            f"free (CURATOR_MIN_FREE_BYTES){beside}: no {what} is taken until its operator "
+            "frees space; nothing was stored or reserved"
         )

@@ -107,7 +107,11 @@ async def create_dataset(
     """Upload a table with its declared schema and budget (multipart: ``file``, ``schema``)."""
     # No SessionDep: the body streams and the file is validated and stored for minutes,
     # holding no database resource; only the recording takes a (deferred) transaction.
-    ensure_free_space(services.settings, "upload")  # before a byte is spooled
+    # before a byte is spooled: the spool and the stored table take about twice the
+    # upload's length, when it says its length
+    length = request.headers.get("content-length", "")
+    writes = 2 * int(length) if length.isdigit() else 0
+    ensure_free_space(services.settings, "upload", writes)
     upload = await receive_multipart(
         request, services.settings.tmp_dir, services.settings.max_upload_bytes
     )

@@ -370,9 +370,6 @@ def create_release(
             return to_out(session, existing), False
     if checked.replay_only:  # validate_release saw its release: it cannot have gone
         raise RuntimeError("a replay-only request found no release to replay")
-    # a replay above is answered whatever the disk; a new release, measured and spent,
-    # would fail at synthesis on a full disk, and its curator would ask (and pay) again
-    ensure_free_space(services.settings, "release request")
     # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
     locked = ledger.lock_dataset(session, dataset.id)
     if idempotency_key is not None:
@@ -381,6 +378,10 @@ def create_release(
         existing = _existing(session, user, idempotency_key, dataset.id, body, checked)
         if existing is not None:
             return to_out(session, existing), False
+    # a replay above is answered whatever the disk (also one of a concurrent copy); a new
+    # release, measured and spent, would fail at synthesis on a full disk, and its curator
+    # would ask (and pay) again
+    ensure_free_space(services.settings, "release request")
     _check_data_kept(locked)  # under the lock that a deletion of the data takes too
     _check_single_release(session, dataset.id, checked.mechanism)
     now = utcnow()
