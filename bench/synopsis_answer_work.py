@@ -31,7 +31,7 @@ SYNOPSES = [
     ("gaussian, R = 5000", 0.5, 1e-6, 4, 5000),
 ]
 #: (factors, width as a share of the column's range) of the product queries.
-SHAPES = [(1, 1.0), (1, 0.01), (10, 1.0), (10, 0.01), (30, 0.01)]
+SHAPES = [(1, 1.0), (1, 0.01), (10, 1.0), (10, 0.01), (30, 0.01), (10, 0.0002)]
 
 
 def wdbc() -> tuple[np.ndarray, DatasetInfo]:
@@ -46,6 +46,7 @@ def wdbc() -> tuple[np.ndarray, DatasetInfo]:
 def query(info: DatasetInfo, factors: int, width: float) -> dict[str, Any]:
     return {
         "type": "product",
+        "space": "original",
         "factors": {
             c.name: {
                 "type": "gaussian",

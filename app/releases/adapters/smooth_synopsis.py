@@ -76,11 +76,11 @@ MAX_ANSWER_WORK = 3 * 10**7
 #: 0.4 microseconds, measured on WDBC at R = 60 and 5000 (2 cores,
 #: ``bench/results/synopsis_answer_work.md``): a query's own cost (its parse, its share of
 #: its block, its record: 150-300 us for one Gaussian factor), each factor's (80 us), each
-#: coefficient of its expansion's length ``L`` (3 us: a product of ten Gaussian factors of
-#: width 0.02 on the normalised scale has L = 23,500 and took 67 ms), and under Laplace
-#: noise the saddlepoint quantile of its interval (200 us). Charged ``R`` alone, 100,000
-#: single-factor queries at R = 60 took 10-40 s, and as many narrow ten-factor products
-#: passed (6 10^6 units) and would have taken 1.6 hours (fuzz audit).
+#: coefficient of its expansion's length ``L`` (3 us: a product of ten Gaussian factors,
+#: one of width 0.0005 on the normalised scale, has L = 23,500 and took 67 ms), and under
+#: Laplace noise the saddlepoint quantile of its interval (200 us). Charged ``R`` alone,
+#: 100,000 single-factor queries at R = 60 took 15-110 s, and as many such ten-factor
+#: products passed (6 10^6 units) and would have taken 1.6 hours (fuzz audit).
 QUERY_WORK = 375
 FACTOR_WORK = 200
 LENGTH_WORK = 8
