@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -754,7 +755,10 @@ def sweep(services: Services) -> int:
             release.lease_expires_at = now + wait
             task = SYNTHESIZE_TASK if release.status == "synthesizing" else MEASURE_TASK
             enqueue_after_commit(session, services, task, release.id)
-            log.info("release %s: lease expired in %s; re-enqueued", release.id, release.status)
+            # said once it is so: a sweep whose transaction fails (the database locked or
+            # full) re-enqueued nothing, and logged each release as re-enqueued
+            said = "release %s: lease expired in %s; re-enqueued"
+            on_commit(session, partial(log.info, said, release.id, release.status))
             requeued += 1
     return requeued
 
