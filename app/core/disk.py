@@ -25,19 +25,18 @@ def free_bytes(settings: Settings) -> int:
     return min(shutil.disk_usage(path).free for path in parts)
 
 
-def space_is_low(settings: Settings) -> bool:
-    """Whether the data directory has less free space than ``CURATOR_MIN_FREE_BYTES``."""
-    return settings.min_free_bytes > 0 and free_bytes(settings) < settings.min_free_bytes
+def space_is_low(settings: Settings, writes: int = 0) -> bool:
+    """Whether the data directory has less than ``CURATOR_MIN_FREE_BYTES`` free beside the
+    ``writes`` bytes about to be written (never, with the setting at 0)."""
+    return settings.min_free_bytes > 0 and free_bytes(settings) < settings.min_free_bytes + writes
 
 
 def ensure_free_space(settings: Settings, what: str, writes: int = 0) -> None:
     """:class:`ServiceUnavailable` (503) for ``what`` (an upload, a release request)
-    while the data directory has less than ``CURATOR_MIN_FREE_BYTES`` free beside the
-    ``writes`` bytes it is about to write (an upload's spool and stored table: about twice
-    its declared length): nothing is stored or reserved."""
-    if settings.min_free_bytes <= 0:
-        return
-    if free_bytes(settings) < settings.min_free_bytes + writes:
+    while :func:`space_is_low` beside the ``writes`` bytes it is about to write (an
+    upload's spool and stored table: about twice its declared length): nothing is stored
+    or reserved."""
+    if space_is_low(settings, writes):
         beside = f" beside the {writes} it would write" if writes else ""
         raise ServiceUnavailable(
             f"the service's data directory has less than {settings.min_free_bytes} bytes "

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, exists, false, select, update
+from sqlalchemy import ColumnElement, exists, false, select
 from sqlalchemy.orm import Session
 
 from app.core import pagination
@@ -556,14 +556,14 @@ def rotate_data_key(services: Services) -> KeyRotation:
     and opens its file is left as it is, so a run that stopped half-way can be run again.
 
     A reader must open the file whichever of the two it finds, so the new key is
-    recorded before the rename, beside the old one (:func:`_reseal`), and the old one is
-    dropped in the transaction that holds the dataset's row lock over the rename
-    (:func:`_replace_if_recorded`); a reader that read the key before the first record and opens the
-    file after the rename reads the key again (:class:`app.storage.source.EncryptedTableSource`).
-    Each record, and the rename, is conditional on the dataset's keys being as this run
-    read (or recorded) them and its data not deleted, so two runs at once re-encrypt a
-    file once, and a deletion that
-    commits meanwhile keeps its keys forgotten (the new file is removed at the end).
+    recorded before the rename, beside the old one, and the old one is dropped in the
+    transaction that holds the dataset's row lock over the rename (:func:`_record_keys`);
+    a reader that read the key before the first record and opens the file after the
+    rename reads the key again (:class:`app.storage.source.EncryptedTableSource`). Each
+    record, and the rename, is conditional on the dataset's keys being as this run read
+    (or recorded) them and its data not deleted, so two runs at once re-encrypt a file
+    once, and a deletion that commits meanwhile keeps its keys forgotten (the new file is
+    removed at the end).
 
     The dataset rows are read in one short transaction and the files re-encrypted after
     it (minutes for large tables; no session held). A dataset whose file key no key of
@@ -598,15 +598,14 @@ def rotate_data_key(services: Services) -> KeyRotation:
             old = [] if sealed is None else tables.unseal_file_keys(ring, sealed)
             fresh = tables.new_file_key()
             during = tables.seal_file_keys(ring, [fresh, *old])
-            # once the file is renamed the old key opens nothing: forgotten (a file
-            # stored before datasets had keys of their own has none to forget)
-            alone = tables.seal_file_keys(ring, [fresh]) if old else None
+            # once the file is renamed the old key opens nothing: forgotten
+            after = tables.seal_file_keys(ring, [fresh])
             tables.rotate(
                 path,
                 tables.file_ring(ring, sealed),
                 fresh,
-                before_replace=partial(_reseal, services, dataset_id, sealed, during),
-                replace=partial(_replace_if_recorded, services, dataset_id, during, alone),
+                before_replace=partial(_record_keys, services, dataset_id, sealed, during),
+                replace=partial(_record_keys, services, dataset_id, during, after),
             )
         except _Superseded:
             superseded.append(name)
@@ -666,7 +665,7 @@ def _data_deleted(services: Services, dataset_id: uuid.UUID) -> bool:
 
 class _Superseded(Exception):
     """A dataset's keys changed, or its data were deleted, while a rotation re-encrypted
-    its file (:func:`_reseal`)."""
+    its file (:func:`_record_keys`)."""
 
 
 def _keyed_under_current(ring: bytes, path: Path, sealed: str | None) -> bool:
@@ -681,40 +680,26 @@ def _keyed_under_current(ring: bytes, path: Path, sealed: str | None) -> bool:
     return len(keys) == 1 and tables.opens_with(path, keys[0])
 
 
-def _replace_if_recorded(
+def _record_keys(
     services: Services,
     dataset_id: uuid.UUID,
-    recorded: str,
-    alone: str | None,
-    rename: Callable[[], None],
+    expected: str | None,
+    sealed: str | None,
+    rename: Callable[[], None] | None = None,
 ) -> None:
-    """Rename the re-encrypted copy over the dataset's file (``rename``) under the
-    dataset's row lock, if its file keys are still ``recorded`` (this run's, both keys:
-    :func:`_reseal` before the rename) and its data not deleted; then, in the same
-    transaction, record ``alone`` (the new key by itself), if given. :class:`_Superseded`
-    otherwise, nothing renamed. Unlocked, another rotation that read the keys this run
-    recorded could re-encrypt the file, rename its copy and record its own key alone
-    before this run's rename, which then put back a file under a key recorded nowhere
-    (``test_a_rotation_run_whole_between_anothers_record_and_rename_loses_nothing``). If
-    the commit fails after the rename, both keys stay recorded: the file opens."""
+    """Record ``sealed`` as the dataset's file keys if they are still ``expected`` and its
+    data not deleted, in a transaction of its own holding the dataset's row lock (the
+    one :func:`delete_data` takes); :class:`_Superseded` otherwise, nothing changed. With
+    ``rename`` (the rename of a rotation's re-encrypted copy over the file), it is done
+    under that lock too, before the record: unlocked, another rotation that read the keys
+    this run recorded could re-encrypt the file, rename its copy and record its own key
+    alone before this run's rename, which then put back a file under a key recorded
+    nowhere (``test_a_rotation_run_whole_between_anothers_record_and_rename_loses_nothing``).
+    If the commit fails after the rename, the keys recorded before it open the file."""
     with services.db.transaction() as session:
         dataset = ledger.lock_dataset(session, dataset_id)
-        if dataset.file_keys != recorded or dataset.data_deleted_at is not None:
+        if dataset.file_keys != expected or dataset.data_deleted_at is not None:
             raise _Superseded
-        rename()
-        if alone is not None:
-            dataset.file_keys = alone
-
-
-def _reseal(services: Services, dataset_id: uuid.UUID, expected: str | None, sealed: str) -> None:
-    """Record ``sealed`` as the dataset's file keys, in a transaction of its own, if they
-    are still ``expected`` and its data not deleted; :class:`_Superseded` otherwise."""
-    with services.db.transaction() as session:
-        matches = Dataset.file_keys.is_(None) if expected is None else Dataset.file_keys == expected
-        done = session.execute(
-            update(Dataset)
-            .where(Dataset.id == dataset_id, matches, Dataset.data_deleted_at.is_(None))
-            .values(file_keys=sealed)
-        )
-        if done.rowcount != 1:  # type: ignore[attr-defined]
-            raise _Superseded
+        if rename is not None:
+            rename()
+        dataset.file_keys = sealed

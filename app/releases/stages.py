@@ -490,14 +490,6 @@ PERSIST_RETRY_DELAY = 0.5
 PERSIST_RETRY_MAX_DELAY = 8.0
 
 
-def _transient(exc: BaseException) -> bool:
-    """Whether a database error is the connection's, not the statement's: the same
-    transaction may well commit once the database is back. A statement the database
-    refuses (a constraint, a value it cannot store, a column it does not have) fails the
-    same way every time (:func:`app.core.errors.database_unavailable`)."""
-    return database_unavailable(exc)
-
-
 def _persist_retrying(
     services: Services, claim: Claim, mechanism: registry.Mechanism, measured: Measured
 ) -> None:
@@ -514,7 +506,8 @@ def _persist_retrying(
             _persist_measurement(services, claim, mechanism, measured)
             return
         except Exception as exc:
-            if not _transient(exc) or time.monotonic() + delay > deadline:
+            # the connection's error, not the statement's (which fails every time)
+            if not database_unavailable(exc) or time.monotonic() + delay > deadline:
                 raise
             log.warning(
                 "release %s: storing the measurement failed (%s); retrying in %.1f s",

@@ -106,10 +106,6 @@ class ArtifactStore:
             if child.name not in keep and not child.name.startswith(".tmp-"):
                 _remove(child)  # a version, or what a removal cut short left
 
-    def work_dirs(self) -> list[tuple[uuid.UUID, int, Path]]:
-        """Every temporary directory on disk, as ``(release id, version, path)``."""
-        return self.leftovers()[0]
-
     def leftovers(self) -> tuple[list[tuple[uuid.UUID, int, Path]], list[Path]]:
         """In one listing of the release directories: every run's temporary directory, as
         ``(release id, version, path)``, and every ``.trash-*`` directory (what a removal

@@ -27,6 +27,7 @@ cache that lives as long as the reader, so that a pass held the whole compressed
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import secrets
@@ -77,6 +78,11 @@ def current_key(ring: bytes) -> bytes:
     return ring.split(KEY_RING_SEPARATOR, 1)[0]
 
 
+def _fernet(ring: bytes) -> MultiFernet:
+    """The ring's keys, the first one encrypting, any one decrypting."""
+    return MultiFernet([Fernet(k) for k in ring.split(KEY_RING_SEPARATOR)])
+
+
 def new_file_key() -> bytes:
     """A fresh file key: the Fernet key that wraps one dataset file's data keys."""
     return Fernet.generate_key()
@@ -100,9 +106,8 @@ def seal_file_keys(ring: bytes, file_keys: Sequence[bytes]) -> str:
 def unseal_file_keys(ring: bytes, sealed: str) -> list[bytes]:
     """The file keys of :func:`seal_file_keys`, opened with any key of the service ring;
     :class:`PermissionError` if none opens them."""
-    fernet = MultiFernet([Fernet(k) for k in ring.split(KEY_RING_SEPARATOR)])
     try:
-        return fernet.decrypt(sealed.encode("ascii")).split(KEY_RING_SEPARATOR)
+        return _fernet(ring).decrypt(sealed.encode("ascii")).split(KEY_RING_SEPARATOR)
     except InvalidToken:
         raise _unsealable() from None
 
@@ -146,7 +151,7 @@ def _crypto(key: bytes) -> tuple[pe.CryptoFactory, pe.KmsConnectionConfig]:
     # pyarrow caches KMS clients per connection config: a key-specific (one-way) instance id
     # keeps two keys in one process (tests, key rotation) from sharing a cached client.
     fingerprint = hashlib.sha256(b"curator-kms-instance:" + key).hexdigest()[:32]
-    fernet = MultiFernet([Fernet(k) for k in key.split(KEY_RING_SEPARATOR)])
+    fernet = _fernet(key)
     factory = pe.CryptoFactory(lambda _config: _FernetKms(fernet))
     return factory, pe.KmsConnectionConfig(kms_instance_id=fingerprint)
 
@@ -256,10 +261,7 @@ def rotate(
             raise FileNotFoundError(f"{path.name} was removed while it was re-encrypted")
         if before_replace is not None:
             before_replace()
-
-        def rename() -> None:
-            os.replace(staging, path)
-
+        rename = functools.partial(os.replace, staging, path)
         if replace is None:
             rename()
         else:

@@ -85,9 +85,9 @@ def test_listing_a_release_directory_removed_meanwhile_finds_nothing(tmp_path: P
     is empty, not a FileNotFoundError that fails the stage or the sweep."""
     store = ArtifactStore(tmp_path)
     assert artifacts._listed(tmp_path / "gone", "*") == []
-    assert store.work_dirs() == []
+    assert store.leftovers() == ([], [])
     work = store.begin(uuid.uuid4(), 0)
-    assert [path for _, _, path in store.work_dirs()] == [work]
+    assert [path for _, _, path in store.leftovers()[0]] == [work]
 
 
 def test_a_version_that_cannot_be_renamed_is_removed_in_place(

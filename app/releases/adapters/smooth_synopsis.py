@@ -357,13 +357,14 @@ def answer_work(synopsis: sy.Synopsis, parsed: Sequence[object]) -> int:
         parsed, d, min_length=synopsis.index_set.max_degree + 1, block=sy.ANSWER_BLOCK
     )
     for planned in layout:
-        if planned.kind == "product":
+        if planned.kind == "product" and planned.shape is not None:
+            # every query of the block at its longest length (at most twice its own)
+            rows, _, length = planned.shape
+            work += rows * LENGTH_WORK * length
             for position in planned.positions:
                 query = parsed[int(position)]
                 assert isinstance(query, ProductQuery)
-                factors = sum(g is not None for g in query.factors)
-                length = chebyshev.product_length(query, synopsis.index_set.max_degree + 1)
-                work += FACTOR_WORK * factors + LENGTH_WORK * (length or 1)
+                work += FACTOR_WORK * sum(g is not None for g in query.factors)
         elif planned.shape is not None:
             rows, kernels, length = planned.shape
             work += rows * kernels * (FACTOR_WORK * d + LENGTH_WORK * length)
