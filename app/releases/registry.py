@@ -292,22 +292,35 @@ def check_batch_work(
 
 
 def check_total_work(
-    queries: int, work: int, limit: int, *, what: str = "queries", costs: str, smaller: str
+    queries: int,
+    work: int,
+    limit: int,
+    *,
+    what: str = "queries",
+    costs: str,
+    smaller: str,
+    at_least: bool = False,
 ) -> None:
     """422 for a batch whose answers take ``work`` units in all (computed from public sizes
     before anything is answered) over ``limit``: it says about how many queries like these
     fit in one request, or, when not even one does, how to make them smaller
-    (``smaller``). ``costs`` says what a unit of the work counts."""
+    (``smaller``). ``costs`` says what a unit of the work counts. ``at_least``: ``work``
+    is a lower bound (counted before the queries are parsed), and so the queries that fit
+    an upper bound."""
     if work <= limit:
         return
     fit = queries * limit // work
     asked = f"{queries} {what} are" if queries != 1 else "this query is"
     head = (
-        f"{asked} more than one request may ask of this release: {work:.3g} units of work "
+        f"{asked} more than one request may ask of this release: "
+        f"{'at least ' if at_least else ''}{work:.3g} units of work "
         f"({costs}), at most {limit:.3g} a request"
     )
     if fit >= 1:
-        raise InvalidRequest(f"{head}; about {fit} like these fit in one request: split the batch")
+        about = "at most about" if at_least else "about"
+        raise InvalidRequest(
+            f"{head}; {about} {fit} like these fit in one request: split the batch"
+        )
     alone = "not even one of them fits" if queries != 1 else "it does not fit on its own"
     raise InvalidRequest(f"{head}; {alone}: {smaller}")
 

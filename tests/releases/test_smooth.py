@@ -1565,7 +1565,8 @@ def test_synopsis_answers_are_bounded_by_queries_times_moments(
         )
     refused = client.post(url, headers=curator.headers, json={"queries": [query] * 5})
     assert refused.status_code == 422, refused.text
-    assert "48 a request; about 4 like these fit in one request" in refused.text
+    # the work is R a query here, which the lower bound read off the JSON already counts
+    assert "48 a request; at most about 4 like these fit in one request" in refused.text
 
 
 def test_synopsis_answer_work_charges_factors_and_expansion_lengths() -> None:
@@ -1671,10 +1672,12 @@ def test_smooth_synthetic_answers_are_bounded_by_their_work(
     query = {"type": "product", "factors": {"x": {"type": "gaussian", "center": 0.1, "sigma": 3}}}
 
     works: list[int] = []
+    lower: list[bool] = []
     check = registry.check_total_work
 
     def counted(queries: int, work: int, limit: int, **options: Any) -> None:
         works.append(work)
+        lower.append(bool(options.get("at_least")))
         check(queries, work, limit, **options)
 
     computed: list[str] = []
@@ -1716,12 +1719,17 @@ def test_smooth_synthetic_answers_are_bounded_by_their_work(
     refused = post(5)
     assert refused.status_code == 422, refused.text
     message = refused.json()["error"]["message"]
+    # refused by the work counted after the parse, or already by its lower bound read off
+    # the JSON (test_a_batch_whose_sizes_prove_it_over_the_work_bound_is_refused_before...)
+    refusing, at_least = works[-1], lower[-1]
+    assert refusing == five or (at_least and refusing <= five)
     assert message.startswith(
         "5 queries are more than one request may ask of this release: "
-        f"{five:.3g} units of work (about 1 ns each here"
+        f"{'at least ' if at_least else ''}{refusing:.3g} units of work (about 1 ns each here"
     )
     assert message.endswith(
-        f"at most {four:.3g} a request; about 4 like these fit in one request: split the batch"
+        f"at most {four:.3g} a request; {'at most about' if at_least else 'about'} 4 like "
+        "these fit in one request: split the batch"
     )
     assert computed == []
 
@@ -1732,6 +1740,92 @@ def test_smooth_synthetic_answers_are_bounded_by_their_work(
     assert message.startswith("this query is more than one request may ask of this release")
     assert "; it does not fit on its own: use " in message
     assert computed == []
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "params"),
+    [
+        ("smooth_synopsis", {}),
+        ("smooth_synthetic", {"method": "marginals"}),
+        ("smooth_synthetic", {"method": "tree"}),
+        ("smooth_synthetic", {"method": "moments", "grid_size": 500}),
+    ],
+)
+def test_a_batch_whose_sizes_prove_it_over_the_work_bound_is_refused_before_it_is_parsed(
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    mechanism: str,
+    params: dict[str, Any],
+) -> None:
+    """The work of a smooth answers batch was counted once its queries were parsed, and
+    parsing costs more than the count: a 64 MiB body of 30-factor products parsed for about
+    20 s before it was refused. A lower bound on the work read off the JSON (queries,
+    products' factors, mixtures' centres, polynomials) is checked first: never above the
+    work counted after the parse, and a batch it proves over the bound is refused with the
+    same 422, saying the work is at least that much, without a query parsed."""
+    from app.releases import registry
+    from app.releases.adapters import smooth_queries
+    from app.releases.adapters import smooth_synthetic as synthetic_adapter
+
+    dataset_id, _ = _dataset(client, curator)
+    body = {"mechanism": mechanism, "epsilon": 1, "delta": 1e-7, "params": params}
+    response = request_release(client, curator, dataset_id, body)
+    assert response.status_code == 202, response.text
+    release_id = response.json()["id"]
+    run_all(client, release_id)
+    gaussian = {"type": "gaussian", "center": 0.1, "sigma": 0.5}
+    queries = [
+        {"type": "product", "factors": {"x": gaussian, "y": gaussian, "z": gaussian}},
+        {"type": "product", "factors": {"y": {"type": "polynomial", "coefficients": [1, 2]}}},
+        {
+            "type": "gaussian_mixture",
+            "centers": [[0, 0, 0], [0.5, 0, 0]],
+            "weights": [1, 1],
+            "sigma": 0.7,
+        },
+        {"type": "polynomial", "terms": [{"coefficient": 1, "powers": {"x": 2, "z": 1}}]},
+    ] * 3
+
+    checked: list[tuple[int, bool]] = []
+    check = registry.check_total_work
+
+    def recorded(queries: int, work: int, limit: int, **options: Any) -> None:
+        checked.append((work, bool(options.get("at_least"))))
+        check(queries, work, limit, **options)
+
+    parses: list[int] = []
+    parse = smooth_queries.parse
+
+    def parsing(batch: Any, info: Any) -> Any:
+        parses.append(len(batch))
+        return parse(batch, info)
+
+    monkeypatch.setattr(registry, "check_total_work", recorded)
+    monkeypatch.setattr(smooth_queries, "parse", parsing)
+    url = f"/v1/releases/{release_id}/answers"
+    answered = client.post(url, headers=curator.headers, json={"queries": queries})
+    assert answered.status_code == 200, answered.text
+    (raw, before), (exact, after) = checked
+    assert (before, after) == (True, False)
+    assert 0 < raw <= exact
+    assert parses == [len(queries)]
+
+    adapter = smooth_synopsis_adapter if mechanism == "smooth_synopsis" else synthetic_adapter
+    monkeypatch.setattr(adapter, "MAX_ANSWER_WORK", raw - 1)
+    checked.clear()
+    parses.clear()
+    refused = client.post(url, headers=curator.headers, json={"queries": queries})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "invalid_request"
+    message = refused.json()["error"]["message"]
+    assert message.startswith(
+        f"12 queries are more than one request may ask of this release: at least {raw:.3g} "
+        "units of work"
+    ), message
+    assert message.endswith("at most about 11 like these fit in one request: split the batch")
+    assert checked == [(raw, True)]
+    assert parses == []
 
 
 def test_the_default_answer_bound_refuses_the_audited_batches() -> None:

@@ -294,6 +294,10 @@ class SmoothSynopsis(registry.Mechanism):
     def answer(
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
+        # a lower bound first, from sizes read off the JSON: a batch it already proves
+        # over the limit is refused before it is parsed (64 MiB of 30-factor products
+        # parsed for about 20 s before their work was refused)
+        _check_work(loaded, len(queries), raw_answer_work(loaded, queries, info), at_least=True)
         parsed = smooth_queries.parse(queries, info)
         try:
             work = answer_work(loaded, parsed)
@@ -303,14 +307,7 @@ class SmoothSynopsis(registry.Mechanism):
             raise smooth_queries.refusal(
                 exc, parsed, lambda batch: answer_work(loaded, batch)
             ) from None
-        registry.check_total_work(
-            len(parsed),
-            work,
-            MAX_ANSWER_WORK,
-            costs=f"about 0.4 us each here: the {loaded.size} moments of every answer, and "
-            "its factors and the length of their Chebyshev expansions",
-            smaller="use wider Gaussian factors (shorter expansions) or fewer factors",
-        )
+        _check_work(loaded, len(parsed), work)
         block = max(1, min(sy.ANSWER_BLOCK, ANSWER_BLOCK_ENTRIES // loaded.size))
 
         def answer_many(batch: Sequence[Any]) -> Any:
@@ -338,6 +335,39 @@ class SmoothSynopsis(registry.Mechanism):
             )
             out.append(item)
         return out
+
+
+def _check_work(synopsis: sy.Synopsis, queries: int, work: int, *, at_least: bool = False) -> None:
+    registry.check_total_work(
+        queries,
+        work,
+        MAX_ANSWER_WORK,
+        costs=f"about 0.4 us each here: the {synopsis.size} moments of every answer, and "
+        "its factors and the length of their Chebyshev expansions",
+        smaller="use wider Gaussian factors (shorter expansions) or fewer factors",
+        at_least=at_least,
+    )
+
+
+def raw_answer_work(
+    synopsis: sy.Synopsis, queries: Sequence[Mapping[str, Any]], info: DatasetInfo
+) -> int:
+    """A lower bound on :func:`answer_work` of the batch ``queries`` parses to, from
+    :func:`smooth_queries.raw_sizes` (no query parsed): every query's ``R`` and own cost,
+    a product's factors, and a product's or a mixture kernel's expansion at its shortest
+    (a block's length is at least ``max_degree + 1``), leaving out what only the parse
+    tells (the expansions' lengths, a polynomial's monomials, the kernels' pairs)."""
+    sizes = smooth_queries.raw_sizes(queries, info)
+    d, length = synopsis.d, synopsis.index_set.max_degree + 1
+    per_query = synopsis.size + QUERY_WORK
+    if synopsis.noise_distribution == "laplace":
+        per_query += SADDLEPOINT_WORK
+    return (
+        per_query * sizes.queries
+        + FACTOR_WORK * sizes.product_factors
+        + LENGTH_WORK * length * sizes.products
+        + (FACTOR_WORK * d + LENGTH_WORK * length) * sizes.mixture_centers
+    )
 
 
 def answer_work(synopsis: sy.Synopsis, parsed: Sequence[object]) -> int:

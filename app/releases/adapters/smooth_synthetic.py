@@ -652,6 +652,14 @@ class SmoothSynthetic(registry.Mechanism):
     def answer(
         self, loaded: Any, info: DatasetInfo, queries: Sequence[Mapping[str, Any]]
     ) -> list[dict[str, Any]]:
+        # a lower bound first, from sizes read off the JSON: a batch it already proves
+        # over the limit is refused before it is parsed (64 MiB of 30-factor products
+        # parsed for about 20 s before their work was refused)
+        sizes = smooth_queries.raw_sizes(queries, info)
+        if isinstance(loaded, marginals.MarginalMeasurements | marginal_tree.TreeMeasurements):
+            check_answer_work(loaded, raw_answer_work(loaded, sizes), sizes.queries, True)
+        else:
+            check_support_work(loaded, sizes.queries, raw_support_work(loaded, sizes), True)
         parsed = smooth_queries.parse(queries, info)
         if isinstance(loaded, marginals.MarginalMeasurements | marginal_tree.TreeMeasurements):
             product = isinstance(loaded, marginals.MarginalMeasurements)
@@ -665,7 +673,7 @@ class SmoothSynthetic(registry.Mechanism):
                 plan = functools.partial(separable_layout, dim=d)
                 raise smooth_queries.refusal(exc, parsed, plan) from None
             try:
-                check_answer_work(loaded, layout, len(parsed))
+                check_answer_work(loaded, _layout_work(loaded, layout), len(parsed))
             except MechanismError as exc:  # the batch's work
                 raise InvalidRequest(f"queries: {exc}") from None
             try:
@@ -680,7 +688,7 @@ class SmoothSynthetic(registry.Mechanism):
             ]
         support: MomentSupport = loaded
         replicates = support.replicates
-        check_support_work(support, parsed)
+        check_support_work(support, len(parsed), sum(support_work(support, q) for q in parsed))
         out = []
         for position, query in enumerate(parsed):
             try:
@@ -742,27 +750,60 @@ def answer_work(layout: Sequence[SeparableBlock], *, d: int, cells: int, groups:
     return work
 
 
-def check_answer_work(
-    law: marginals.MarginalMeasurements | marginal_tree.TreeMeasurements,
-    layout: Sequence[SeparableBlock],
-    queries: int,
-) -> None:
-    """422 for a batch whose :func:`answer_work` exceeds :data:`MAX_ANSWER_WORK`, before
-    anything is expanded or a law fitted."""
+Law = marginals.MarginalMeasurements | marginal_tree.TreeMeasurements
+
+
+def _law_sizes(law: Law) -> tuple[int, str, int | None]:
+    """``(cells, kind, groups)`` of a law: its cells a column, ``"tree"`` or
+    ``"product"``, and the groups of a column in its edge tables (``None``: marginals)."""
     if isinstance(law, marginal_tree.TreeMeasurements):
-        cells, kind = law.one_way.cells, "tree"
-        groups: int | None = cells if law.joint_model == "copula" else law.pair_bins
+        cells = law.one_way.cells
+        return cells, "tree", cells if law.joint_model == "copula" else law.pair_bins
+    return law.cells, "product", None
+
+
+def _layout_work(law: Law, layout: Sequence[SeparableBlock]) -> int:
+    cells, _, groups = _law_sizes(law)
+    return answer_work(layout, d=law.d, cells=cells, groups=groups)
+
+
+def raw_answer_work(law: Law, sizes: smooth_queries.RawSizes) -> int:
+    """A lower bound on :func:`answer_work` of the batch whose JSON has ``sizes``
+    (:func:`smooth_queries.raw_sizes`, no query parsed): every block at least one
+    coefficient long, every query at least one kernel (a mixture its centres), expanded
+    at the cheapest rate, and the cells' means once."""
+    cells, _, groups = _law_sizes(law)
+    if sizes.queries == 0:
+        return 0
+    laws = 1 + bootstrap.REPLICATES
+    kernels = sizes.queries - sizes.mixtures + sizes.mixture_centers
+    if groups is None:
+        per_kernel = laws * 3
     else:
-        cells, kind, groups = law.cells, "product", None
+        per_kernel = cells // 4 + 20 + laws * (cells * (groups + 48) // 4 + 50)
+    cheapest = min(PRODUCT_EXPANSION_WORK, MIXTURE_EXPANSION_WORK, EXPANSION_WORK)
+    return (
+        QUERY_WORK * sizes.queries
+        + CELL_MEAN_WORK * cells
+        + kernels * law.d * (cheapest + per_kernel)
+    )
+
+
+def check_answer_work(law: Law, work: int, queries: int, at_least: bool = False) -> None:
+    """422 for a batch whose :func:`answer_work` (``work``; with ``at_least``, a lower
+    bound on it) exceeds :data:`MAX_ANSWER_WORK`, before anything is expanded or a law
+    fitted."""
+    cells, kind, _ = _law_sizes(law)
     registry.check_total_work(
         queries,
-        answer_work(layout, d=law.d, cells=cells, groups=groups),
+        work,
         MAX_ANSWER_WORK,
         costs=f"about 1 ns each here, from the queries' kernels and Chebyshev coefficients "
         f"on the {cells} cells of each of {law.d} columns, under this {kind} law and its "
         f"{bootstrap.REPLICATES} bootstrap laws",
         smaller="use wider Gaussian factors (fewer Chebyshev coefficients), fewer centres "
         "or monomials, or lower powers",
+        at_least=at_least,
     )
 
 
@@ -788,9 +829,25 @@ def support_work(support: MomentSupport, query: object) -> int:
     return SUPPORT_WORK * n * (d + 10 * len(factors) + coefficients)
 
 
-def check_support_work(support: MomentSupport, queries: Sequence[object]) -> None:
-    """422 for a batch whose :func:`support_work` exceeds :data:`MAX_ANSWER_WORK`, before
-    any query is evaluated."""
+def raw_support_work(support: MomentSupport, sizes: smooth_queries.RawSizes) -> int:
+    """A lower bound on the :func:`support_work` of the batch whose JSON has ``sizes``
+    (:func:`smooth_queries.raw_sizes`, no query parsed): its products without their
+    coefficients, its mixtures, and its polynomials at one monomial each."""
+    n, d = (int(v) for v in support.points.shape)
+    if support.replicates is not None:
+        n += int(support.replicates.points.shape[0])
+    return (
+        SUPPORT_WORK * n * (d * sizes.products + 10 * sizes.product_factors)
+        + SUPPORT_WORK * n * d * (sizes.mixture_centers + sizes.mixtures)
+        + POLYNOMIAL_SUPPORT_WORK * n * d * sizes.polynomials
+    )
+
+
+def check_support_work(
+    support: MomentSupport, queries: int, work: int, at_least: bool = False
+) -> None:
+    """422 for a batch whose :func:`support_work` (``work``; with ``at_least``, a lower
+    bound on it) exceeds :data:`MAX_ANSWER_WORK`, before any query is evaluated."""
     n = int(support.points.shape[0])
     replicates = support.replicates
     also = (
@@ -799,12 +856,13 @@ def check_support_work(support: MomentSupport, queries: Sequence[object]) -> Non
         else f" and the {int(replicates.points.shape[0])} of its bootstrap supports"
     )
     registry.check_total_work(
-        len(queries),
-        sum(support_work(support, q) for q in queries),
+        queries,
+        work,
         MAX_ANSWER_WORK,
         costs=f"about 1 ns each here: every query is evaluated at the {n} support points{also}",
         smaller="use fewer centres or monomials, or re-synthesise the release with a smaller "
         "grid_size or the simplex solver (fewer support points)",
+        at_least=at_least,
     )
 
 
