@@ -1094,6 +1094,53 @@ class TreePlan:
         }
 
 
+def _check_pair_bins(b: int, pair_bins: int | None, bins: int | None, B: int, atoms: bool) -> None:
+    """Refuse ``b`` pair bins over the ``B + 2 atoms`` cells of a column's histogram."""
+    if b > B + 2 * atoms:
+        # a request that set neither (method 'tree' on a small n or budget) is told that
+        # both are defaults it may set
+        chosen = "the default" if pair_bins is None else "declared"
+        resolved = "from n, d, epsilon and delta" if bins is None else "declared"
+        raise MechanismError(
+            f"pair_bins ({b}, {chosen}) cannot exceed the {B + 2 * atoms} cells of a "
+            f"column's histogram (bins {B}, {resolved}): set pair_bins to at most "
+            f"{B + 2 * atoms}, or more bins"
+        )
+
+
+def _settled_cells(
+    n: int, d: int, epsilon: float, delta: float, bins: int | None, bound_atoms: bool | None
+) -> tuple[int, bool] | None:
+    """``(B, atoms)`` as :func:`plan` resolves them, when they follow without an OpenDP
+    call: each declared, or settled by :func:`app.mechanisms.noise.gaussian_scale_floor`
+    on the histograms' noise (the default ``B`` grows as the noise shrinks, so a floor
+    that puts it at ``MIN_BINS`` puts it there, and one at or above ``ATOM_NOISE_LIMIT``
+    means no atoms); ``None`` when they do not (or ``bins`` is invalid: ``resolve`` says
+    so)."""
+    if bins is not None and (
+        isinstance(bins, bool) or not isinstance(bins, int) or not 2 <= bins <= 4096
+    ):
+        return None
+    floor = 0.0
+    if bins is None or bound_atoms is None:
+        sensitivity = marginals.histogram_sensitivity(n, d)["l2"]
+        floor = noise.gaussian_scale_floor(sensitivity, epsilon, delta)
+        if floor <= 0.0:
+            return None
+    if bins is None:
+        largest = marginals.BIN_SCALE * d ** (1.0 / 3.0) * floor ** (-2.0 / 3.0)
+        if largest >= marginals.MIN_BINS + 0.5:
+            return None
+        bins = marginals.MIN_BINS
+    if bound_atoms is None:
+        if floor < marginals.ATOM_NOISE_LIMIT:
+            return None
+        bound_atoms = False
+    if fine_table_cells(d, bins + 2 * bound_atoms) > MAX_FINE_TABLE_CELLS:
+        return None  # plan lowers default bins to fit, or refuses declared ones
+    return bins, bool(bound_atoms)
+
+
 def plan(
     n: int,
     d: int,
@@ -1112,7 +1159,7 @@ def plan(
     default bins are lowered to fit, declared ones that do not are refused."""
     if delta <= 0.0:
         raise MechanismError("the marginal tree is accounted in zCDP and needs delta > 0")
-    rho = noise.rho_budget(epsilon, delta)
+    check_budget(epsilon, delta)
     if d < 2:
         raise MechanismError("a tree of pairs needs at least two columns")
     if d > MAX_TREE_COLUMNS:
@@ -1133,20 +1180,18 @@ def plan(
         )
     if grouping is not None:
         check_grouping(grouping)
+    # the histograms' cells settled by a lower bound on their noise, when it does, before
+    # the OpenDP searches below (2-8 s near epsilon = 1e-12) only to find pair_bins over
+    early = _settled_cells(n, d, epsilon, delta, bins, bound_atoms)
+    if early is not None:
+        check_fit_size(d, early[0] + 2 * early[1])
+        _check_pair_bins(b, pair_bins, bins, *early)
     B, atoms = marginals.resolve(n, d, epsilon, delta, bins, bound_atoms)
     if bins is None and fine_table_cells(d, B + 2 * atoms) > MAX_FINE_TABLE_CELLS:
         B = max(marginals.MIN_BINS, math.isqrt(MAX_FINE_TABLE_CELLS // (d - 1)) - 2 * atoms)
     check_fit_size(d, B + 2 * atoms)
-    if b > B + 2 * atoms:
-        # a request that set neither (method 'tree' on a small n or budget) is told that
-        # both are defaults it may set
-        chosen = "the default" if pair_bins is None else "declared"
-        resolved = "from n, d, epsilon and delta" if bins is None else "declared"
-        raise MechanismError(
-            f"pair_bins ({b}, {chosen}) cannot exceed the {B + 2 * atoms} cells of a "
-            f"column's histogram (bins {B}, {resolved}): set pair_bins to at most "
-            f"{B + 2 * atoms}, or more bins"
-        )
+    _check_pair_bins(b, pair_bins, bins, B, atoms)
+    rho = noise.rho_budget(epsilon, delta)
     pair_scale = noise.gaussian_scale_for_rho(
         pair_table_sensitivity(n, d - 1), rho * SHARES["pairs"]
     )

@@ -31,6 +31,73 @@ def test_rho_budget_is_the_largest_rho_within_the_budget() -> None:
         noise.rho_budget(1.0, 0.0)
 
 
+def _calls_to_opendp_searches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the OpenDP searches :func:`marginal_tree.plan` runs (``rho_budget``,
+    ``calibrate``), recorded as they are called; their caches emptied first."""
+    noise.rho_budget.cache_clear()
+    marginals.noise_stddev.cache_clear()
+    calls: list[str] = []
+    for name in ("rho_budget", "calibrate"):
+        original = getattr(noise, name)
+
+        def counted(*args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
+            calls.append(_name)
+            return _original(*args, **kw)
+
+        monkeypatch.setattr(noise, name, counted)
+    return calls
+
+
+def test_a_tree_whose_pair_bins_exceed_the_cells_is_refused_before_the_opendp_searches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Near epsilon = 1e-12 every histogram resolves to 2 cells and the default 4 pair
+    bins are refused; the refusal came after rho_budget's and the histogram noise's
+    searches over OpenDP's conversions (2-8 s, about 150 maps). A closed-form floor on the
+    noise settles the cells first: the same refusal, and no search is run."""
+    calls = _calls_to_opendp_searches(monkeypatch)
+    for n, d, delta, bins, atoms in (
+        (4, 2, 1e-6, None, None),
+        (569, 30, 1e-3, None, None),
+        (4, 2, 0.5, None, None),
+        (1000, 5, 1e-6, 3, None),
+        (1000, 5, 1e-6, None, False),
+    ):
+        cells = 2 if bins is None else bins
+        message = f"pair_bins \\(4, the default\\) cannot exceed the {cells} cells"
+        with pytest.raises(MechanismError, match=message):
+            marginal_tree.plan(n, d, 1e-12, delta, bins, atoms)
+        assert calls == [], (n, d, delta, bins, atoms)
+
+
+def test_the_noise_floor_is_below_the_calibrated_noise_and_settles_the_cells_as_plan_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gaussian_scale_floor is a lower bound on the scale OpenDP's conversions calibrate
+    (the histograms' noise), and where it settles (bins, atoms) before them, plan resolves
+    the same ones; where it does not (a larger budget), plan runs its searches as before."""
+    for n, d, epsilon, delta in (
+        (4, 2, 1e-12, 1e-6),
+        (1000, 5, 1e-12, 0.5),
+        (569, 30, 1e-6, 1e-9),
+        (569, 30, 0.01, 1e-3),
+        (100, 3, 0.3, 0.2),
+        (10**5, 10, 0.05, 1e-6),
+    ):
+        sensitivity = marginals.histogram_sensitivity(n, d)["l2"]
+        floor = noise.gaussian_scale_floor(sensitivity, epsilon, delta)
+        stddev = marginals.noise_stddev(n, d, epsilon, delta)
+        assert 0 <= floor <= stddev, (n, d, epsilon, delta)
+        settled = marginal_tree._settled_cells(n, d, epsilon, delta, None, None)
+        if settled is not None:
+            assert settled == marginals.resolve(n, d, epsilon, delta), (n, d, epsilon, delta)
+    calls = _calls_to_opendp_searches(monkeypatch)
+    plan = marginal_tree.plan(569, 30, 1.0, 1e-6)
+    assert plan.bins > 2
+    assert "rho_budget" in calls
+    assert "calibrate" in calls
+
+
 def test_scales_meet_their_zcdp_shares() -> None:
     scale = noise.gaussian_scale_for_rho(0.3, 0.01)
     assert (0.3 / scale) ** 2 / 2 <= 0.01 * (1 + 1e-9)
