@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
@@ -34,13 +35,53 @@ def sample_chunk_rows(width: int) -> int:
     return batch_rows(width, capped=False)
 
 
+#: A text cell that starts with one of these is read as a formula by a spreadsheet (``=``,
+#: ``+``, ``-``, ``@``) or hides the character that would be (tab, CR): OWASP's list of
+#: CSV-injection triggers.
+FORMULA_START = r"^[=+\-@\t\r]"
+#: A plain number (``-1``, ``+2.5``, ``-3e-4``): read as that number, never as a formula
+#: (``app.datasets.schemas._PLAIN_NUMBER``, here for Arrow's RE2).
+PLAIN_NUMBER = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+
+
+def spreadsheet_safe(table: pa.Table) -> pa.Table:
+    """``table`` with every text cell that a spreadsheet would read as a formula
+    (:data:`FORMULA_START`, unless it is a :data:`PLAIN_NUMBER`) prefixed with a single
+    quote, OWASP's escape for CSV injection: a spreadsheet shows the cell as text and runs
+    nothing. Numeric columns are never touched (a negative number stays a number), nor
+    text that is a plain number. For the CSV only: the Parquet file keeps the values."""
+    columns = []
+    for column in table.columns:
+        kind = column.type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+            if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+                column = column.cast(kind)
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            columns.append(column)
+            continue
+        formula = pc.and_not(
+            pc.match_substring_regex(column, FORMULA_START),
+            pc.match_substring_regex(column, PLAIN_NUMBER),
+        )
+        if not pc.any(formula).as_py():
+            columns.append(column)
+            continue
+        quoted = pc.binary_join_element_wise(pa.scalar("'", kind), column, pa.scalar("", kind))
+        columns.append(pc.if_else(formula, quoted, column))
+    return pa.table(columns, names=table.column_names)
+
+
 def write_csv_and_parquet(
     csv_path: Path, parquet_path: Path, tables: Iterable[pa.Table], **parquet_options: Any
 ) -> None:
     """``tables`` (at least one, all of the first one's schema) written in order to one
     CSV file (one header) and one Parquet file (a row group a table, or more: Parquet's
     own limit), so that only one table of rows is in memory at a time. The same values
-    and text as the tables concatenated and written whole."""
+    and text as the tables concatenated and written whole, but for the CSV's text cells
+    that a spreadsheet would read as a formula, which it quotes (:func:`spreadsheet_safe`).
+    The CSV's header is the schema's names as declared (a declaration's rule keeps them
+    from being formulas that call a function: ``app.datasets.schemas``)."""
     csv_writer: pacsv.CSVWriter | None = None
     parquet_writer: pq.ParquetWriter | None = None
     try:
@@ -50,7 +91,7 @@ def write_csv_and_parquet(
                 parquet_writer = pq.ParquetWriter(
                     str(parquet_path), table.schema, **parquet_options
                 )
-            csv_writer.write_table(table)
+            csv_writer.write_table(spreadsheet_safe(table))
             parquet_writer.write_table(table)
     finally:
         if csv_writer is not None:

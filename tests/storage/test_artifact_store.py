@@ -106,3 +106,39 @@ def test_a_version_that_cannot_be_renamed_is_removed_in_place(
     monkeypatch.setattr(Path, "rename", refused)
     store.discard(work)
     assert not work.exists()
+
+
+def test_the_csv_quotes_formula_text_and_leaves_numbers_and_the_parquet_alone(
+    tmp_path: Path,
+) -> None:
+    """write_csv_and_parquet's CSV prefixes a single quote to every text cell a
+    spreadsheet reads as a formula (=, +, -, @, tab, CR first; OWASP's CSV-injection
+    escape), in plain and dictionary-encoded text columns, but not to text that is a plain
+    number nor to any number; the Parquet file keeps the values."""
+    import csv
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cells = ["=1+2", "+A1", "-A1", "@SUM(A1)", "\tx", "\r=x", "-1", "+2.5", "-3e-4", ".5", "ok", ""]
+    quoted = ["'=1+2", "'+A1", "'-A1", "'@SUM(A1)", "'\tx", "'\r=x", *cells[6:]]
+    table = pa.table(
+        {
+            "text": cells,
+            "large": pa.array(cells, pa.large_string()),
+            "coded": pa.array(cells).dictionary_encode(),
+            "number": [-1.5 * i for i in range(len(cells))],
+            "count": pa.array([-i for i in range(len(cells))], pa.int64()),
+        }
+    )
+    csv_path, parquet_path = tmp_path / "sample.csv", tmp_path / "sample.parquet"
+    artifacts.write_csv_and_parquet(csv_path, parquet_path, [table.slice(0, 5), table.slice(5)])
+    rows = list(csv.reader(io.StringIO(csv_path.read_bytes().decode(), newline="")))
+    assert rows[0] == ["text", "large", "coded", "number", "count"]
+    body = rows[1:]
+    for j in range(3):
+        assert [row[j] for row in body] == quoted
+    assert [float(row[3]) for row in body] == table.column("number").to_pylist()
+    assert [int(row[4]) for row in body] == table.column("count").to_pylist()
+    assert pq.read_table(parquet_path).equals(table)
