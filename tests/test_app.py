@@ -152,6 +152,26 @@ def test_error_envelope_for_framework_errors(client: TestClient, curator: Caller
     assert "dataset_id" in bad_id.json()["error"]["message"]
 
 
+def test_a_405_allows_every_method_of_its_path(client: TestClient, curator: Caller) -> None:
+    """FastAPI makes one route per method and path, and Starlette's 405 named the methods
+    of the first route whose path matched: ``Allow: GET`` on a release's path, which also
+    takes DELETE, and ``Allow: POST`` on the datasets' list, which also takes GET
+    (RFC 9110, 15.5.6: the header lists the target's methods). Every method of every
+    route of the path is listed, the body in the error envelope."""
+    for method, path, allowed in (
+        ("PUT", f"/v1/releases/{uuid.uuid4()}", "GET, DELETE"),
+        ("DELETE", f"/v1/datasets/{uuid.uuid4()}", "GET, PATCH"),
+        ("PATCH", "/v1/datasets", "GET, POST"),
+        ("PUT", "/healthz", "GET"),
+    ):
+        response = client.request(method, path, headers=curator.headers)
+        assert response.status_code == 405, (method, path, response.text)
+        assert response.headers["allow"] == allowed, (method, path)
+        assert response.json() == {
+            "error": {"code": "method_not_allowed", "message": "Method Not Allowed"}
+        }
+
+
 def test_validation_errors_do_not_echo_input(client: TestClient, admin: Caller) -> None:
     response = client.post(
         "/v1/users", headers=admin.headers, json={"name": "x", "role": "s3cr3t-value"}

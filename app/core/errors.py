@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 log = logging.getLogger("curator.errors")
 
@@ -301,6 +302,28 @@ def error_response(exc: ServiceError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
 
+#: The methods a 405's ``Allow`` header may name (RFC 9110's and PATCH).
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
+
+
+def _allowed(request: Request) -> dict[str, str]:
+    """The ``Allow`` header of a 405: every method a route of the application takes on the
+    request's path. FastAPI makes a route per method and path, and Starlette's router
+    answers a 405 from the first route whose path matched, naming its methods alone
+    (``Allow: GET`` on a release's path, which also takes DELETE). Each method is tried
+    against the routes (``BaseRoute.matches``, which FastAPI's included routers answer
+    too). Empty when none matches (the header the exception carries stays)."""
+    routes = request.app.router.routes
+    methods = [
+        method
+        for method in HTTP_METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
+    ]
+    return {"Allow": ", ".join(methods)} if methods else {}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
@@ -318,7 +341,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == _BODY_NOT_PARSED:
             # a JSON body FastAPI could not decode at all (not UTF-8, or nested past the
             # parser's depth): the 422 of any other body that is not JSON, which every
@@ -327,10 +350,13 @@ def install_error_handlers(app: FastAPI) -> None:
             return JSONResponse(body, status_code=422)
         code = _STATUS_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), **_allowed(request)}
         return JSONResponse(
             {"error": {"code": code, "message": message}},
             status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
+            headers=headers,
         )
 
     # Any other exception is answered by ErrorBarrier (an exception handler for Exception
