@@ -35,6 +35,17 @@ Integer = Annotated[int, BeforeValidator(integral_number)]
 #: the latter wrote them as ``ge`` and ``le``, which no JSON Schema reader knows.
 
 
+def unsigned_zero(value: float) -> float:
+    """``-0.0`` read as ``0.0``: JSON's ``-0.0`` (or ``-0``) is a valid zero that compares
+    equal to ``0`` and passes every range check, but is echoed, stored and hashed with its
+    sign (a preview answered ``"delta": -0.0``)."""
+    return 0.0 if value == 0 else value
+
+
+#: A float whose zero is always ``0.0``.
+UnsignedZeroFloat = Annotated[float, AfterValidator(unsigned_zero)]
+
+
 def validated_as_declared(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     """A wrap validator that only runs the field's own validation. With
     ``WrapValidator(validated_as_declared, json_schema_input_type=T)`` a field validates as

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, WrapValidator
 
-from app.core.types import validated_as_declared
+from app.core.types import UnsignedZeroFloat, validated_as_declared
 from app.releases import adapters, registry
 
 #: ``params`` as the body carries it: any JSON object, validated by the release type
@@ -57,7 +57,7 @@ class ReleaseCreate(BaseModel):
     )
     # strict: a privacy parameter is a JSON number, never true or "1" (lax mode read both)
     epsilon: float | None = Field(default=None, strict=True)
-    delta: float = Field(default=0.0, strict=True)
+    delta: UnsignedZeroFloat = Field(default=0.0, strict=True)
     columns: list[str] | None = Field(default=None, min_length=1)
     params: Params = Field(
         default_factory=dict,

@@ -363,3 +363,41 @@ def test_declarations_opt_ins_and_parameters_are_json_typed(
             f"/v1/releases/{smooth}/answers", headers=curator.headers, json={"queries": [query]}
         )
         assert refused.status_code == 422, (sigma, refused.text)
+
+
+def test_a_negative_zero_delta_is_zero(client: TestClient, curator: Caller) -> None:
+    """JSON's -0.0 is a valid delta (it equals 0 and passes every range check), and a
+    pure-epsilon request that sent it was answered ``"delta": -0.0`` by the preview, and
+    recorded and hashed with its sign (the same request as one with 0.0 under another
+    idempotency hash). It is read as 0.0."""
+    import math
+
+    dataset_id = dataset(client, curator, epsilon=5.0)
+    body = '{"mechanism": "smooth_synthetic", "epsilon": 0.5, "delta": -0.0}'
+    headers = {**curator.headers, "Content-Type": "application/json"}
+    preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=headers, content=body)
+    assert preview.status_code == 200, preview.text
+    assert '"delta":-0.0' not in preview.text
+    assert math.copysign(1.0, preview.json()["delta"]) == 1.0
+    zero = client.post(
+        f"/v1/datasets/{dataset_id}/preview",
+        headers=curator.headers,
+        json={"mechanism": "smooth_synthetic", "epsilon": 0.5, "delta": 0.0},
+    )
+    assert preview.json() == zero.json()
+    created = client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        headers={**headers, "Idempotency-Key": "negative-zero"},
+        content=body,
+    )
+    assert created.status_code == 202, created.text
+    assert math.copysign(1.0, created.json()["delta"]) == 1.0
+    replayed = request_release(
+        client,
+        curator,
+        dataset_id,
+        {"mechanism": "smooth_synthetic", "epsilon": 0.5, "delta": 0.0},
+        key="negative-zero",
+    )
+    assert replayed.status_code in (200, 202), replayed.text
+    assert replayed.json()["id"] == created.json()["id"]
