@@ -5,8 +5,9 @@ are kept, and a re-synthesis once space is freed costs nothing); but its curator
 it fail, asks again and pays again, and a full disk accepted every such request
 (fault-injection audit). So an upload or a release request is refused with a 503 before
 anything is stored or reserved while the data directory has less than
-``CURATOR_MIN_FREE_BYTES`` free, and ``/readyz`` reports it. Downloads and answers,
-which only read, go on.
+``CURATOR_MIN_FREE_BYTES`` free, and ``/readyz`` reports it; a release queued before is
+not measured meanwhile (:func:`app.releases.stages.run_measure` leaves it queued, its
+reservation kept). Downloads and answers, which only read, go on.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ data (each attempt may); the claim after that ends the release as failed, budget
 A synthesis run is claimed at most ``MAX_SYNTHESIZE_ATTEMPTS`` times; the claim after that
 ends the run as failed (the measurements stay, and a re-synthesis's published version
 stays served).
+
+While the data directory is low on space (:func:`app.core.disk.space_is_low`) the measure
+stage is not claimed: the release stays queued, its reservation kept and nothing read
+(:func:`_postpone_measure`), and the sweeper enqueues it again a lease later. A synthesis
+is not postponed: it spends nothing, and a write that fails on a full disk ends the run
+with its measurements kept, re-synthesised for free once space is freed.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import numpy as np
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, object_session
 
+from app.core import disk
 from app.core.db import on_commit, uses_row_locks
 from app.core.errors import (
     InvalidRequest,
@@ -158,6 +165,51 @@ class Claim:
     read_before: bool = False
 
 
+#: A release's status message while its measure stage waits for free space.
+MEASURE_POSTPONED = (
+    "waiting for free space: the service's data directory is low on it; the release keeps "
+    "its reservation and is measured once the operator frees some"
+)
+
+
+def _postpone_measure(services: Services, release_id: uuid.UUID) -> bool:
+    """Leave a release's measure stage unclaimed while the data directory is low on space
+    (:func:`app.core.disk.space_is_low`); returns whether it was left so. A release measured
+    then was spent, and failed at synthesis on a full disk. Nothing is read or spent and no
+    attempt is counted: the release keeps its reservation, says why it waits (its
+    ``message``), and is handed back to the queue for one lease (``lease_owner``
+    ``queued``), after which the sweeper enqueues it again (:func:`sweep`). The sweeper, not
+    a delayed job, is what retries it: its record is in the database, so neither a lost
+    message nor a worker's restart loses it, and a lease apart its jobs cannot busy-loop.
+
+    A release whose curator asked to cancel it is claimed, to be ended (that reads
+    nothing); so is one that another worker holds (the claim leaves it alone)."""
+    if not disk.space_is_low(services.settings):
+        return False
+    with services.db.transaction() as session:
+        release = lock_release(session, release_id)
+        if release is None or release.status not in ("queued", "measuring"):
+            return False
+        now = utcnow()
+        held = release.lease_owner not in (None, QUEUED)
+        if held and release.lease_expires_at is not None and release.lease_expires_at > now:
+            return False
+        if release.cancel_requested:
+            return False
+        release.lease_owner = QUEUED
+        release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
+        release.message = MEASURE_POSTPONED
+    log.warning(
+        "release %s: measure postponed: the data directory has less than %d bytes free "
+        "(CURATOR_MIN_FREE_BYTES); nothing read, its reservation kept; the sweeper "
+        "enqueues it again once its lease (%g s) runs out",
+        release_id,
+        services.settings.min_free_bytes,
+        services.settings.lease_seconds,
+    )
+    return True
+
+
 def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | None:
     """Take the stage's lease if the release is in that stage and nobody alive holds it."""
     allowed = ("queued", "measuring") if stage == "measure" else ("synthesizing",)
@@ -176,6 +228,8 @@ def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | Non
         prior_attempts = release.attempts
         release.attempts += 1
         release.progress = 0.0
+        if release.message == MEASURE_POSTPONED:
+            release.message = None  # it waits no longer
         return Claim(
             release_id=release.id,
             owner=owner,
@@ -376,6 +430,8 @@ def _start_reading(services: Services, claim: Claim) -> None:
 
 
 def run_measure(services: Services, release_id: uuid.UUID) -> None:
+    if _postpone_measure(services, release_id):
+        return
     claim = _claim(services, release_id, "measure")
     if claim is None:
         return

@@ -2175,3 +2175,90 @@ def test_a_measure_job_for_a_measured_release_draws_no_new_noise(
     run_synthesize(services, uuid.UUID(release_id))
     final = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert final["status"] == "succeeded"
+
+
+def test_a_queued_release_is_not_measured_while_space_is_low(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Below CURATOR_MIN_FREE_BYTES free only new uploads and release requests were
+    refused: a release queued before was still measured, its epsilon spent, and it failed
+    at synthesis on the full disk (its curator, seeing it fail, asked and paid again). Its
+    measure stage now leaves it unclaimed: nothing read, nothing spent, no attempt counted,
+    one warning, the reason in its message; the sweeper enqueues it again a lease later,
+    and once space is freed it is measured as any other."""
+    from datetime import timedelta
+
+    from app.config import Settings
+    from app.core import disk
+
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    monkeypatch.setattr(services.settings, "min_free_bytes", Settings().min_free_bytes)
+    monkeypatch.setattr(disk, "free_bytes", lambda settings: settings.min_free_bytes - 1)
+
+    def never_read(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the data were opened while space was low")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(stages, "EncryptedTableSource", never_read)
+        with caplog.at_level("WARNING", logger="curator"):
+            run_measure(services, uuid.UUID(release_id))
+            run_measure(services, uuid.UUID(release_id))  # a second copy of its job
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= 30]
+    assert len(warnings) == 2, warnings  # one line a postponement, no error
+    assert all("measure postponed" in w and "CURATOR_MIN_FREE_BYTES" in w for w in warnings)
+    assert all(r.levelname == "WARNING" for r in caplog.records)
+    shown = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert shown["status"] == "queued", shown
+    assert shown["message"] == stages.MEASURE_POSTPONED
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve"]
+    assert budget(client, curator, dataset_id)["epsilon_spent"] == 0
+    with services.db.transaction(read_only=True) as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        assert (release.attempts, release.read_started_at) == (0, None)
+        assert session.get(ReleaseMeasurement, release.id) is None
+        assert release.lease_owner == QUEUED
+        left = release.lease_expires_at - utcnow()
+        assert abs(left.total_seconds() - services.settings.lease_seconds) < 5
+    # the sweeper enqueues it again once that lease runs out (not before)
+    assert sweep(services) == 0
+    with services.db.transaction() as session:
+        session.execute(
+            update(Release)
+            .where(Release.id == uuid.UUID(release_id))
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
+    before = services.queue.pending()
+    assert sweep(services) == 1
+    assert services.queue.pending() == before + 1
+    # space freed: measured and synthesised, the reservation spent once
+    monkeypatch.setattr(disk, "free_bytes", lambda settings: settings.min_free_bytes)
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert done["message"] is None
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+
+
+def test_a_cancel_is_not_held_up_by_low_space(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A measure stage whose worker died, cancelled since: low space does not postpone its
+    end (ending it reads nothing), and the budget is refunded as before."""
+    from app.config import Settings
+    from app.core import disk
+
+    services = services_of(client)
+    dataset_id = dataset(client, curator)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    _dead_measure_attempts(client, release_id, 1, opened=False)
+    cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+    assert cancelled.json()["status"] == "measuring", cancelled.text
+    monkeypatch.setattr(services.settings, "min_free_bytes", Settings().min_free_bytes)
+    monkeypatch.setattr(disk, "free_bytes", lambda settings: 0)
+    run_measure(services, uuid.UUID(release_id))
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "cancelled", done
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
