@@ -143,6 +143,25 @@ def _log_failure(release_id: uuid.UUID, stage: str, exc: BaseException) -> None:
     log.error("release %s: %s failed with %s\n%s", release_id, stage, failed, frames_only(exc))
 
 
+def _log_not_ended(
+    release_id: uuid.UUID, stage: str, exc: BaseException, ending: BaseException
+) -> None:
+    """Log a stage that stopped with ``exc`` and could not be ended (``ending`` raised,
+    most often the database being down): the release is not failed. Its claim stays as it
+    was until its lease runs out (the heartbeat has stopped); then the sweeper enqueues the
+    stage again, and a worker claims it afresh (one of its ``MAX_*_ATTEMPTS``). It was
+    logged as an error, "<stage> failed", for a failure that was never recorded."""
+    log.warning(
+        "release %s: %s stopped with %s and could not be ended (%s); the release is not "
+        "failed: the stage is retried once its lease runs out\n%s",
+        release_id,
+        stage,
+        type(exc).__name__,
+        type(ending).__name__,
+        frames_only(exc),
+    )
+
+
 @dataclass(frozen=True)
 class Claim:
     release_id: uuid.UUID
@@ -526,15 +545,21 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
         # also a failure to store a complete measurement: it ends the release (spent,
         # since the data were read) rather than leaving it to retries that read the
         # data again and draw fresh noise
-        _log_failure(release_id, "measure", exc)
         read = _has_read(claim, source)
-        _end_measuring(
-            services,
-            claim,
-            "failed",
-            f"{describe_failure(exc)}; {_outcome(read, mechanism)}",
-            read=read,
-        )
+        try:
+            _end_measuring(
+                services,
+                claim,
+                "failed",
+                f"{describe_failure(exc)}; {_outcome(read, mechanism)}",
+                read=read,
+            )
+        except Exception as ending:
+            _log_not_ended(release_id, "measure", exc, ending)
+            if not database_unavailable(ending):
+                raise
+            return
+        _log_failure(release_id, "measure", exc)
 
 
 #: How long, in leases, the measure stage retries storing a finished measurement through
@@ -663,8 +688,14 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # a data directory that is read-only (or full, out of inodes): the run ends now,
         # where it escaped and was claimed again until its attempts ran out, then
         # blamed on workers that died
+        try:
+            _end_synthesizing(services, claim, "failed", f"{describe_failure(exc)}; {KEPT}")
+        except Exception as ending:
+            _log_not_ended(release_id, "synthesize", exc, ending)
+            if not database_unavailable(ending):
+                raise
+            return
         _log_failure(release_id, "synthesize", exc)
-        _end_synthesizing(services, claim, "failed", f"{describe_failure(exc)}; {KEPT}")
         return
     if work is None:  # logged once the lock is let go (it reads the release again)
         _log_not_ours(services, claim, "before synthesizing; nothing done")
@@ -686,20 +717,25 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # also a failure to store the finished synthesis (it escaped, and the sweeper
         # retried it without end)
         store.discard(work)
-        ended = True  # a failure, also if ending the run fails
         try:
             ended = _end_synthesizing(services, claim, "failed", f"{describe_failure(exc)}; {KEPT}")
-        finally:
-            if ended:
-                _log_failure(release_id, "synthesize", exc)
-            else:
-                # the run was cancelled or handed to another worker meanwhile, and its work
-                # directory removed (by the sweeper, or the run's new owner): not a failure
-                log.warning(
-                    "release %s: lease lost while synthesizing (%s); work discarded",
-                    release_id,
-                    type(exc).__name__,
-                )
+        except Exception as ending:
+            # not ended (the database down): not a failure; the run is claimed again once
+            # its lease runs out. Only an ending that fails on a bug fails the task.
+            _log_not_ended(release_id, "synthesize", exc, ending)
+            if not database_unavailable(ending):
+                raise
+            return
+        if ended:
+            _log_failure(release_id, "synthesize", exc)
+        else:
+            # the run was cancelled or handed to another worker meanwhile, and its work
+            # directory removed (by the sweeper, or the run's new owner): not a failure
+            log.warning(
+                "release %s: lease lost while synthesizing (%s); work discarded",
+                release_id,
+                type(exc).__name__,
+            )
 
 
 def _log_not_ours(services: Services, claim: Claim, what: str) -> None:

@@ -2262,3 +2262,51 @@ def test_a_cancel_is_not_held_up_by_low_space(
     done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert done["status"] == "cancelled", done
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "refund"]
+
+
+def _database_down(*args: Any, **kwargs: Any) -> Any:
+    raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+
+
+@pytest.mark.parametrize("stage", ["measure", "synthesize"])
+def test_a_stage_that_could_not_be_ended_is_not_logged_as_failed(
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: Any,
+    stage: str,
+) -> None:
+    """A stage that stopped on an error while the database was down (the error itself,
+    or its failure could not be recorded) is not ended: its claim stays until its lease
+    runs out and the sweeper hands it to a worker again. It was logged as an ERROR,
+    "<stage> failed with ...", for a failure that was never recorded (and the task failed
+    as well); it is one warning that says the stage is retried, and the retry succeeds."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    release_id = request_release(client, curator, dataset_id).json()["id"]
+    if stage == "synthesize":
+        run_measure(services, uuid.UUID(release_id))
+    with monkeypatch.context() as patched:
+        if stage == "measure":
+            patched.setattr(stages, "_persist_measurement", _database_down)
+            patched.setattr(stages, "PERSIST_RETRY_LEASES", 0)
+            patched.setattr(stages, "_end_measuring", _database_down)
+        else:
+            patched.setattr(stages, "_publish_synthesis", _database_down)
+            patched.setattr(stages, "_end_synthesizing", _database_down)
+        with caplog.at_level("INFO", logger="curator"):
+            (run_measure if stage == "measure" else run_synthesize)(services, uuid.UUID(release_id))
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert not errors, errors
+    said = [r.getMessage() for r in caplog.records if "could not be ended" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"release {release_id}: {stage} stopped with OperationalError")
+    assert "the release is not failed: the stage is retried once its lease runs out" in said[0]
+    assert all(r.levelname == "WARNING" for r in caplog.records if r.getMessage() in said)
+    shown = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert shown["status"] == ("measuring" if stage == "measure" else "synthesizing"), shown
+    _lapse_and_sweep(client, release_id)
+    run_all(client, release_id)
+    done = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert done["status"] == "succeeded", done
+    assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
