@@ -158,8 +158,8 @@ def _check_schema(settings: Settings, migrate: bool) -> int | None:
 
 
 def _check_queue(services: Services) -> int | None:
-    """Refuse to start a consumer whose queue (Redis) cannot be reached: it would only log
-    a traceback a second."""
+    """Refuse to start a consumer whose queue (Redis) cannot be reached: it could take no
+    job, and a wrong URL would show only as the consumer's one warning that Redis is down."""
     try:
         services.queue.ping()
     except Exception as exc:

@@ -20,6 +20,8 @@ import hmac
 import importlib
 import logging
 import pickle
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,8 @@ from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
 from huey.consumer import Consumer
 from huey.serializer import Serializer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.config import Settings
 from app.core.errors import frames_only
@@ -152,6 +156,83 @@ class AuthenticatedSerializer(Serializer):  # type: ignore[misc]
 
 #: How long a standalone worker told to stop (SIGTERM) lets its running stages finish.
 SHUTDOWN_SECONDS = 30
+#: How long a consumer's worker waits before it reads a queue it could not reach again
+#: (the consumer's longest wait between two reads of an empty queue, ``max_delay``).
+UNREACHABLE_RETRY_SECONDS = 1.0
+#: Errors of Redis itself not answering (refused, dropped, timed out, still loading its
+#: data), not of a command or a message: a Redis that is down or restarting.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
+
+
+class Reachability:
+    """Whether the consumer's reads of the queue's storage reach it, told once a change:
+    one warning when they stop (by the error's type only: a Redis URL can carry its
+    password) and one info line when they work again. Shared by a consumer's worker
+    threads and its scheduler."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.reachable = True
+        self._lock = threading.Lock()
+
+    def _change(self, reachable: bool) -> bool:
+        """Record ``reachable``; whether it changed (at most one caller is told so)."""
+        with self._lock:
+            changed = self.reachable != reachable
+            self.reachable = reachable
+        return changed
+
+    def lost(self, exc: BaseException) -> None:
+        if not self._change(False):
+            return
+        log.warning(
+            "the job queue (%s) cannot be reached (%s); the worker tries again every %g s "
+            "and says when it is back (queued releases wait meanwhile)",
+            self.what,
+            type(exc).__name__,
+            UNREACHABLE_RETRY_SECONDS,
+        )
+
+    def back(self) -> None:
+        # read without the lock first: the common case, after every read of the queue
+        if self.reachable or not self._change(True):
+            return
+        log.info("the job queue (%s) can be reached again", self.what)
+
+
+class _ReportsUnreachableRedis(RedisHuey):  # type: ignore[misc]
+    """Huey on Redis whose consumer reads (``dequeue``, ``read_schedule``) take Redis not
+    answering quietly: Huey's consumer logged "Error reading from queue" (and "Error
+    reading schedule.") with a full traceback about every second, from each worker thread
+    and the scheduler, for as long as Redis was down. Such a read now returns nothing (a
+    worker waits :data:`UNREACHABLE_RETRY_SECONDS` first, as Huey waited after its error),
+    and :class:`Reachability` says once that Redis was lost and once that it is back. Any
+    other error (a message that fails authentication, a Redis that refuses a command) is
+    still raised, and logged by Huey as before; so is every task's failure (Huey has no
+    setting or hook for its own read errors: its consumer logs every one)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reachability = Reachability("Redis")
+
+    def dequeue(self) -> Any:
+        try:
+            task = super().dequeue()
+        except UNREACHABLE as exc:
+            self.reachability.lost(exc)
+            time.sleep(UNREACHABLE_RETRY_SECONDS)
+            return None
+        self.reachability.back()
+        return task
+
+    def read_schedule(self, timestamp: Any = None) -> list[Any]:
+        try:
+            tasks: list[Any] = super().read_schedule(timestamp)
+        except UNREACHABLE as exc:
+            self.reachability.lost(exc)
+            return []  # the scheduler reads again after its interval (1 s)
+        self.reachability.back()
+        return tasks
 
 
 class _EmbeddedConsumer(Consumer):  # type: ignore[misc]
@@ -171,7 +252,7 @@ class Queue:
         self.huey: Huey
         serializer = AuthenticatedSerializer(data_key)
         if settings.redis_url:
-            self.huey = RedisHuey(
+            self.huey = _ReportsUnreachableRedis(
                 settings.queue_name, url=settings.redis_url, results=False, serializer=serializer
             )
         else:

@@ -211,3 +211,64 @@ def test_a_release_whose_job_was_dropped_as_unauthenticated_is_swept_again(
     run_all(client, release_id)
     status = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()["status"]
     assert status == "succeeded"
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (connections to it are refused)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_consumer_says_once_that_redis_is_down_and_once_that_it_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Huey's consumer logged "Error reading from queue" and "Error reading schedule." with
+    a full traceback about every second, from each worker thread and its scheduler, for as
+    long as Redis was down. It says so once (a warning, without the URL, which can carry
+    Redis's password) and once that Redis is back (info); a message that is not Redis
+    being down (one that fails authentication) is still logged by Huey."""
+    monkeypatch.setattr(queue_module, "UNREACHABLE_RETRY_SECONDS", 0.05, raising=False)
+    url = f"redis://:hunter2@127.0.0.1:{_closed_port()}/0"
+    settings = Settings(data_dir=tmp_path, redis_url=url, queue_name="test-down")
+    down = Queue(settings, key_ring(Fernet.generate_key()))
+    consumer = down.consumer(2, embedded=True)
+    with caplog.at_level(logging.DEBUG):
+        consumer.start()
+        try:
+            # the scheduler reads every second, and each worker every 0.05 s here
+            threading.Event().wait(2.5)
+        finally:
+            consumer.stop(graceful=True)
+    logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    loud = [entry for entry in logged if entry[1] in ("WARNING", "ERROR", "CRITICAL")]
+    assert loud == [
+        (
+            "curator.worker",
+            "WARNING",
+            "the job queue (Redis) cannot be reached (ConnectionError); the worker tries "
+            "again every 0.05 s and says when it is back (queued releases wait meanwhile)",
+        )
+    ], logged
+    assert "hunter2" not in caplog.text
+    assert not any(r.exc_info for r in caplog.records)
+
+    # Redis answers again: one info line, however many reads follow
+    caplog.clear()
+    monkeypatch.setattr(down.huey.storage, "dequeue", lambda: None)
+    monkeypatch.setattr(down.huey.storage, "read_schedule", lambda ts: [])
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            assert down.huey.dequeue() is None
+            assert down.huey.read_schedule() == []
+    back = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert back == [("curator.worker", "INFO", "the job queue (Redis) can be reached again")]
+
+    # an error that is not Redis being down still reaches Huey (which logs it)
+    monkeypatch.setattr(
+        down.huey.storage, "dequeue", lambda: b"\0" * queue_module.TAG_BYTES + b"forged"
+    )
+    with pytest.raises(UnauthenticatedMessage):
+        down.huey.dequeue()
