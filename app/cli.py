@@ -253,16 +253,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     refused = _check_schema(settings, migrate=False)
     if refused is not None:
         return refused
-    from app.releases.stages import Sweeper
+    from app.releases.stages import Sweeper, worker_connections
 
     _limit_blas(settings)
-    services = Services.build(settings)
+    threads = args.threads or settings.worker_threads
+    services = Services.build(settings, connections=worker_connections(threads))
     refused = _check_queue(services)
     if refused is not None:
         services.close()
         return refused
     set_current(services)
-    consumer = services.queue.consumer(args.threads or settings.worker_threads, embedded=False)
+    consumer = services.queue.consumer(threads, embedded=False)
     sweeper = Sweeper(services).start()
     log.info(
         "worker started (%s queue, tasks: %s)", services.queue.backend, services.queue.task_names

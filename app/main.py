@@ -22,7 +22,7 @@ from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddle
 from app import __version__
 from app.answers.endpoints import router as answers_router
 from app.config import Settings, load_settings
-from app.core.deps import key_authenticates
+from app.core.deps import key_authenticates, request_connections
 from app.core.disk import space_is_low
 from app.core.errors import (
     ErrorBarrier,
@@ -33,10 +33,11 @@ from app.core.errors import (
 )
 from app.core.security import INVALID_KEY, MISSING_KEY
 from app.core.services import Services, set_current
+from app.core.threads import limit_request_threads
 from app.datasets.endpoints import router as datasets_router
 from app.datasets.schemas import UPLOAD_DECLARATIONS
 from app.releases.endpoints import router as releases_router
-from app.releases.stages import Sweeper
+from app.releases.stages import Sweeper, worker_connections
 from app.users.endpoints import router as users_router
 
 log = logging.getLogger("curator")
@@ -301,10 +302,14 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     (threads), started and stopped with the server."""
     settings = settings or load_settings()
     withhold_multipart_detail()
-    services = Services.build(settings)
+    connections = request_connections()
+    if embedded_worker:
+        connections += worker_connections(settings.worker_threads)
+    services = Services.build(settings, connections=connections)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        limit_request_threads()  # what the pool was sized for
         set_current(services)
         consumer, sweeper = None, None
         if embedded_worker:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.errors import frames_only
@@ -46,6 +46,14 @@ log = logging.getLogger("curator.db")
 _ON_COMMIT = "curator_on_commit"
 _BEGIN_OPTION = "curator_sqlite_begin"
 _ON_ROLLBACK = "curator_on_rollback"
+#: Connections a pool keeps open while idle; a process that may need more opens the rest
+#: on demand (the pool's overflow) and closes them when they come back.
+KEPT_CONNECTIONS = 10
+#: The most connections a process that does not say what it needs may hold at once (a
+#: one-shot command, a test): ``curator serve`` and ``curator worker`` size their pools
+#: from their own limits (:func:`app.core.deps.request_connections`,
+#: :func:`app.releases.stages.worker_connections`).
+DEFAULT_CONNECTIONS = 30
 #: How long a try of :meth:`Database.checkpoint` waits for the log's readers (new writers
 #: wait for it meanwhile), in milliseconds, and how many tries it makes.
 CHECKPOINT_BUSY_MS = 100
@@ -111,14 +119,35 @@ def _run_hooks(session: Session, key: str) -> None:
             log.error("a %s hook failed with %s\n%s", when, failed, frames_only(exc))
 
 
-class Database:
-    """An engine and its session factory."""
+def pool_limits(connections: int) -> dict[str, int]:
+    """The pool of a process that holds at most ``connections`` at once: up to
+    :data:`KEPT_CONNECTIONS` kept, the rest opened on demand. A pool smaller than what its
+    process can hold made the last requests wait ``pool_timeout`` (30 s) for a connection
+    and fail."""
+    if connections < 1:
+        raise ValueError(f"connections ({connections}) must be at least 1")
+    kept = min(KEPT_CONNECTIONS, connections)
+    return {"pool_size": kept, "max_overflow": connections - kept}
 
-    def __init__(self, url: str, **engine_kwargs: Any) -> None:
+
+def pool_capacity(engine: Engine) -> int:
+    """The most connections ``engine``'s pool hands out at once (kept plus overflow)."""
+    pool: Any = engine.pool  # a QueuePool (its limits have no public accessor)
+    return int(pool.size()) + int(pool._max_overflow)
+
+
+class Database:
+    """An engine and its session factory; its pool holds ``connections`` at most
+    (:func:`pool_limits`), what its process can hold at once."""
+
+    def __init__(
+        self, url: str, *, connections: int = DEFAULT_CONNECTIONS, **engine_kwargs: Any
+    ) -> None:
         self.url = url
-        if not url.startswith("sqlite"):
-            engine_kwargs.setdefault("pool_size", 10)
-            engine_kwargs.setdefault("max_overflow", 20)
+        if not url.startswith("sqlite") or make_url(url).database not in (None, "", ":memory:"):
+            # on a SQLite file too: SQLAlchemy's default there (5 + 10) is a pool as well
+            for name, value in pool_limits(connections).items():
+                engine_kwargs.setdefault(name, value)
         self.engine = make_engine(url, **engine_kwargs)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, autoflush=True)
         self._read_engine = self.engine.execution_options(**{_BEGIN_OPTION: "DEFERRED"})

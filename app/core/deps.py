@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Annotated, Concatenate, ParamSpec, TypeVar
+from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar, get_args
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import Forbidden, Unauthorized
 from app.core.security import INVALID_KEY, MISSING_KEY, active_key, ensure_key_active
 from app.core.services import Services
-from app.core.threads import ThreadLimit
+from app.core.threads import REQUEST_THREADS, ThreadLimit
 from app.models import User
 
 P = ParamSpec("P")
@@ -100,6 +100,32 @@ MAX_CONCURRENT_DEFERRED_TRANSACTIONS = 4
 _deferred_transactions = ThreadLimit(
     "curator_deferred_transactions", MAX_CONCURRENT_DEFERRED_TRANSACTIONS
 )
+
+
+#: The request dependencies that hold a session, each with its own ``max_concurrency``.
+#: All are counted, also one that no route uses today (``ReadSessionDep``): a route that
+#: starts using it cannot take the pool below what requests can hold.
+SESSION_DEPENDENCIES = (SessionDep, ReadSessionDep, RevocationSessionDep)
+
+
+def request_connections() -> int:
+    """The most database connections the API's requests can hold at once, from the limits
+    that bound them: every session dependency's ``max_concurrency`` (each holds its session
+    from before the endpoint until its commit, also while it waits for a thread to commit
+    in: no thread of its own then), every thread of the request threadpool (each can be in
+    a short transaction of its own at the same time: the caller's lookup, a read of
+    answers or a preview, ``/readyz``), and the deferred transactions' threads (counted
+    apart from the threadpool). No code opens a second transaction in a thread that is in
+    one. Upload checks hold none (:data:`app.datasets.upload.upload_checks`)."""
+    held = sum(_max_concurrency(alias) for alias in SESSION_DEPENDENCIES)
+    return held + REQUEST_THREADS + _deferred_transactions.total
+
+
+def _max_concurrency(alias: Any) -> int:
+    """The ``max_concurrency`` of an ``Annotated[..., Depends(...)]`` alias."""
+    _type, depends = get_args(alias)
+    limit: int = depends.max_concurrency
+    return limit
 
 
 class DeferredTransaction:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.config import Settings
-from app.core.db import Database
+from app.core.db import DEFAULT_CONNECTIONS, Database
 from app.storage.tables import key_ring
 from app.worker.queue import Queue
 
@@ -21,13 +21,14 @@ class Services:
     queue: Queue
 
     @classmethod
-    def build(cls, settings: Settings) -> Services:
-        """Prepare the data directory and key, connect the database, bind the queue.
+    def build(cls, settings: Settings, *, connections: int = DEFAULT_CONNECTIONS) -> Services:
+        """Prepare the data directory and key, connect the database (a pool of
+        ``connections``, the most the process can hold at once), bind the queue.
         Raises :class:`~app.config.ConfigError` when the configuration cannot work."""
         key = key_ring(settings.prepare(), settings.previous_keys())
         return cls(
             settings=settings,
-            db=Database(settings.resolved_database_url),
+            db=Database(settings.resolved_database_url, connections=connections),
             data_key=key,
             queue=Queue(settings, key),
         )

@@ -21,6 +21,18 @@ from threadpoolctl import ThreadpoolController
 P = ParamSpec("P")
 T = TypeVar("T")
 
+#: Threads of the request threadpool (anyio's default limiter, which Starlette and FastAPI
+#: run sync endpoints and dependencies on): anyio's own default, stated here and set by
+#: :func:`limit_request_threads`, because the database pool is sized from it
+#: (:func:`app.core.deps.request_connections`).
+REQUEST_THREADS = 40
+
+
+def limit_request_threads() -> None:
+    """Give the running event loop's request threadpool :data:`REQUEST_THREADS` threads
+    (call it in the loop: the limiter belongs to it)."""
+    anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
+
 
 class ThreadLimit:
     """At most ``total`` calls at once, each in a worker thread."""

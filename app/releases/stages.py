@@ -881,6 +881,21 @@ def remove_stale_work(session: Session, services: Services) -> int:
     return len(trash) + len(stale)
 
 
+#: Database connections a running stage holds at once at most: its own transaction's
+#: and its heartbeat's (:meth:`Heartbeat.beat`, from a thread of its own). A stage never
+#: opens a transaction inside another.
+STAGE_CONNECTIONS = 2
+#: The sweeper's: one transaction at a time.
+SWEEPER_CONNECTIONS = 1
+
+
+def worker_connections(threads: int) -> int:
+    """The most database connections a worker of ``threads`` stage threads (and its
+    sweeper) holds at once: its pool's size (``curator worker``, and added to the API's by
+    ``curator serve``'s embedded worker)."""
+    return threads * STAGE_CONNECTIONS + SWEEPER_CONNECTIONS
+
+
 class Sweeper:
     """Runs :func:`sweep`, :func:`remove_stale_work` and
     :func:`app.datasets.service.remove_stray_files` at start and every ``lease_seconds / 2``
