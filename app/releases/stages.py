@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,12 @@ class Claim:
     read_before: bool = False
 
 
+def _held(release: Release, now: datetime) -> bool:
+    """Whether a worker holds the release's stage under a lease that has not run out."""
+    held = release.lease_owner not in (None, QUEUED)
+    return held and release.lease_expires_at is not None and release.lease_expires_at > now
+
+
 #: A release's status message while its measure stage waits for free space.
 MEASURE_POSTPONED = (
     "waiting for free space: the service's data directory is low on it; the release keeps "
@@ -210,10 +216,7 @@ def _postpone_measure(services: Services, release_id: uuid.UUID) -> bool:
         if release is None or release.status not in ("queued", "measuring"):
             return False
         now = utcnow()
-        held = release.lease_owner not in (None, QUEUED)
-        if held and release.lease_expires_at is not None and release.lease_expires_at > now:
-            return False
-        if release.cancel_requested:
+        if _held(release, now) or release.cancel_requested:
             return False
         release.lease_owner = QUEUED
         release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
@@ -238,8 +241,7 @@ def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | Non
         if release is None or release.status not in allowed:
             return None
         now = utcnow()
-        held = release.lease_owner not in (None, QUEUED)
-        if held and release.lease_expires_at is not None and release.lease_expires_at > now:
+        if _held(release, now):
             return None
         release.status = "measuring" if stage == "measure" else "synthesizing"
         release.lease_owner = owner
