@@ -71,3 +71,20 @@ def test_dockerfile_is_multistage_nonroot_with_healthcheck() -> None:
     assert "\nHEALTHCHECK " in text
     # the installed package carries its migrations (app/migrations): nothing to copy beside it
     assert "alembic" not in text.lower()
+
+
+def test_compose_postgres_takes_the_connections_of_the_api_and_thirty_workers() -> None:
+    """Each process's pool holds what it can at once (``tests/core/test_pool.py``): a
+    PostgreSQL whose ``max_connections`` is below the API's and the workers' together
+    refuses the last ones ("too many clients already", a 503). PostgreSQL's default (100,
+    3 kept for superusers) held the API and 5 one-thread workers; compose sets enough for
+    30, the scale the README names."""
+    from app.core.deps import request_connections
+    from app.releases.stages import worker_connections
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    command = compose["services"]["postgres"]["command"]
+    settings = dict(arg.split("=", 1) for arg in command[command.index("-c") + 1 :: 2])
+    reserved = 3  # superuser_reserved_connections' default
+    needed = request_connections() + 30 * worker_connections(1) + reserved
+    assert int(settings["max_connections"]) >= needed
