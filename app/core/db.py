@@ -95,7 +95,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return create_engine(url, pool_pre_ping=True, **kwargs)
 
 
-def on_commit(session: Session, callback: Callable[[], None]) -> None:
+def on_commit(session: Session, callback: Callable[[], object]) -> None:
     """Run ``callback`` once the session's transaction has committed."""
     session.info.setdefault(_ON_COMMIT, []).append(callback)
 
@@ -106,7 +106,7 @@ def on_rollback(session: Session, callback: Callable[[], None]) -> None:
 
 
 def _run_hooks(session: Session, key: str) -> None:
-    hooks: list[Callable[[], None]] = session.info.pop(key, [])
+    hooks: list[Callable[[], object]] = session.info.pop(key, [])
     session.info.pop(_ON_ROLLBACK if key == _ON_COMMIT else _ON_COMMIT, None)
     for hook in hooks:
         try:

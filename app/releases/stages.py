@@ -814,7 +814,9 @@ MAX_QUEUED_LEASES = 16
 
 def sweep(services: Services) -> int:
     """Re-enqueue every active release whose lease expired (a dead worker, or an enqueue
-    lost between commit and queue). Returns how many were re-enqueued.
+    lost between commit and queue, or one Redis did not take). Returns how many it
+    re-enqueued (whose leases it renewed: an enqueue Redis does not take is made again at
+    the next expiry).
 
     A release that no worker has claimed since it was enqueued (``lease_owner`` is
     ``queued``) is most often waiting behind busy workers, not lost: each time it is
@@ -841,13 +843,18 @@ def sweep(services: Services) -> int:
             release.lease_owner = QUEUED
             release.lease_expires_at = now + wait
             task = SYNTHESIZE_TASK if release.status == "synthesizing" else MEASURE_TASK
-            enqueue_after_commit(session, services, task, release.id)
             # said once it is so: a sweep whose transaction fails (the database locked or
-            # full) re-enqueued nothing, and logged each release as re-enqueued
-            said = "release %s: lease expired in %s; re-enqueued"
-            on_commit(session, partial(log.info, said, release.id, release.status))
+            # full) re-enqueued nothing, and logged each release as re-enqueued; nor is it
+            # said of a release whose enqueue Redis did not take (Queue.enqueue told that
+            # once; the release is swept again when its new lease runs out)
+            on_commit(session, partial(_requeue, services, task, release.id, release.status))
             requeued += 1
     return requeued
+
+
+def _requeue(services: Services, task: str, release_id: uuid.UUID, status: str) -> None:
+    if services.queue.enqueue(task, str(release_id)):
+        log.info("release %s: lease expired in %s; re-enqueued", release_id, status)
 
 
 def remove_stale_work(session: Session, services: Services) -> int:

@@ -165,10 +165,11 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 
 
 class Reachability:
-    """Whether the consumer's reads of the queue's storage reach it, told once a change:
-    one warning when they stop (by the error's type only: a Redis URL can carry its
-    password) and one info line when they work again. Shared by a consumer's worker
-    threads and its scheduler."""
+    """Whether the queue's storage can be reached, told once a change: one warning when it
+    cannot (by the error's type only: a Redis URL can carry its password) and one info line
+    when it can again. One per :class:`Queue`, so per process: shared by a consumer's
+    worker threads, its scheduler, and every enqueue (the API's release requests, the
+    stages, the sweeper)."""
 
     def __init__(self, what: str) -> None:
         self.what = what
@@ -186,8 +187,9 @@ class Reachability:
         if not self._change(False):
             return
         log.warning(
-            "the job queue (%s) cannot be reached (%s); the worker tries again every %g s "
-            "and says when it is back (queued releases wait meanwhile)",
+            "the job queue (%s) cannot be reached (%s); queued releases wait, workers read "
+            "it again every %g s, and a release that could not be enqueued meanwhile is "
+            "enqueued again by the sweeper when its lease runs out (said again when it is back)",
             self.what,
             type(exc).__name__,
             UNREACHABLE_RETRY_SECONDS,
@@ -250,11 +252,14 @@ class Queue:
     def __init__(self, settings: Settings, data_key: bytes) -> None:
         self.backend = "redis" if settings.redis_url else "sqlite"
         self.huey: Huey
+        #: Whether Redis answers, told once a change (None on SQLite: a file, always there).
+        self.reachability: Reachability | None = None
         serializer = AuthenticatedSerializer(data_key)
         if settings.redis_url:
-            self.huey = _ReportsUnreachableRedis(
+            redis_huey = _ReportsUnreachableRedis(
                 settings.queue_name, url=settings.redis_url, results=False, serializer=serializer
             )
+            self.huey, self.reachability = redis_huey, redis_huey.reachability
         else:
             settings.queue_path.parent.mkdir(parents=True, exist_ok=True)
             self.huey = SqliteHuey(
@@ -276,8 +281,29 @@ class Queue:
     def task_names(self) -> list[str]:
         return sorted(self._tasks)
 
-    def enqueue(self, name: str, *args: Any) -> None:
-        self._tasks[name](*args)
+    def enqueue(self, name: str, *args: Any) -> bool:
+        """Queue the job ``name(*args)``; whether it was queued. Redis not answering
+        (:data:`UNREACHABLE`) is not raised: it is told once per outage by the queue's
+        :class:`Reachability` (a warning, the error's type only), and the job is left to
+        the sweeper. Every job names a release whose row holds a ``queued`` lease, taken in
+        the transaction this enqueue follows, and when that lease runs out the sweeper
+        (:func:`app.releases.stages.sweep`) enqueues the release again. Before, each such
+        enqueue was a commit hook's ERROR with its frames: one per release request, and
+        one per release at every sweep, for as long as Redis was down. Any other error is
+        raised (a commit hook logs it with its frames: a bug)."""
+        try:
+            self._tasks[name](*args)
+        except UNREACHABLE as exc:
+            if self.reachability is None:
+                raise
+            self.reachability.lost(exc)
+            log.debug(
+                "job %s%r not enqueued (%s); left to the sweeper", name, args, type(exc).__name__
+            )
+            return False
+        if self.reachability is not None:
+            self.reachability.back()
+        return True
 
     def ping(self) -> None:
         """Raise if the queue's storage cannot be reached."""

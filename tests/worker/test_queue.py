@@ -20,6 +20,7 @@ from sqlalchemy import update
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means, the default
 from app.config import Settings
+from app.main import create_app
 from app.models import Release
 from app.releases.stages import sweep
 from app.storage.tables import key_ring
@@ -31,7 +32,7 @@ from app.worker.queue import (
     UnauthenticatedMessage,
     guarded,
 )
-from tests.conftest import Caller
+from tests.conftest import Caller, make_user
 from tests.releases.helpers import dataset, request_release, run_all, services_of
 
 _seen: dict[str, threading.Event] = {}
@@ -248,8 +249,10 @@ def test_a_consumer_says_once_that_redis_is_down_and_once_that_it_is_back(
         (
             "curator.worker",
             "WARNING",
-            "the job queue (Redis) cannot be reached (ConnectionError); the worker tries "
-            "again every 0.05 s and says when it is back (queued releases wait meanwhile)",
+            "the job queue (Redis) cannot be reached (ConnectionError); queued releases "
+            "wait, workers read it again every 0.05 s, and a release that could not be "
+            "enqueued meanwhile is enqueued again by the sweeper when its lease runs out "
+            "(said again when it is back)",
         )
     ], logged
     assert "hunter2" not in caplog.text
@@ -272,3 +275,80 @@ def test_a_consumer_says_once_that_redis_is_down_and_once_that_it_is_back(
     )
     with pytest.raises(UnauthenticatedMessage):
         down.huey.dequeue()
+
+
+def _expire_leases(services: Any) -> None:
+    with services.db.transaction() as session:
+        session.execute(update(Release).values(lease_expires_at=Release.updated_at))
+
+
+def test_an_enqueue_while_redis_is_down_is_told_once_and_left_to_the_sweeper(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While Redis was down every enqueue after a commit (a release request, the sweeper's
+    re-enqueue of each release every lease) was logged as "a commit hook failed with
+    ConnectionError" with its frames, and the sweeper said each release was re-enqueued.
+    The release request is still accepted (202: its row and queued lease are committed);
+    the outage is told once per process, by one warning without the URL (it can carry
+    Redis's password), and the sweeper says nothing of what it could not enqueue. Once
+    Redis takes enqueues again: one info line, and the swept releases are re-enqueued. An
+    enqueue that fails otherwise (a bug) is still a hook's ERROR with its frames."""
+    url = f"redis://:hunter2@127.0.0.1:{_closed_port()}/0"
+    app = create_app(settings.model_copy(update={"redis_url": url}))
+    with TestClient(app) as client:
+        services = services_of(client)
+        curator = make_user(client, "curator")
+        dataset_id = dataset(client, curator)
+        with caplog.at_level(logging.DEBUG):
+            responses = [request_release(client, curator, dataset_id) for _ in range(2)]
+            _expire_leases(services)
+            assert sweep(services) == 2
+            _expire_leases(services)
+            assert sweep(services) == 2
+        assert [r.status_code for r in responses] == [202, 202], [r.text for r in responses]
+        logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+        loud = [entry for entry in logged if entry[1] in ("WARNING", "ERROR", "CRITICAL")]
+        assert loud == [
+            (
+                "curator.worker",
+                "WARNING",
+                "the job queue (Redis) cannot be reached (ConnectionError); queued releases "
+                "wait, workers read it again every 1 s, and a release that could not be "
+                "enqueued meanwhile is enqueued again by the sweeper when its lease runs out "
+                "(said again when it is back)",
+            )
+        ], logged
+        assert not any("re-enqueued" in message for _, _, message in logged), logged
+        assert "hunter2" not in caplog.text
+        assert not any(r.exc_info for r in caplog.records)
+
+        # Redis takes enqueues again: said once, and the next sweep re-enqueues both
+        pushed: list[bytes] = []
+        monkeypatch.setattr(
+            services.queue.huey.storage, "enqueue", lambda data, _p: pushed.append(data)
+        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            _expire_leases(services)
+            assert sweep(services) == 2
+        messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert messages[0] == ("INFO", "the job queue (Redis) can be reached again"), messages
+        assert sorted(m for _, m in messages[1:]) == sorted(
+            f"release {release['id']}: lease expired in queued; re-enqueued"
+            for release in (r.json() for r in responses)
+        )
+        assert len(pushed) == 2
+
+        # an enqueue that fails for another reason is a bug: an ERROR with its frames
+        def broken(data: bytes, priority: Any) -> None:
+            raise RuntimeError("not Redis being down")
+
+        monkeypatch.setattr(services.queue.huey.storage, "enqueue", broken)
+        caplog.clear()
+        _expire_leases(services)
+        assert sweep(services) == 2
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert [r.getMessage().splitlines()[0] for r in errors] == [
+            "a on_commit hook failed with RuntimeError"
+        ] * 2
+        assert all('File "' in r.getMessage() for r in errors)  # its frames
