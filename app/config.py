@@ -6,6 +6,11 @@
   or ``postgresql+psycopg://...``.
 - ``CURATOR_REDIS_URL`` (default unset): Redis for the job queue; unset means a SQLite
   queue in DATA_DIR.
+- ``CURATOR_REDIS_CONNECT_TIMEOUT`` (default 5 s) and ``CURATOR_REDIS_TIMEOUT`` (default
+  5 s, at least :data:`QUEUE_BLOCKING_READ_SECONDS` + 1): how long a connection to Redis
+  may take to open, and a command to be answered, before it fails as Redis unreachable
+  (:class:`app.worker.queue.Queue`): a Redis host that drops packets made an enqueue, a
+  worker's read or ``/readyz`` wait for the kernel's TCP timeouts (minutes).
 - ``CURATOR_DATA_KEY`` (default: generated once into ``<DATA_DIR>/data.key``, mode 0600):
   the Fernet key that protects raw files at rest; the key that signs the queue's messages
   is derived from it (:class:`app.worker.queue.AuthenticatedSerializer`).
@@ -50,6 +55,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 KEY_FILE_NAME = "data.key"
+#: How long a worker's read of an empty Redis queue blocks (Huey's ``BRPOP`` timeout,
+#: its ``read_timeout``): ``CURATOR_REDIS_TIMEOUT`` must be longer, or every read of an
+#: empty queue would time out and reconnect.
+QUEUE_BLOCKING_READ_SECONDS = 1
 #: SQLAlchemy drivers the service is installed with (a bare ``postgresql://`` means psycopg2
 #: in SQLAlchemy 2.0, which is not installed).
 _DATABASE_DRIVERS = frozenset({"sqlite", "sqlite+pysqlite", "postgresql+psycopg"})
@@ -65,6 +74,10 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./curator-data")
     database_url: str | None = None
     redis_url: str | None = None
+    #: Seconds a connection to Redis may take to open (a host that drops packets).
+    redis_connect_timeout: float = Field(default=5.0, gt=0, le=300)
+    #: Seconds Redis may take to answer a command; longer than a worker's blocking read.
+    redis_timeout: float = Field(default=5.0, ge=QUEUE_BLOCKING_READ_SECONDS + 1, le=300)
     data_key: SecretStr | None = None
     #: Keys that wrapped files before ``data_key`` (comma-separated): files still open with
     #: them until ``curator rotate-data-key`` has re-encrypted them under ``data_key``.

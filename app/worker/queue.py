@@ -30,10 +30,11 @@ from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
 from huey.consumer import Consumer
 from huey.serializer import Serializer
+from redis import ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.config import Settings
+from app.config import QUEUE_BLOCKING_READ_SECONDS, Settings
 from app.core.errors import frames_only
 from app.storage.tables import KEY_RING_SEPARATOR
 
@@ -245,6 +246,24 @@ class _EmbeddedConsumer(Consumer):  # type: ignore[misc]
         return None
 
 
+def redis_pool(settings: Settings) -> ConnectionPool:
+    """The connections to ``settings.redis_url`` of a process's queue (its enqueues, its
+    consumer's reads, ``/readyz``'s ping), each with timeouts from the settings: a
+    connection fails (redis ``TimeoutError``, taken as Redis unreachable) after
+    ``redis_connect_timeout`` seconds to open and ``redis_timeout`` seconds without an
+    answer, not after the kernel's TCP timeouts (minutes) when the host drops packets.
+    redis-py before 8.0 set no timeout at all (8.0 sets 5 s); Huey's ``url=`` takes none.
+    The read timeout is longer than a worker's blocking read of an empty queue
+    (:data:`app.config.QUEUE_BLOCKING_READ_SECONDS`, Settings checks it). Options in the
+    URL's query string (``?socket_timeout=...``) win over these (redis-py's rule)."""
+    assert settings.redis_url is not None
+    return ConnectionPool.from_url(
+        settings.redis_url,
+        socket_connect_timeout=settings.redis_connect_timeout,
+        socket_timeout=settings.redis_timeout,
+    )
+
+
 class Queue:
     """The queue of ``settings``; its messages are authenticated with keys derived from
     ``data_key``, the data key ring (:class:`AuthenticatedSerializer`)."""
@@ -257,7 +276,12 @@ class Queue:
         serializer = AuthenticatedSerializer(data_key)
         if settings.redis_url:
             redis_huey = _ReportsUnreachableRedis(
-                settings.queue_name, url=settings.redis_url, results=False, serializer=serializer
+                settings.queue_name,
+                connection_pool=redis_pool(settings),
+                blocking=True,
+                read_timeout=QUEUE_BLOCKING_READ_SECONDS,
+                results=False,
+                serializer=serializer,
             )
             self.huey, self.reachability = redis_huey, redis_huey.reachability
         else:

@@ -3,12 +3,16 @@ that is not signed with the data key is never unpickled."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
+import socket
 import sqlite3
 import threading
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +20,12 @@ import pytest
 from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
 from huey.consumer import Consumer
+from pydantic import ValidationError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy import update
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means, the default
-from app.config import Settings
+from app.config import QUEUE_BLOCKING_READ_SECONDS, Settings
 from app.main import create_app
 from app.models import Release
 from app.releases.stages import sweep
@@ -352,3 +358,126 @@ def test_an_enqueue_while_redis_is_down_is_told_once_and_left_to_the_sweeper(
             "a on_commit hook failed with RuntimeError"
         ] * 2
         assert all('File "' in r.getMessage() for r in errors)  # its frames
+
+
+def test_the_queue_connects_to_redis_with_the_timeouts_of_its_settings(tmp_path: Path) -> None:
+    """Huey's ``url=`` built its pool with no timeouts (redis-py before 8.0: none at all;
+    8.0: 5 s, whatever the deployment wants): every connection of the queue now opens
+    within ``CURATOR_REDIS_CONNECT_TIMEOUT`` and is answered within
+    ``CURATOR_REDIS_TIMEOUT``, which is longer than a worker's blocking read."""
+    settings = Settings(
+        data_dir=tmp_path,
+        redis_url=f"redis://:hunter2@127.0.0.1:{_closed_port()}/0",
+        queue_name="test-timeouts",
+        redis_connect_timeout=1.5,
+        redis_timeout=7,
+    )
+    storage = Queue(settings, key_ring(Fernet.generate_key())).huey.storage
+    assert storage.pool.connection_kwargs["socket_connect_timeout"] == 1.5
+    assert storage.pool.connection_kwargs["socket_timeout"] == 7
+    connection = storage.pool.make_connection()  # not connected: no server needed
+    assert (connection.socket_connect_timeout, connection.socket_timeout) == (1.5, 7)
+    assert storage.blocking
+    assert storage.read_timeout == QUEUE_BLOCKING_READ_SECONDS
+    defaults = Settings(data_dir=tmp_path)
+    assert (defaults.redis_connect_timeout, defaults.redis_timeout) == (5, 5)
+    with pytest.raises(ValidationError, match="redis_timeout"):
+        Settings(data_dir=tmp_path, redis_timeout=QUEUE_BLOCKING_READ_SECONDS)
+
+
+@contextlib.contextmanager
+def _silent_server() -> Iterator[int]:
+    """A local TCP port whose server accepts every connection and never answers: a Redis
+    whose replies a firewall or a partition drops."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.1)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join()
+        for connection in held:
+            connection.close()
+        server.close()
+
+
+def test_a_redis_that_never_answers_is_unreachable_within_its_timeout(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/readyz, and an enqueue, against a Redis that accepts connections and never
+    answers: with no socket timeout they waited for the kernel's TCP timeouts (minutes;
+    redis-py 8 waits its own default of 5 s). They give up after CURATOR_REDIS_TIMEOUT
+    (2 s here): /readyz answers 503 with the queue unreachable, and the enqueue is left
+    to the sweeper with the one warning."""
+    with _silent_server() as port:
+        url = f"redis://:hunter2@127.0.0.1:{port}/0"
+        app = create_app(settings.model_copy(update={"redis_url": url, "redis_timeout": 2.0}))
+        with TestClient(app) as client, caplog.at_level(logging.INFO):
+            started = time.monotonic()
+            response = client.get("/readyz")
+            waited = time.monotonic() - started
+            assert response.status_code == 503
+            assert response.json() == {
+                "status": "not ready",
+                "database": "ok",
+                "queue": "unreachable",
+                "storage": "ok",
+            }
+            assert waited < 4, waited
+            started = time.monotonic()
+            assert services_of(client).queue.enqueue("test.mark", "token") is False
+            waited = time.monotonic() - started
+            assert waited < 4, waited
+    loud = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [message.split(";")[0] for _, message in loud] == [
+        "readiness: queue unreachable (TimeoutError)",
+        "the job queue (Redis) cannot be reached (TimeoutError)",
+    ], loud
+    assert "hunter2" not in caplog.text
+
+
+def test_a_redis_host_that_drops_connections_is_unreachable_within_the_connect_timeout(
+    tmp_path: Path,
+) -> None:
+    """A connection to a host that drops packets never opens (its SYN goes unanswered):
+    here a local listener whose accept queue is full, which Linux answers so. The ping and
+    an enqueue fail within CURATOR_REDIS_CONNECT_TIMEOUT (0.5 s here; redis-py 8's default
+    is 5 s, earlier ones waited for the kernel's connect timeout, about two minutes)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=1):  # fills the queue
+            with socket.socket() as probe:
+                probe.settimeout(0.3)
+                try:
+                    probe.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    pass
+                else:
+                    pytest.skip("this system answers a connection to a full accept queue")
+            settings = Settings(
+                data_dir=tmp_path,
+                redis_url=f"redis://127.0.0.1:{port}/0",
+                queue_name="test-dropped",
+                redis_connect_timeout=0.5,
+            )
+            queue = Queue(settings, key_ring(Fernet.generate_key()))
+            started = time.monotonic()
+            with pytest.raises(RedisTimeoutError):
+                queue.ping()
+            assert queue.enqueue("test.mark", "token") is False
+            waited = time.monotonic() - started
+            assert waited < 3, waited
