@@ -116,7 +116,7 @@ def _run_hooks(session: Session, key: str) -> None:
             # (privacy rule 5), and log.exception would print both
             failed = type(exc).__name__
             when = key.removeprefix("curator_")
-            log.error("a %s hook failed with %s\n%s", when, failed, frames_only(exc))
+            log.error("an %s hook failed with %s\n%s", when, failed, frames_only(exc))
 
 
 def pool_limits(connections: int) -> dict[str, int]:

@@ -44,7 +44,7 @@ def test_a_failing_hook_is_logged_by_type_and_frames_only(
     assert ran == ["next hook"]
     assert SECRET not in caplog.text
     assert CAUSE not in caplog.text
-    assert f"a on_{outcome} hook failed with ValueError" in caplog.text
+    assert f"an on_{outcome} hook failed with ValueError" in caplog.text
     assert "_failing_hook" in caplog.text  # the frames
     assert all(record.exc_info is None for record in caplog.records)
 

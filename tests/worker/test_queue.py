@@ -355,7 +355,7 @@ def test_an_enqueue_while_redis_is_down_is_told_once_and_left_to_the_sweeper(
         assert sweep(services) == 2
         errors = [r for r in caplog.records if r.levelname == "ERROR"]
         assert [r.getMessage().splitlines()[0] for r in errors] == [
-            "a on_commit hook failed with RuntimeError"
+            "an on_commit hook failed with RuntimeError"
         ] * 2
         assert all('File "' in r.getMessage() for r in errors)  # its frames
 
