@@ -255,6 +255,11 @@ def _same_request(
     request's."""
     if release.request_hash == _request_hash(dataset_id, body, checked):
         return True
+    if checked.delta == 0.0 and release.request_hash == _request_hash(
+        dataset_id, body, replace(checked, delta=-0.0)
+    ):
+        # recorded before a body's -0.0 was read as 0.0: its hash kept the sign
+        return True
     recorded = replace(checked, params_json=dict(release.params))
     if release.request_hash != _request_hash(dataset_id, body, recorded):
         return False

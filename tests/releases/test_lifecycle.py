@@ -263,6 +263,55 @@ def test_an_idempotent_retry_finds_a_release_recorded_before_a_parameter_existed
     assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
 
 
+def test_an_idempotent_retry_finds_a_release_recorded_with_a_negative_zero_delta(
+    client: TestClient, curator: Caller
+) -> None:
+    """Before cb29f94 a body's delta of -0.0 was kept with its sign and hashed as
+    ``repr(-0.0)``; it is now read as 0.0, so the same body retried with its key after the
+    upgrade hashed differently and got 409 idempotency_key_reused for a release it had
+    made. It gets that release again (charged once), with -0.0 or 0.0; another delta with
+    the key is still 409."""
+    dataset_id = dataset(client, curator)
+    body = {"mechanism": "smooth_synopsis", "epsilon": 0.2, "params": {"smoothness": 4}}
+    first = request_release(client, curator, dataset_id, body, key="negative-zero-before")
+    assert first.status_code == 202, first.text
+    release_id = uuid.UUID(first.json()["id"])
+    with services_of(client).db.transaction() as session:  # as the older code recorded it
+        release = session.get(Release, release_id)
+        assert release is not None
+        _record_as(release, dataset_id, dict(release.params))
+        canonical = {
+            "dataset": dataset_id,
+            "mechanism": "smooth_synopsis",
+            "epsilon": repr(0.2),
+            "delta": repr(-0.0),
+            "columns": release.columns,
+            "params": release.params,
+        }
+        release.delta = -0.0
+        release.request_hash = hashlib.sha256(
+            json.dumps(canonical, sort_keys=True).encode()
+        ).hexdigest()
+    headers = {
+        **curator.headers,
+        "Content-Type": "application/json",
+        "Idempotency-Key": "negative-zero-before",
+    }
+    raw = json.dumps({**body, "delta": 0.0}).replace('"delta": 0.0', '"delta": -0.0')
+    assert '"delta": -0.0' in raw
+    again = client.post(f"/v1/datasets/{dataset_id}/releases", headers=headers, content=raw)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == str(release_id)
+    zero = request_release(client, curator, dataset_id, body, key="negative-zero-before")
+    assert zero.status_code == 200, zero.text
+    assert zero.json()["id"] == str(release_id)
+    other = request_release(
+        client, curator, dataset_id, {**body, "delta": 1e-9}, key="negative-zero-before"
+    )
+    assert other.status_code == 409, other.text
+    assert [e["kind"] for e in budget(client, curator, dataset_id)["entries"]] == ["reserve"]
+
+
 def test_an_idempotent_retry_does_not_match_a_release_whose_parameter_was_since_removed(
     client: TestClient, curator: Caller
 ) -> None:
