@@ -31,8 +31,6 @@ from huey.api import Huey
 from huey.consumer import Consumer
 from huey.serializer import Serializer
 from redis import ConnectionPool
-from redis.exceptions import AuthenticationError as RedisAuthenticationError
-from redis.exceptions import AuthorizationError as RedisAuthorizationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -165,10 +163,6 @@ UNREACHABLE_RETRY_SECONDS = 1.0
 #: Errors of Redis itself not answering (refused, dropped, timed out, still loading its
 #: data), not of a command or a message: a Redis that is down or restarting.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
-#: Subclasses of redis-py's ConnectionError that are a Redis that answers and refuses the
-#: worker's credentials (NOAUTH, WRONGPASS, NOPERM): no retry gets past them, so they are
-#: raised as any other error, not taken for Redis being down.
-REFUSED = (RedisAuthenticationError, RedisAuthorizationError)
 
 
 class Reachability:
@@ -227,8 +221,6 @@ class _ReportsUnreachableRedis(RedisHuey):  # type: ignore[misc]
     def dequeue(self) -> Any:
         try:
             task = super().dequeue()
-        except REFUSED:
-            raise
         except UNREACHABLE as exc:
             self.reachability.lost(exc)
             time.sleep(UNREACHABLE_RETRY_SECONDS)
@@ -239,8 +231,6 @@ class _ReportsUnreachableRedis(RedisHuey):  # type: ignore[misc]
     def read_schedule(self, timestamp: Any = None) -> list[Any]:
         try:
             tasks: list[Any] = super().read_schedule(timestamp)
-        except REFUSED:
-            raise
         except UNREACHABLE as exc:
             self.reachability.lost(exc)
             return []  # the scheduler reads again after its interval (1 s)
@@ -324,12 +314,9 @@ class Queue:
         (:func:`app.releases.stages.sweep`) enqueues the release again. Before, each such
         enqueue was a commit hook's ERROR with its frames: one per release request, and
         one per release at every sweep, for as long as Redis was down. Any other error is
-        raised (a commit hook logs it with its frames: a bug), and so is a Redis that refuses
-        the credentials (:data:`REFUSED`)."""
+        raised (a commit hook logs it with its frames: a bug)."""
         try:
             self._tasks[name](*args)
-        except REFUSED:
-            raise  # a Redis that refuses the credentials: no sweep gets past it
         except UNREACHABLE as exc:
             if self.reachability is None:
                 raise

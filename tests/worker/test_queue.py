@@ -481,35 +481,3 @@ def test_a_redis_host_that_drops_connections_is_unreachable_within_the_connect_t
             assert queue.enqueue("test.mark", "token") is False
             waited = time.monotonic() - started
             assert waited < 3, waited
-
-
-@pytest.mark.parametrize("refused", ["AuthenticationError", "AuthorizationError"])
-def test_a_redis_that_refuses_the_credentials_is_not_taken_for_one_that_is_down(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str
-) -> None:
-    """redis-py's AuthenticationError (NOAUTH, WRONGPASS) and AuthorizationError (NOPERM)
-    are subclasses of its ConnectionError, but they are a Redis that answers and refuses
-    this worker's credentials, which no retry gets past (a password changed or an ACL
-    narrowed under a running worker): still raised to Huey, which logs it on every read,
-    not one warning that Redis "cannot be reached" and then silence while nothing runs."""
-    from redis import exceptions
-
-    error = getattr(exceptions, refused)
-    settings = Settings(
-        data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0", queue_name="test-refused"
-    )
-    queue = Queue(settings, key_ring(Fernet.generate_key()))
-
-    def refuse(*args: Any) -> Any:
-        raise error("WRONGPASS invalid username-password pair or user is disabled.")
-
-    monkeypatch.setattr(queue.huey.storage, "dequeue", refuse)
-    monkeypatch.setattr(queue.huey.storage, "read_schedule", refuse)
-    monkeypatch.setattr(queue.huey.storage, "enqueue", refuse)
-    with pytest.raises(error):
-        queue.huey.dequeue()
-    with pytest.raises(error):
-        queue.huey.read_schedule()
-    with pytest.raises(error):  # an enqueue's commit hook logs it with its frames
-        queue.enqueue("test.mark", "token")
-    assert queue.huey.reachability.reachable
