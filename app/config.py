@@ -47,6 +47,7 @@ import stat
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qs, urlsplit
 
 from cryptography.fernet import Fernet
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -136,6 +137,20 @@ class Settings(BaseSettings):
             return None
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
+        if value is not None:
+            # the query string's options win over CURATOR_REDIS_TIMEOUT (redis-py's rule):
+            # held to its least value too (the message never quotes the URL: its password)
+            for timeout in parse_qs(urlsplit(value).query).get("socket_timeout", []):
+                try:
+                    shorter = float(timeout) < QUEUE_BLOCKING_READ_SECONDS + 1
+                except ValueError:
+                    raise ValueError("has a socket_timeout that is not a number") from None
+                if shorter:
+                    raise ValueError(
+                        f"has a socket_timeout under {QUEUE_BLOCKING_READ_SECONDS + 1} s: "
+                        f"a worker's read of an empty queue blocks {QUEUE_BLOCKING_READ_SECONDS}"
+                        " s in Redis"
+                    )
         return value
 
     # Derived locations -----------------------------------------------------------------------

@@ -30,6 +30,7 @@ from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
 from huey.consumer import Consumer
 from huey.serializer import Serializer
+from huey.storage import RedisStorage
 from redis import ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -203,6 +204,21 @@ class Reachability:
         log.info("the job queue (%s) can be reached again", self.what)
 
 
+class _TimedOutReadsRaise(RedisStorage):  # type: ignore[misc]
+    """Huey's Redis storage whose blocking read (``BRPOP``) lets redis's ``TimeoutError``
+    through: Huey's takes it as an empty queue and returns nothing, so a worker reading a
+    Redis that never answers (a host that drops packets: what ``CURATOR_REDIS_TIMEOUT``
+    is for) was never told unreachable, and each timed-out read told Redis "reached
+    again". An empty queue is ``BRPOP``'s nil after its own timeout
+    (:data:`app.config.QUEUE_BLOCKING_READ_SECONDS`), well within the socket's."""
+
+    def dequeue(self) -> Any:
+        if not self.blocking:
+            return super().dequeue()
+        popped = self.conn.brpop(self.queue_key, timeout=self.read_timeout)
+        return None if popped is None else popped[1]
+
+
 class _ReportsUnreachableRedis(RedisHuey):  # type: ignore[misc]
     """Huey on Redis whose consumer reads (``dequeue``, ``read_schedule``) take Redis not
     answering quietly: Huey's consumer logged "Error reading from queue" (and "Error
@@ -213,6 +229,8 @@ class _ReportsUnreachableRedis(RedisHuey):  # type: ignore[misc]
     other error (a message that fails authentication, a Redis that refuses a command) is
     still raised, and logged by Huey as before; so is every task's failure (Huey has no
     setting or hook for its own read errors: its consumer logs every one)."""
+
+    storage_class = _TimedOutReadsRaise
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

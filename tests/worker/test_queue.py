@@ -481,3 +481,65 @@ def test_a_redis_host_that_drops_connections_is_unreachable_within_the_connect_t
             assert queue.enqueue("test.mark", "token") is False
             waited = time.monotonic() - started
             assert waited < 3, waited
+
+
+def test_a_worker_read_that_times_out_is_redis_unreachable_not_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Huey's RedisStorage.dequeue takes redis's TimeoutError as an empty queue and returns
+    nothing: a worker reading a Redis that never answers (a host that drops packets, the
+    case CURATOR_REDIS_TIMEOUT is for) never said it was unreachable, and each timed-out
+    read said it "can be reached again", after every enqueue's warning. A read that times
+    out is Redis unreachable, as an enqueue that times out is."""
+    monkeypatch.setattr(queue_module, "UNREACHABLE_RETRY_SECONDS", 0.05, raising=False)
+    with _silent_server() as port:
+        settings = Settings(
+            data_dir=tmp_path,
+            redis_url=f"redis://:hunter2@127.0.0.1:{port}/0",
+            queue_name="test-silent-read",
+            redis_timeout=2,
+        )
+        silent = Queue(settings, key_ring(Fernet.generate_key()))
+        with caplog.at_level(logging.DEBUG):
+            assert silent.huey.dequeue() is None
+            assert silent.reachability is not None
+            assert not silent.reachability.reachable
+            assert silent.enqueue("test.mark", "token") is False
+            assert silent.huey.dequeue() is None
+    logged = [(r.levelname, r.getMessage().split(";")[0]) for r in caplog.records]
+    said = [entry for entry in logged if entry[0] in ("INFO", "WARNING", "ERROR")]
+    assert said == [("WARNING", "the job queue (Redis) cannot be reached (TimeoutError)")], logged
+    assert "hunter2" not in caplog.text
+
+
+def test_a_worker_read_of_an_empty_queue_is_not_a_timeout(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's blocking read of an empty queue (BRPOP, 1 s in Redis) is answered well
+    within CURATOR_REDIS_TIMEOUT's least value (2 s): it returns nothing, not Redis lost."""
+    settings = Settings(
+        data_dir=tmp_path,
+        redis_url=redis_url,
+        queue_name=f"test-{uuid.uuid4().hex[:10]}",
+        redis_timeout=QUEUE_BLOCKING_READ_SECONDS + 1,
+    )
+    empty = Queue(settings, key_ring(Fernet.generate_key()))
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            assert empty.huey.dequeue() is None
+    assert empty.reachability is not None
+    assert empty.reachability.reachable
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO], caplog.text
+
+
+def test_a_redis_url_whose_socket_timeout_is_shorter_than_a_read_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Options in CURATOR_REDIS_URL's query string win over CURATOR_REDIS_TIMEOUT
+    (redis-py's rule), so they are held to its least value too: a ``socket_timeout``
+    shorter than a worker's blocking read would time every read of an empty queue out."""
+    url = "redis://:hunter2@127.0.0.1:6379/0?socket_timeout=0.5"
+    with pytest.raises(ValidationError, match="socket_timeout") as info:
+        Settings(data_dir=tmp_path, redis_url=url)
+    assert "hunter2" not in str(info.value.errors()[0]["msg"])
+    Settings(data_dir=tmp_path, redis_url=url.replace("0.5", "3"))
