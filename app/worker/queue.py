@@ -32,6 +32,7 @@ from huey.consumer import Consumer
 from huey.serializer import Serializer
 from huey.storage import RedisStorage
 from redis import ConnectionPool
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -171,22 +172,41 @@ class Reachability:
     cannot (by the error's type only: a Redis URL can carry its password) and one info line
     when it can again. One per :class:`Queue`, so per process: shared by a consumer's
     worker threads, its scheduler, and every enqueue (the API's release requests, the
-    stages, the sweeper)."""
+    stages, the sweeper).
+
+    Redis refusing the credentials (redis-py's ``AuthenticationError``, a
+    ``ConnectionError``: a wrong password or user, ``NOAUTH``, a disabled ACL user) is
+    taken as quietly, but told as an ERROR that says it is the configuration, not an
+    outage: no sweep can succeed until an operator fixes the URL or Redis."""
 
     def __init__(self, what: str) -> None:
         self.what = what
         self.reachable = True
+        #: Why it cannot be reached: None while it can, else "refused" or "unreachable".
+        self._why: str | None = None
         self._lock = threading.Lock()
 
-    def _change(self, reachable: bool) -> bool:
-        """Record ``reachable``; whether it changed (at most one caller is told so)."""
+    def _change(self, why: str | None) -> bool:
+        """Record ``why`` (None: reached); whether it changed (at most one caller is told)."""
         with self._lock:
-            changed = self.reachable != reachable
-            self.reachable = reachable
+            changed = self._why != why
+            self._why = why
+            self.reachable = why is None
         return changed
 
     def lost(self, exc: BaseException) -> None:
-        if not self._change(False):
+        refused = isinstance(exc, RedisAuthenticationError)
+        if not self._change("refused" if refused else "unreachable"):
+            return
+        if refused:
+            log.error(
+                "the job queue (%s) refuses the credentials of CURATOR_REDIS_URL (%s): a "
+                "configuration error, not an outage; fix the URL's user and password or "
+                "Redis's (requirepass, ACL). Queued releases wait and releases are not "
+                "enqueued until then (said again when it is reached)",
+                self.what,
+                type(exc).__name__,
+            )
             return
         log.warning(
             "the job queue (%s) cannot be reached (%s); queued releases wait, workers read "
@@ -199,7 +219,7 @@ class Reachability:
 
     def back(self) -> None:
         # read without the lock first: the common case, after every read of the queue
-        if self.reachable or not self._change(True):
+        if self.reachable or not self._change(None):
             return
         log.info("the job queue (%s) can be reached again", self.what)
 

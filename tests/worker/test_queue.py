@@ -543,3 +543,50 @@ def test_a_redis_url_whose_socket_timeout_is_shorter_than_a_read_is_refused(
         Settings(data_dir=tmp_path, redis_url=url)
     assert "hunter2" not in str(info.value.errors()[0]["msg"])
     Settings(data_dir=tmp_path, redis_url=url.replace("0.5", "3"))
+
+
+def test_a_redis_that_refuses_the_credentials_is_a_configuration_error_not_an_outage(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """redis-py's AuthenticationError (a wrong password or user, NOAUTH, a disabled ACL
+    user: Redis's password changed under a running service) is a ConnectionError, so the
+    queue took it as Redis being down: one warning that it "cannot be reached", enqueues
+    left to a sweeper that can never succeed, nothing louder. It is said once as an ERROR
+    that names the credentials (never the URL, which carries them), and an outage after
+    it is still told as one."""
+    monkeypatch.setattr(queue_module, "UNREACHABLE_RETRY_SECONDS", 0.05, raising=False)
+    scheme, _, rest = redis_url.partition("://")
+    url = f"{scheme}://nosuchuser:hunter2@{rest.rpartition('@')[2]}"
+    settings = Settings(data_dir=tmp_path, redis_url=url, queue_name="test-refused")
+    refused = Queue(settings, key_ring(Fernet.generate_key()))
+    with caplog.at_level(logging.INFO):
+        assert refused.enqueue("test.mark", "token") is False
+        assert refused.huey.dequeue() is None
+        assert refused.huey.read_schedule() == []
+    said = [(r.levelname, r.getMessage().split(";")[0]) for r in caplog.records]
+    assert said == [
+        (
+            "ERROR",
+            "the job queue (Redis) refuses the credentials of CURATOR_REDIS_URL "
+            "(AuthenticationError): a configuration error, not an outage",
+        )
+    ], said
+    assert "hunter2" not in caplog.text
+    assert not any(r.exc_info for r in caplog.records)
+
+    caplog.clear()
+    monkeypatch.setattr(refused.huey.storage, "dequeue", _raises(RedisTimeoutError))
+    with caplog.at_level(logging.INFO):
+        assert refused.huey.dequeue() is None
+    said = [(r.levelname, r.getMessage().split(";")[0]) for r in caplog.records]
+    assert said == [("WARNING", "the job queue (Redis) cannot be reached (TimeoutError)")]
+
+
+def _raises(error: type[Exception]) -> Any:
+    def fail(*args: Any) -> Any:
+        raise error("timed out")
+
+    return fail
