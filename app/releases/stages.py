@@ -824,9 +824,14 @@ def sweep(services: Services) -> int:
     (its last wait is ``lease_expires_at - updated_at``, both set by the last enqueue).
     Behind an hour of work a release is enqueued about 6 times, not 60 (each extra job
     finds it claimed and does nothing, but they filled the queue); an enqueue that was
-    really lost is made good within 16 leases at worst."""
+    really lost is made good within 16 leases at worst. Not while the queue is known
+    unreachable (its last enqueue or read failed): nothing waits behind workers then, and
+    a wait doubled through an outage would keep each release waiting up to 16 leases more
+    once Redis is back; each is given one lease, as its first."""
     now = utcnow()
     lease = timedelta(seconds=services.settings.lease_seconds)
+    reachability = services.queue.reachability
+    queue_down = reachability is not None and not reachability.reachable
     requeued = 0
     with services.db.transaction() as session:
         stmt = select(Release).where(
@@ -837,7 +842,8 @@ def sweep(services: Services) -> int:
             stmt = stmt.with_for_update(skip_locked=True)
         for release in session.scalars(stmt):
             wait = lease
-            if release.lease_owner == QUEUED and release.lease_expires_at is not None:
+            queued = release.lease_owner == QUEUED and not queue_down
+            if queued and release.lease_expires_at is not None:
                 waited = release.lease_expires_at - release.updated_at
                 wait = min(max(lease, 2 * waited), MAX_QUEUED_LEASES * lease)
             release.lease_owner = QUEUED

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import tests.releases.fake_mechanism  # noqa: F401 - registers test_means, the d
 from app.config import QUEUE_BLOCKING_READ_SECONDS, Settings
 from app.main import create_app
 from app.models import Release
+from app.models.base import utcnow
 from app.releases.stages import sweep
 from app.storage.tables import key_ring
 from app.worker import queue as queue_module
@@ -590,3 +592,36 @@ def _raises(error: type[Exception]) -> Any:
         raise error("timed out")
 
     return fail
+
+
+def test_a_sweep_while_redis_is_down_does_not_lengthen_a_queued_release_s_wait(
+    settings: Settings,
+) -> None:
+    """The sweeper doubles a queued release's next wait each time it re-enqueues it (up to
+    16 leases), as one unclaimed is taken to wait behind busy workers. While Redis is down
+    nothing waits behind workers: every enqueue fails, and an outage of half an hour left
+    each release to wait 16 leases more once Redis was back. A sweep that knows Redis down
+    gives it one lease, as it gave its first."""
+    url = f"redis://:hunter2@127.0.0.1:{_closed_port()}/0"
+    app = create_app(settings.model_copy(update={"redis_url": url}))
+    with TestClient(app) as client:
+        services = services_of(client)
+        curator = make_user(client, "curator")
+        release_id = request_release(client, curator, dataset(client, curator)).json()["id"]
+        assert services.queue.reachability is not None
+        assert not services.queue.reachability.reachable  # its enqueue failed
+        lease = services.settings.lease_seconds
+        now = utcnow()
+        with services.db.transaction() as session:
+            session.execute(  # it waited two leases, and that is over
+                update(Release).values(
+                    updated_at=now - timedelta(seconds=3 * lease),
+                    lease_expires_at=now - timedelta(seconds=lease),
+                )
+            )
+        assert sweep(services) == 1
+        with services.db.transaction() as session:
+            release = session.get(Release, uuid.UUID(release_id))
+            assert release is not None
+            wait = (release.lease_expires_at - release.updated_at).total_seconds()
+        assert wait == pytest.approx(lease, abs=1), wait
