@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import socket
 import stat
 import sys
@@ -102,7 +103,9 @@ def _warn_if_shared(data_dir: Path) -> None:
 
 def _without_password(url: str) -> str:
     """``url`` with its password (if any) shown as ``***``, for messages. The user info
-    ends at the last ``@`` (an unescaped password may contain ``@``, ``/`` or ``:``)."""
+    ends at the last ``@`` (an unescaped password may contain ``@``, ``/`` or ``:``); a
+    ``password=`` in the query string (redis-py and libpq take one there) is hidden too."""
+    url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
     scheme, sep, rest = url.partition("://")
     userinfo, at, host = rest.rpartition("@")
     if not (sep and at) or ":" not in userinfo:

@@ -495,6 +495,13 @@ def test_create_key_and_create_user_refuse_with_one_line(
         ("redis://:pw@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
         ("postgresql+psycopg://curator@db/c", "postgresql+psycopg://curator@db/c"),
         ("sqlite:////data/a@b.db", "sqlite:////data/a@b.db"),
+        # redis-py and libpq also take the password from the query string
+        ("redis://127.0.0.1:6379/0?password=pw", "redis://127.0.0.1:6379/0?password=***"),
+        (
+            "redis://u@h:6379/0?db=1&password=p@w&socket_timeout=3",
+            "redis://u@h:6379/0?db=1&password=***&socket_timeout=3",
+        ),
+        ("postgresql+psycopg://c@db/c?password=pw", "postgresql+psycopg://c@db/c?password=***"),
     ],
 )
 def test_messages_hide_the_whole_password(url: str, shown: str) -> None:
