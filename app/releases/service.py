@@ -365,7 +365,6 @@ def create_release(
     if key_id is not None:
         ensure_key_active(session, key_id)
     dataset = owned_dataset(session, user, dataset_id)
-    _check_opt_in(dataset, checked.mechanism)
     if dataset_info(dataset, checked.mechanism, body.columns) != checked.info:
         raise Conflict("the dataset changed while the request was checked; send it again")
     request_hash = _request_hash(dataset.id, body, checked)
@@ -388,6 +387,9 @@ def create_release(
     # would ask (and pay) again
     ensure_free_space(services.settings, "release request")
     _check_data_kept(locked)  # under the lock that a deletion of the data takes too
+    # under the lock too: read before it, an opt-out that another process committed while
+    # this request waited for the lock was not seen (PostgreSQL; tests/test_two_processes.py)
+    _check_opt_in(locked, checked.mechanism)
     _check_single_release(session, dataset.id, checked.mechanism)
     now = utcnow()
     release = Release(

@@ -1,0 +1,92 @@
+"""Two API processes (and workers) sharing one database and data directory.
+
+Two apps built by ``create_app`` on the same settings stand in for two processes: each has
+its own engine, pool and queue handle, and only the database and the data directory are
+shared (the in-process answer cache is a module's, so it is shared here: what these tests
+check goes through the database and the disk, not through it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.main import create_app
+from app.releases import service as releases_service
+from tests.conftest import Caller, make_user
+from tests.datasets.helpers import upload
+
+
+@pytest.fixture
+def other(settings: Settings) -> Iterator[TestClient]:
+    """A second API process on the same settings (database, data directory, key)."""
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+def _table(client: TestClient, curator: Caller, n: int = 600) -> str:
+    rng = np.random.default_rng(3)
+    ages, weights = rng.uniform(0, 100, n).round(2), rng.uniform(40, 120, n).round(2)
+    lines = ["age,weight"] + [f"{a},{w}" for a, w in zip(ages, weights, strict=True)]
+    schema = {
+        "name": "people",
+        "columns": [
+            {"name": "age", "kind": "continuous", "lower": 0, "upper": 100},
+            {"name": "weight", "kind": "continuous", "lower": 20, "upper": 220},
+        ],
+        "budget": {"epsilon": 10, "delta": 1e-6},
+    }
+    response = upload(client, curator, ("\n".join(lines) + "\n").encode(), json.dumps(schema))
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def test_an_opt_out_committed_by_another_process_before_the_lock_refuses_the_request(
+    client: TestClient,
+    other: TestClient,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A non-DP request re-checks the curator's opt-in when it is recorded, but read it
+    before it took the dataset's lock: on PostgreSQL an opt-out committed by the other API
+    process in between (its UPDATE held the row until its commit, for which the request's
+    lock waited) was recorded anyway (202, a reservation of a release the curator had
+    just withdrawn). It is read under the lock now (409). On SQLite the request's
+    transaction holds the database's write lock from its start: no opt-out can commit
+    in between."""
+    if database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises the write transactions whole")
+    curator = make_user(client, "curator")
+    dataset_id = _table(client, curator)
+    opt = f"/v1/datasets/{dataset_id}"
+    assert (
+        client.patch(opt, headers=curator.headers, json={"allow_non_dp_releases": True}).status_code
+        == 200
+    )
+    lock = releases_service.ledger.lock_dataset
+    withdrawn: list[int] = []
+
+    def opt_out_then_lock(session: Any, locked_id: Any) -> Any:
+        if not withdrawn:  # the other process withdraws the opt-in, and commits
+            response = other.patch(
+                opt, headers=curator.headers, json={"allow_non_dp_releases": False}
+            )
+            withdrawn.append(response.status_code)
+        return lock(session, locked_id)
+
+    monkeypatch.setattr(releases_service.ledger, "lock_dataset", opt_out_then_lock)
+    body = {"mechanism": "compressed", "params": {"delta_max": 0.05}}
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body
+    )
+    assert withdrawn == [200]
+    assert response.status_code == 409, response.text
+    assert "allow non-DP releases" in response.json()["error"]["message"]
+    monkeypatch.undo()
+    listed = other.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json()
+    assert listed == []
