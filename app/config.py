@@ -43,6 +43,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from functools import lru_cache
 from pathlib import Path
@@ -224,10 +225,22 @@ class Settings(BaseSettings):
             key = key_file.read_bytes().strip()
             _check_fernet_key(key, str(key_file))
             return key
+        # Written whole beside it, then published with a hard link, which fails if the
+        # name exists: processes starting at once on a new directory (two APIs, an API
+        # and a worker) all end with the first key published, and none reads a file
+        # created but not yet written.
         key = Fernet.generate_key()
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(key + b"\n")
+        written = self.data_dir / f".{KEY_FILE_NAME}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(key + b"\n")
+            try:
+                os.link(written, key_file)
+            except FileExistsError:
+                return self._load_key()  # another process published its key first
+        finally:
+            written.unlink(missing_ok=True)
         return key
 
 

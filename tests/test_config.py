@@ -87,3 +87,31 @@ def test_every_setting_is_documented_in_the_readme_and_the_module() -> None:
         variable = f"CURATOR_{field.upper()}"
         assert f"| `{variable}` |" in readme, variable
         assert f"``{variable}``" in (app.config.__doc__ or ""), variable
+
+
+def test_processes_starting_at_once_share_the_generated_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes started at once on a new data directory without CURATOR_DATA_KEY
+    (two ``curator serve`` behind a load balancer, an API and a worker) both generate a
+    key; the first to publish its file wins and the other takes that key. The file was
+    created empty and then written: the second crashed with ``FileExistsError`` (its
+    ``O_EXCL`` create lost) or, reading the file between its creation and its write,
+    refused it as "not a Fernet key" (2 of 20 simultaneous starts here)."""
+    from app import config
+
+    data_dir = tmp_path / "d"
+    theirs = Fernet.generate_key()
+    generate = Fernet.generate_key
+
+    def another_process_publishes_first() -> bytes:
+        (data_dir / KEY_FILE_NAME).write_bytes(theirs + b"\n")
+        (data_dir / KEY_FILE_NAME).chmod(0o600)
+        return generate()
+
+    monkeypatch.setattr(config.Fernet, "generate_key", another_process_publishes_first)
+    assert Settings(data_dir=data_dir).prepare() == theirs
+    monkeypatch.undo()
+    assert Settings(data_dir=data_dir).prepare() == theirs
+    # nothing of the losing key is left beside it
+    assert sorted(p.name for p in data_dir.iterdir() if p.is_file()) == [KEY_FILE_NAME]
