@@ -8,6 +8,9 @@ check goes through the database and the disk, not through it)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.config import Settings
+from app.ledger import service as ledger
 from app.main import create_app
 from app.releases import service as releases_service
+from app.releases.service import lock_release
+from app.releases.stages import WORKER
 from tests.conftest import Caller, make_user
 from tests.datasets.helpers import upload
 
@@ -90,3 +96,51 @@ def test_an_opt_out_committed_by_another_process_before_the_lock_refuses_the_req
     monkeypatch.undo()
     listed = other.get(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers).json()
     assert listed == []
+
+
+def test_a_ledger_read_page_by_page_misses_no_entry_committed_meanwhile(
+    client: TestClient, other: TestClient, database_url: str
+) -> None:
+    """The ledger is read by ``after_id``, "by id (the order they were written)". A
+    reservation takes the dataset's lock, but a worker's spend (or a cancel's refund) took
+    only the release's: on PostgreSQL its entry got its id, and a request on the other
+    API process reserved (a larger id) and committed before the spend did. A reader
+    between the two commits went past the spend's id and never saw it. Every entry of a
+    dataset is now written under the dataset's lock, so ids follow the commits."""
+    if database_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises the write transactions whole")
+    curator = make_user(client, "curator")
+    dataset_id = _table(client, curator)
+    body = {"mechanism": "smooth_synthetic", "epsilon": 0.5}
+    first = client.post(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body)
+    assert first.status_code == 202, first.text
+    services = client.app.state.services  # type: ignore[attr-defined]
+    held, done = threading.Event(), threading.Event()
+
+    def worker_spends() -> None:  # a worker storing the first release's measurements
+        with services.db.transaction() as session:
+            lock_release(session, uuid.UUID(first.json()["id"]))
+            ledger.commit(session, uuid.UUID(first.json()["id"]), WORKER)
+            held.set()
+            time.sleep(1.0)
+        done.set()
+
+    spender = threading.Thread(target=worker_spends)
+    spender.start()
+    try:
+        assert held.wait(10)
+        second = other.post(
+            f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body
+        )
+        assert second.status_code == 202, second.text
+        budget = f"/v1/datasets/{dataset_id}/budget"
+        seen = other.get(budget, headers=curator.headers).json()["entries"]
+    finally:
+        spender.join()
+    assert done.is_set()
+    rest = other.get(budget, headers=curator.headers, params={"after_id": seen[-1]["id"]}).json()[
+        "entries"
+    ]
+    everything = other.get(budget, headers=curator.headers).json()["entries"]
+    assert [e["kind"] for e in everything] == ["reserve", "commit", "reserve"]
+    assert [e["id"] for e in seen + rest] == [e["id"] for e in everything]

@@ -6,6 +6,13 @@ that inserting a release or ledger row takes on it; SQLite transactions are
 ``BEGIN IMMEDIATE`` and hold the write lock), the balance is summed from the ledger
 itself, ``spent + reserved + cost <= total`` is checked for epsilon and delta, and the
 entry is appended, all in the caller's transaction. Nothing here commits.
+
+Every entry is appended under that lock, a spend, refund or ``non_dp`` record too: on
+PostgreSQL an entry's id is drawn at its insert and seen at its commit, and a spend that
+held only its release's lock committed after a reservation with a larger id, which a
+reader paging by ``after_id`` had already gone past. Under the dataset's lock, held to the
+commit, a dataset's entries get their ids in commit order. Lock order: a release's row
+(the worker's and a cancel's settle hold it), then its dataset's.
 """
 
 from __future__ import annotations
@@ -183,6 +190,7 @@ def _settle(session: Session, release_id: uuid.UUID, kind: str, actor: Actor) ->
     if settled is not None:
         past = "committed" if settled.kind == "commit" else "refunded"
         raise Conflict(f"the reservation of release {release_id} is already {past}")
+    lock_dataset(session, reservation.dataset_id)  # ids in commit order (module docstring)
     entry = LedgerEntry(
         dataset_id=reservation.dataset_id,
         release_id=release_id,
@@ -202,6 +210,7 @@ def record_non_dp(
 ) -> LedgerEntry:
     """Record that a release whose guarantee is not differential privacy was measured: a
     ``non_dp`` entry with zero amounts, never part of an epsilon or delta sum."""
+    lock_dataset(session, dataset_id)  # ids in commit order (module docstring)
     entry = LedgerEntry(
         dataset_id=dataset_id,
         release_id=release_id,
