@@ -22,6 +22,7 @@ from app.config import Settings
 from app.ledger import service as ledger
 from app.main import create_app
 from app.releases import service as releases_service
+from app.releases import stages
 from app.releases.service import lock_release
 from app.releases.stages import WORKER
 from tests.conftest import Caller, make_user
@@ -144,3 +145,42 @@ def test_a_ledger_read_page_by_page_misses_no_entry_committed_meanwhile(
     everything = other.get(budget, headers=curator.headers).json()["entries"]
     assert [e["kind"] for e in everything] == ["reserve", "commit", "reserve"]
     assert [e["id"] for e in seen + rest] == [e["id"] for e in everything]
+
+
+def test_an_opt_out_committed_before_the_worker_starts_reading_stops_it(
+    client: TestClient, other: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An opt-out withdraws a non-DP release "not yet measured: it ends failed without
+    reading the data" (README). The worker read the opt-in in one transaction and
+    recorded that it starts reading in the next: an opt-out that the other API process
+    committed in between was not seen, and the worker read the data and measured.
+    The opt-in is now read under the dataset's lock (the one the opt-out's update takes)
+    in the transaction that records the start of the read."""
+    curator = make_user(client, "curator")
+    dataset_id = _table(client, curator)
+    opt = f"/v1/datasets/{dataset_id}"
+    assert (
+        client.patch(opt, headers=curator.headers, json={"allow_non_dp_releases": True}).status_code
+        == 200
+    )
+    body = {"mechanism": "compressed", "params": {"delta_max": 0.05}}
+    created = client.post(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body)
+    assert created.status_code == 202, created.text
+    start_reading = stages._start_reading
+    withdrawn: list[int] = []
+
+    def opt_out_then_start(*args: Any, **kwargs: Any) -> Any:
+        response = other.patch(opt, headers=curator.headers, json={"allow_non_dp_releases": False})
+        withdrawn.append(response.status_code)
+        return start_reading(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "_start_reading", opt_out_then_start)
+    services = client.app.state.services  # type: ignore[attr-defined]
+    stages.run_measure(services, uuid.UUID(created.json()["id"]))
+    assert withdrawn == [200]
+    release = other.get(f"/v1/releases/{created.json()['id']}", headers=curator.headers).json()
+    assert release["status"] == "failed", release
+    assert "withdrew" in release["message"]
+    assert release["measured_at"] is None
+    entries = other.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
+    assert [e["kind"] for e in entries["entries"]] == []

@@ -436,18 +436,27 @@ def _has_read(claim: Claim, source: EncryptedTableSource | None) -> bool:
     return claim.read_before or (source is not None and source.rows_read > 0)
 
 
-def _start_reading(services: Services, claim: Claim) -> None:
+def _start_reading(services: Services, claim: Claim, mechanism: registry.Mechanism) -> bool:
     """Record, in a transaction of its own that commits before the data file is opened,
     that this attempt may read the data (``Release.read_started_at``, set once): if its
     worker dies, the next attempt knows the data may have been read. A cancel requested
-    since the claim stops the attempt here, before the file is opened."""
+    since the claim stops the attempt here, before the file is opened. Returns False,
+    nothing recorded, for a release that is not differentially private whose curator has
+    withdrawn the dataset's opt-in: read here under the dataset's lock, which the
+    opt-out's update takes, so one committed before this transaction is seen (read in an
+    earlier one, an opt-out from an API process in between was not)."""
     with _owned(services, claim, "measuring") as release:
         if release is None:
             raise LeaseLost
         if release.cancel_requested:  # since the claim: nothing of it read yet
             raise StageCancelled
+        if mechanism.privacy_kind == "non_dp":
+            dataset = ledger.lock_dataset(_session_of(release), claim.dataset_id)
+            if not dataset.allow_non_dp_releases:
+                return False
         if release.read_started_at is None:
             release.read_started_at = utcnow()
+    return True
 
 
 def run_measure(services: Services, release_id: uuid.UUID) -> None:
@@ -492,10 +501,9 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             # count, which is private: published fractions of whole batches would give it
             # exactly, so a graph's read only checks for a cancel or a lost lease.
             count_rows = dataset.kind != "graph"
-            # the curator's opt-in is read again here: one withdrawn while the release
-            # waited (or was being recorded) must not let a worker read the data for it
-            withdrawn = mechanism.privacy_kind == "non_dp" and not dataset.allow_non_dp_releases
-        if withdrawn:
+        # the curator's opt-in is read again (by _start_reading): one withdrawn while the
+        # release waited (or was being recorded) must not let a worker read the data for it
+        if not _start_reading(services, claim, mechanism):
             read = _has_read(claim, None)
             _end_measuring(
                 services,
@@ -507,7 +515,6 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
             )
             return
         eps_value, delta_value_ = epsilon_value(claim.epsilon), delta_value(claim.delta)
-        _start_reading(services, claim)
         with Heartbeat(services, claim) as heartbeat:
             params = mechanism.parse_params(claim.params)
             progress = MeasureProgress(

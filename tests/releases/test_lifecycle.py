@@ -491,10 +491,10 @@ def test_cancel_requested_between_the_claim_and_opening_the_data_refunds(
     release_id = request_release(client, curator, dataset_id).json()["id"]
     start_reading = stages._start_reading
 
-    def cancelled_first(services: Any, claim: Any) -> None:
+    def cancelled_first(services: Any, claim: Any, mechanism: Any) -> bool:
         response = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
         assert response.json()["status"] == "measuring"
-        start_reading(services, claim)
+        return start_reading(services, claim, mechanism)
 
     monkeypatch.setattr(stages, "_start_reading", cancelled_first)
     run_measure(services_of(client), uuid.UUID(release_id))
