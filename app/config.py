@@ -239,8 +239,22 @@ class Settings(BaseSettings):
                 os.link(written, key_file)
             except FileExistsError:
                 return self._load_key()  # another process published its key first
+            except OSError:
+                # no hard links on this filesystem (vfat, some SMB and FUSE mounts): the
+                # name is created exclusively and then written, as before the link; a
+                # process starting at that very instant may read it empty and refuse it
+                return self._create_key_file(key_file, key)
         finally:
             written.unlink(missing_ok=True)
+        return key
+
+    def _create_key_file(self, key_file: Path, key: bytes) -> bytes:
+        try:
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return self._load_key()  # another process created it first
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(key + b"\n")
         return key
 
 

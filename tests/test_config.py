@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import stat
 from pathlib import Path
 
@@ -114,4 +116,27 @@ def test_processes_starting_at_once_share_the_generated_key(
     monkeypatch.undo()
     assert Settings(data_dir=data_dir).prepare() == theirs
     # nothing of the losing key is left beside it
+    assert sorted(p.name for p in data_dir.iterdir() if p.is_file()) == [KEY_FILE_NAME]
+
+
+@pytest.mark.parametrize("error", [errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS])
+def test_a_data_directory_without_hard_links_still_gets_its_generated_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int
+) -> None:
+    """The generated key is published with a hard link, which some filesystems refuse
+    (vfat, some SMB/CIFS and FUSE mounts, Docker Desktop bind mounts of other days):
+    a first start there failed with an uncaught OSError where it used to write the key.
+    It falls back to the exclusive create of the name."""
+    from app import config
+
+    def no_links(*_args: object, **_kwargs: object) -> None:
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(config.os, "link", no_links)
+    data_dir = tmp_path / "d"
+    key = Settings(data_dir=data_dir).prepare()
+    Fernet(key)
+    monkeypatch.undo()
+    assert Settings(data_dir=data_dir).prepare() == key
+    assert stat.S_IMODE((data_dir / KEY_FILE_NAME).stat().st_mode) == 0o600
     assert sorted(p.name for p in data_dir.iterdir() if p.is_file()) == [KEY_FILE_NAME]
