@@ -184,3 +184,40 @@ def test_an_opt_out_committed_before_the_worker_starts_reading_stops_it(
     assert release["measured_at"] is None
     entries = other.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
     assert [e["kind"] for e in entries["entries"]] == []
+
+
+def test_an_opt_out_after_the_worker_started_reading_does_not_stop_it(
+    client: TestClient, other: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opt-in is read where the worker records that it starts reading, and not
+    after: an opt-out committed once that record is committed finds the release
+    "measuring" and neither stops its read nor its publication (the README says so: an
+    opt-out ends failed only a release whose worker has not started reading)."""
+    curator = make_user(client, "curator")
+    dataset_id = _table(client, curator)
+    opt = f"/v1/datasets/{dataset_id}"
+    assert (
+        client.patch(opt, headers=curator.headers, json={"allow_non_dp_releases": True}).status_code
+        == 200
+    )
+    body = {"mechanism": "compressed", "params": {"delta_max": 0.05}}
+    created = client.post(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body)
+    assert created.status_code == 202, created.text
+    start_reading = stages._start_reading
+    withdrawn: list[int] = []
+
+    def start_then_opt_out(*args: Any, **kwargs: Any) -> Any:
+        started = start_reading(*args, **kwargs)
+        response = other.patch(opt, headers=curator.headers, json={"allow_non_dp_releases": False})
+        withdrawn.append(response.status_code)
+        return started
+
+    monkeypatch.setattr(stages, "_start_reading", start_then_opt_out)
+    services = client.app.state.services  # type: ignore[attr-defined]
+    stages.run_measure(services, uuid.UUID(created.json()["id"]))
+    assert withdrawn == [200]
+    release = other.get(f"/v1/releases/{created.json()['id']}", headers=curator.headers).json()
+    assert release["status"] == "synthesizing", release
+    assert release["measured_at"] is not None
+    entries = other.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
+    assert [e["kind"] for e in entries["entries"]] == ["non_dp"]
