@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement, exists, false, select
 from sqlalchemy.orm import Session
 
+from app.config import KEY_FILE_NAME
 from app.core import pagination
 from app.core.audit import record
 from app.core.db import on_commit
@@ -495,7 +496,8 @@ STRAY_FILE_AGE = timedelta(hours=24)
 def remove_stray_files(session: Session, services: Services, now: datetime | None = None) -> int:
     """Remove what a killed process left of its uploads: stored dataset files that no
     dataset row names, upload spools (encrypted with a key that died with the process) and
-    the files of a killed key rotation (:func:`app.storage.tables.rotate`), each once older
+    the files of a killed key rotation (:func:`app.storage.tables.rotate`) and the
+    temporary copy of a generated data key (:meth:`app.config.Settings.prepare`), each once older
     than :data:`STRAY_FILE_AGE` by its modification time. A failing upload
     cleans up after itself (:func:`store_dataset`, the endpoint); this catches the uploads
     that could not. The candidates are listed before the dataset rows are read, so a file
@@ -510,6 +512,9 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     # a key rotation killed before its rename (tables.rotate)
     spools += old(services.settings.datasets_dir, "*" + tables.ROTATING_SUFFIX)
     stored = old(services.settings.datasets_dir, "*.parquet")
+    # the temporary copy of a generated data key, left by a process killed while it
+    # published it (Settings._load_key): a key never used, or a second name of data.key
+    keys = old(services.settings.data_dir, f".{KEY_FILE_NAME}.*")
     if stored:
         recorded = set(session.scalars(select(Dataset.storage_name)))
         stored = [p for p in stored if p.name not in recorded]
@@ -528,7 +533,10 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     for path in deleted:
         path.unlink(missing_ok=True)
         log.warning("removed the file %s of a dataset whose data were deleted", path.name)
-    return len(spools) + len(stored) + len(deleted)
+    for path in keys:
+        path.unlink(missing_ok=True)
+        log.warning("removed %s, a copy of a generated data key left by a killed start", path.name)
+    return len(spools) + len(stored) + len(deleted) + len(keys)
 
 
 @dataclass(frozen=True)

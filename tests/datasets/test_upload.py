@@ -880,15 +880,21 @@ def test_stray_upload_files_are_removed_once_old(client: TestClient, curator: Ca
     rotating = services.settings.datasets_dir / f"{recorded.name}.rotating"
     # and one a rotation is writing now (its rename would fail if it went)
     rotating_now = services.settings.datasets_dir / f"{recorded.name}.5e2a.rotating"
-    for path in (stray, spool, young, rotating, rotating_now):
+    # the temporary copy of a generated key, left by a start killed before its unlink,
+    # and one that a process starting now is about to publish
+    key_copy = services.settings.data_dir / ".data.key.4242.0a1b2c3d"
+    key_now = services.settings.data_dir / ".data.key.4243.0a1b2c3e"
+    for path in (stray, spool, young, rotating, rotating_now, key_copy, key_now):
         path.write_bytes(b"ciphertext")
     old = (utcnow() - STRAY_FILE_AGE).timestamp() - 60
-    for path in (recorded, stray, spool, rotating):
+    for path in (recorded, stray, spool, rotating, key_copy):
         os.utime(path, (old, old))
     Sweeper(services).start().stop()  # the worker's sweeper runs it first thing
     assert sorted(p.name for p in services.settings.datasets_dir.iterdir()) == sorted(
         [recorded.name, rotating_now.name]
     )
     assert sorted(p.name for p in services.settings.tmp_dir.iterdir()) == [young.name]
+    assert not key_copy.exists()
+    assert key_now.exists()
     with services.db.transaction(read_only=True) as session:
         assert remove_stray_files(session, services) == 0
