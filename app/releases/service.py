@@ -374,7 +374,9 @@ def create_release(
             return to_out(session, existing), False
     if checked.replay_only:  # validate_release saw its release: it cannot have gone
         raise RuntimeError("a replay-only request found no release to replay")
-    # Lock the budget before inserting (lock order: dataset, then release and ledger rows).
+    # Lock the budget before inserting. It inserts a new release (no one waits on it) and
+    # ledger rows under the dataset lock; paths that hold an existing release lock it
+    # first and the dataset second (app.ledger.service), never the other way round.
     locked = ledger.lock_dataset(session, dataset.id)
     if idempotency_key is not None:
         # again under the lock: a concurrent copy of this request may have committed while
