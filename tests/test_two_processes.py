@@ -147,15 +147,9 @@ def test_a_ledger_read_page_by_page_misses_no_entry_committed_meanwhile(
     assert [e["id"] for e in seen + rest] == [e["id"] for e in everything]
 
 
-def test_an_opt_out_committed_before_the_worker_starts_reading_stops_it(
-    client: TestClient, other: TestClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An opt-out withdraws a non-DP release "not yet measured: it ends failed without
-    reading the data" (README). The worker read the opt-in in one transaction and
-    recorded that it starts reading in the next: an opt-out that the other API process
-    committed in between was not seen, and the worker read the data and measured.
-    The opt-in is now read under the dataset's lock (the one the opt-out's update takes)
-    in the transaction that records the start of the read."""
+def _non_dp_release(client: TestClient) -> tuple[Caller, str, Any]:
+    """A curator, their table opted in to non-DP releases, and the response that requested
+    a ``compressed`` release of it (queued, not measured)."""
     curator = make_user(client, "curator")
     dataset_id = _table(client, curator)
     opt = f"/v1/datasets/{dataset_id}"
@@ -166,6 +160,20 @@ def test_an_opt_out_committed_before_the_worker_starts_reading_stops_it(
     body = {"mechanism": "compressed", "params": {"delta_max": 0.05}}
     created = client.post(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body)
     assert created.status_code == 202, created.text
+    return curator, dataset_id, created
+
+
+def test_an_opt_out_committed_before_the_worker_starts_reading_stops_it(
+    client: TestClient, other: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An opt-out withdraws a non-DP release "not yet measured: it ends failed without
+    reading the data" (README). The worker read the opt-in in one transaction and
+    recorded that it starts reading in the next: an opt-out that the other API process
+    committed in between was not seen, and the worker read the data and measured.
+    The opt-in is now read under the dataset's lock (the one the opt-out's update takes)
+    in the transaction that records the start of the read."""
+    curator, dataset_id, created = _non_dp_release(client)
+    opt = f"/v1/datasets/{dataset_id}"
     start_reading = stages._start_reading
     withdrawn: list[int] = []
 
@@ -193,16 +201,8 @@ def test_an_opt_out_after_the_worker_started_reading_does_not_stop_it(
     after: an opt-out committed once that record is committed finds the release
     "measuring" and neither stops its read nor its publication (the README says so: an
     opt-out ends failed only a release whose worker has not started reading)."""
-    curator = make_user(client, "curator")
-    dataset_id = _table(client, curator)
+    curator, dataset_id, created = _non_dp_release(client)
     opt = f"/v1/datasets/{dataset_id}"
-    assert (
-        client.patch(opt, headers=curator.headers, json={"allow_non_dp_releases": True}).status_code
-        == 200
-    )
-    body = {"mechanism": "compressed", "params": {"delta_max": 0.05}}
-    created = client.post(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body)
-    assert created.status_code == 202, created.text
     start_reading = stages._start_reading
     withdrawn: list[int] = []
 

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -160,6 +160,26 @@ def _log_not_ended(
         type(ending).__name__,
         frames_only(exc),
     )
+
+
+def _failed(
+    release_id: uuid.UUID, stage: str, exc: BaseException, end: Callable[[], bool | None]
+) -> bool | None:
+    """End a stage that stopped with ``exc`` as failed (``end``), and log it as failed
+    when ``end`` did (returned other than False); returns whether it did, or None when
+    the database was unavailable to end it: not a failure then, told as a warning
+    (:func:`_log_not_ended`), the stage claimed again once its lease runs out. Any other
+    error of ``end`` is raised (a bug fails the task)."""
+    try:
+        ended = end() is not False
+    except Exception as ending:
+        _log_not_ended(release_id, stage, exc, ending)
+        if not database_unavailable(ending):
+            raise
+        return None
+    if ended:
+        _log_failure(release_id, stage, exc)
+    return ended
 
 
 @dataclass(frozen=True)
@@ -555,20 +575,13 @@ def run_measure(services: Services, release_id: uuid.UUID) -> None:
         # since the data were read) rather than leaving it to retries that read the
         # data again and draw fresh noise
         read = _has_read(claim, source)
-        try:
-            _end_measuring(
-                services,
-                claim,
-                "failed",
-                f"{describe_failure(exc)}; {_outcome(read, mechanism)}",
-                read=read,
-            )
-        except Exception as ending:
-            _log_not_ended(release_id, "measure", exc, ending)
-            if not database_unavailable(ending):
-                raise
-            return
-        _log_failure(release_id, "measure", exc)
+        message = f"{describe_failure(exc)}; {_outcome(read, mechanism)}"
+        _failed(
+            release_id,
+            "measure",
+            exc,
+            lambda: _end_measuring(services, claim, "failed", message, read=read),
+        )
 
 
 #: How long, in leases, the measure stage retries storing a finished measurement through
@@ -697,14 +710,13 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # a data directory that is read-only (or full, out of inodes): the run ends now,
         # where it escaped and was claimed again until its attempts ran out, then
         # blamed on workers that died
-        try:
-            _end_synthesizing(services, claim, "failed", f"{describe_failure(exc)}; {KEPT}")
-        except Exception as ending:
-            _log_not_ended(release_id, "synthesize", exc, ending)
-            if not database_unavailable(ending):
-                raise
-            return
-        _log_failure(release_id, "synthesize", exc)
+        message = f"{describe_failure(exc)}; {KEPT}"
+        _failed(
+            release_id,
+            "synthesize",
+            exc,
+            lambda: _end_synthesizing(services, claim, "failed", message),
+        )
         return
     if work is None:  # logged once the lock is let go (it reads the release again)
         _log_not_ours(services, claim, "before synthesizing; nothing done")
@@ -726,18 +738,9 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # also a failure to store the finished synthesis (it escaped, and the sweeper
         # retried it without end)
         store.discard(work)
-        try:
-            ended = _end_synthesizing(services, claim, "failed", f"{describe_failure(exc)}; {KEPT}")
-        except Exception as ending:
-            # not ended (the database down): not a failure; the run is claimed again once
-            # its lease runs out. Only an ending that fails on a bug fails the task.
-            _log_not_ended(release_id, "synthesize", exc, ending)
-            if not database_unavailable(ending):
-                raise
-            return
-        if ended:
-            _log_failure(release_id, "synthesize", exc)
-        else:
+        message = f"{describe_failure(exc)}; {KEPT}"
+        end = partial(_end_synthesizing, services, claim, "failed", message)
+        if _failed(release_id, "synthesize", exc, end) is False:
             # the run was cancelled or handed to another worker meanwhile, and its work
             # directory removed (by the sweeper, or the run's new owner): not a failure
             log.warning(
