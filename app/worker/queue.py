@@ -186,20 +186,23 @@ class Reachability:
         self._why: str | None = None
         self._lock = threading.Lock()
 
-    def _change(self, why: str | None) -> bool:
-        """Record ``why`` (None: reached); whether it changed (at most one caller is told)."""
+    def _change(self, why: str | None, tell: Callable[[], None]) -> None:
+        """Record ``why`` (None: reached) and, when it changed, ``tell`` it, both under the
+        lock: told after it, a failure and a success racing at an outage's start could log
+        "reached again" before "cannot be reached", the last line wrong until the next
+        change."""
         with self._lock:
-            changed = self._why != why
+            if self._why == why:
+                return
             self._why = why
             self.reachable = why is None
-        return changed
+            tell()
 
     def lost(self, exc: BaseException) -> None:
         refused = isinstance(exc, RedisAuthenticationError)
-        if not self._change("refused" if refused else "unreachable"):
-            return
         if refused:
-            log.error(
+            tell = functools.partial(
+                log.error,
                 "the job queue (%s) refuses the credentials of CURATOR_REDIS_URL (%s): a "
                 "configuration error, not an outage; fix the URL's user and password or "
                 "Redis's (requirepass, ACL). Queued releases wait and releases are not "
@@ -207,21 +210,26 @@ class Reachability:
                 self.what,
                 type(exc).__name__,
             )
-            return
-        log.warning(
-            "the job queue (%s) cannot be reached (%s); queued releases wait, workers read "
-            "it again every %g s, and a release that could not be enqueued meanwhile is "
-            "enqueued again by the sweeper when its lease runs out (said again when it is back)",
-            self.what,
-            type(exc).__name__,
-            UNREACHABLE_RETRY_SECONDS,
-        )
+        else:
+            tell = functools.partial(
+                log.warning,
+                "the job queue (%s) cannot be reached (%s); queued releases wait, workers "
+                "read it again every %g s, and a release that could not be enqueued meanwhile "
+                "is enqueued again by the sweeper when its lease runs out (said again when it "
+                "is back)",
+                self.what,
+                type(exc).__name__,
+                UNREACHABLE_RETRY_SECONDS,
+            )
+        self._change("refused" if refused else "unreachable", tell)
 
     def back(self) -> None:
         # read without the lock first: the common case, after every read of the queue
-        if self.reachable or not self._change(None):
-            return
-        log.info("the job queue (%s) can be reached again", self.what)
+        if not self.reachable:
+            self._change(
+                None,
+                functools.partial(log.info, "the job queue (%s) can be reached again", self.what),
+            )
 
 
 class _TimedOutReadsRaise(RedisStorage):  # type: ignore[misc]

@@ -625,3 +625,31 @@ def test_a_sweep_while_redis_is_down_does_not_lengthen_a_queued_release_s_wait(
             assert release is not None
             wait = (release.lease_expires_at - release.updated_at).total_seconds()
         assert wait == pytest.approx(lease, abs=1), wait
+
+
+def test_a_change_of_reachability_is_told_while_it_is_recorded() -> None:
+    """Each line that Redis was lost or is back is logged under the lock that records the
+    change: logged after it, a failure and a success racing at an outage's start could log
+    "reached again" before "cannot be reached", leaving the last line wrong until the next
+    change. A handler checks that the lock is held when each record is emitted."""
+    reachability = queue_module.Reachability("Redis")
+    held: list[tuple[str, bool]] = []
+
+    class Check(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append((record.levelname, reachability._lock.locked()))
+
+    handler = Check()
+    worker_log = logging.getLogger("curator.worker")
+    level = worker_log.level
+    worker_log.setLevel(logging.INFO)
+    worker_log.addHandler(handler)
+    try:
+        reachability.lost(RedisTimeoutError("timed out"))
+        reachability.lost(RedisTimeoutError("timed out"))  # no change: nothing told
+        reachability.back()
+        reachability.back()
+    finally:
+        worker_log.removeHandler(handler)
+        worker_log.setLevel(level)
+    assert held == [("WARNING", True), ("INFO", True)]
