@@ -80,8 +80,9 @@ def write_csv_and_parquet(
     own limit), so that only one table of rows is in memory at a time. The same values
     and text as the tables concatenated and written whole, but for the CSV's text cells
     that a spreadsheet would read as a formula, which it quotes (:func:`spreadsheet_safe`).
-    The CSV's header is the schema's names as declared (a declaration's rule keeps them
-    from being formulas that call a function: ``app.datasets.schemas``)."""
+    The CSV's header is the schema's names as declared, unquoted (programs read columns
+    by name): the declaration rule keeps names from being formulas that call a function
+    (``app.datasets.schemas``), except those of datasets declared before it (README)."""
     csv_writer: pacsv.CSVWriter | None = None
     parquet_writer: pq.ParquetWriter | None = None
     try:
