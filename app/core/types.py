@@ -12,6 +12,15 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
 )
 
+#: A plain decimal number as text (sign, digits, a point, an exponent), to be matched whole:
+#: a spreadsheet reads one that starts with a sign as a number, not as a formula, and a
+#: graph's first line with one in it is an edge, not a header. Unambiguous: the digits after
+#: the point only follow a point (``[0-9]+\.?[0-9]*`` split a run of digits every way
+#: between its two parts on a failed match, quadratic in its length: a 64 KiB first line of
+#: digits and a letter held the GIL for minutes). One pattern for Python's ``re`` and
+#: Arrow's RE2.
+PLAIN_NUMBER = r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?"
+
 #: Floats hold every integer up to here exactly; past it ``2^53 + 1`` reads as ``2^53``.
 EXACT_FLOAT_INTEGERS = 2**53
 

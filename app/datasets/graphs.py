@@ -22,17 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from app.core.types import PLAIN_NUMBER
 from app.datasets.validation import Problems, file_problem, refuse_non_text
 from app.mechanisms import graph_cuts
 from app.storage.tables import EncryptedTableWriter
 
 _INTEGER = r"^\s*\d+\s*$"
 _SMALL_INTEGER = r"^\s*\d{1,9}\s*$"  # castable without overflow; longer ids are out of range
-#: A field that reads as a number (sign, decimals, exponent): such a first line is an edge,
-#: not a header. The digits after the point only follow a point (``[0-9]+\.?[0-9]*`` split a
-#: run of digits every way between its two parts on a failed match: a 64 KiB first line of
-#: digits and a letter held the GIL for minutes).
-_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+#: A field that reads as a number (:data:`app.core.types.PLAIN_NUMBER`): such a first line
+#: is an edge, not a header.
+_NUMBER = re.compile(PLAIN_NUMBER)
 _BLOCK_BYTES = 4 << 20
 GRAPH_SCHEMA = pa.schema(
     [pa.field("u", pa.int32(), nullable=False), pa.field("v", pa.int32(), nullable=False)]

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.core.types import Name, control_character_error, integral_number
+from app.core.types import PLAIN_NUMBER, Name, control_character_error, integral_number
 
 #: Column names and categories have no character rule of their own: these types also read
 #: the declarations stored before there was one (``DatasetOut``, the columns a release
@@ -51,10 +51,9 @@ FORMULA_TRIGGERS = ("=", "+", "-", "@")
 #: What a formula needs to do more than arithmetic on cells: call a function
 #: (``HYPERLINK(...)``, ``WEBSERVICE(...)``) or another program (DDE: ``cmd|' /C calc'!A0``).
 FORMULA_CALLS = ("(", "|", "!")
-#: A plain decimal number (sign, digits, a point, an exponent): a spreadsheet reads one that
-#: starts with a sign as a number, not as a formula. (Unambiguous: ``[0-9]+\.?[0-9]*``
-#: backtracked quadratically on a long run of digits that fails to match, 4 ms a category.)
-_PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+#: A plain decimal number (:data:`app.core.types.PLAIN_NUMBER`): a spreadsheet reads one
+#: that starts with a sign as a number, not as a formula.
+_PLAIN_NUMBER = re.compile(PLAIN_NUMBER)
 
 
 def declared_text_error(text: str) -> str | None:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from app.core.types import PLAIN_NUMBER
 from app.storage.tables import batch_rows
 
 
@@ -39,14 +40,14 @@ def sample_chunk_rows(width: int) -> int:
 #: ``+``, ``-``, ``@``) or hides the character that would be (tab, CR): OWASP's list of
 #: CSV-injection triggers.
 FORMULA_START = r"^[=+\-@\t\r]"
-#: A plain number (``-1``, ``+2.5``, ``-3e-4``): read as that number, never as a formula
-#: (``app.datasets.schemas._PLAIN_NUMBER``, here for Arrow's RE2).
-PLAIN_NUMBER = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+#: A whole cell that is a plain number (``-1``, ``+2.5``, ``-3e-4``): read as that number,
+#: never as a formula (:data:`app.core.types.PLAIN_NUMBER`, anchored for Arrow's RE2).
+WHOLE_NUMBER = f"^{PLAIN_NUMBER}$"
 
 
 def spreadsheet_safe(table: pa.Table) -> pa.Table:
     """``table`` with every text cell that a spreadsheet would read as a formula
-    (:data:`FORMULA_START`, unless it is a :data:`PLAIN_NUMBER`) prefixed with a single
+    (:data:`FORMULA_START`, unless it is a :data:`WHOLE_NUMBER`) prefixed with a single
     quote, OWASP's escape for CSV injection: a spreadsheet shows the cell as text and runs
     nothing. Numeric columns are never touched (a negative number stays a number), nor
     text that is a plain number. For the CSV only: the Parquet file keeps the values."""
@@ -62,7 +63,7 @@ def spreadsheet_safe(table: pa.Table) -> pa.Table:
             continue
         formula = pc.and_not(
             pc.match_substring_regex(column, FORMULA_START),
-            pc.match_substring_regex(column, PLAIN_NUMBER),
+            pc.match_substring_regex(column, WHOLE_NUMBER),
         )
         if not pc.any(formula).as_py():
             columns.append(column)
