@@ -204,6 +204,13 @@ class Claim:
     read_before: bool = False
 
 
+def _fail_synthesis(services: Services, claim: Claim, exc: BaseException) -> bool | None:
+    """:func:`_failed` for a synthesis run: ended failed, its measurements kept."""
+    message = f"{describe_failure(exc)}; {KEPT}"
+    end = partial(_end_synthesizing, services, claim, "failed", message)
+    return _failed(claim.release_id, "synthesize", exc, end)
+
+
 def _held(release: Release, now: datetime) -> bool:
     """Whether a worker holds the release's stage under a lease that has not run out."""
     held = release.lease_owner not in (None, QUEUED)
@@ -710,13 +717,7 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # a data directory that is read-only (or full, out of inodes): the run ends now,
         # where it escaped and was claimed again until its attempts ran out, then
         # blamed on workers that died
-        message = f"{describe_failure(exc)}; {KEPT}"
-        _failed(
-            release_id,
-            "synthesize",
-            exc,
-            lambda: _end_synthesizing(services, claim, "failed", message),
-        )
+        _fail_synthesis(services, claim, exc)
         return
     if work is None:  # logged once the lock is let go (it reads the release again)
         _log_not_ours(services, claim, "before synthesizing; nothing done")
@@ -738,9 +739,7 @@ def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
         # also a failure to store the finished synthesis (it escaped, and the sweeper
         # retried it without end)
         store.discard(work)
-        message = f"{describe_failure(exc)}; {KEPT}"
-        end = partial(_end_synthesizing, services, claim, "failed", message)
-        if _failed(release_id, "synthesize", exc, end) is False:
+        if _fail_synthesis(services, claim, exc) is False:
             # the run was cancelled or handed to another worker meanwhile, and its work
             # directory removed (by the sweeper, or the run's new owner): not a failure
             log.warning(

@@ -181,10 +181,13 @@ class Reachability:
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self.reachable = True
         #: Why it cannot be reached: None while it can, else "refused" or "unreachable".
         self._why: str | None = None
         self._lock = threading.Lock()
+
+    @property
+    def reachable(self) -> bool:
+        return self._why is None
 
     def _change(self, why: str | None, tell: Callable[[], None]) -> None:
         """Record ``why`` (None: reached) and, when it changed, ``tell`` it, both under the
@@ -195,7 +198,6 @@ class Reachability:
             if self._why == why:
                 return
             self._why = why
-            self.reachable = why is None
             tell()
 
     def lost(self, exc: BaseException) -> None:

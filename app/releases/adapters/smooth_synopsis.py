@@ -349,6 +349,13 @@ def _check_work(synopsis: sy.Synopsis, queries: int, work: int, *, at_least: boo
     )
 
 
+def _query_work(synopsis: sy.Synopsis) -> int:
+    """Every answer's own work: its ``R`` moments, ``QUERY_WORK``, and under Laplace noise
+    ``SADDLEPOINT_WORK`` (:func:`answer_work`)."""
+    saddlepoint = SADDLEPOINT_WORK if synopsis.noise_distribution == "laplace" else 0
+    return synopsis.size + QUERY_WORK + saddlepoint
+
+
 def raw_answer_work(
     synopsis: sy.Synopsis, queries: Sequence[Mapping[str, Any]], info: DatasetInfo
 ) -> int:
@@ -359,11 +366,8 @@ def raw_answer_work(
     tells (the expansions' lengths, a polynomial's monomials, the kernels' pairs)."""
     sizes = smooth_queries.raw_sizes(queries, info)
     d, length = synopsis.d, synopsis.index_set.max_degree + 1
-    per_query = synopsis.size + QUERY_WORK
-    if synopsis.noise_distribution == "laplace":
-        per_query += SADDLEPOINT_WORK
     return (
-        per_query * sizes.queries
+        _query_work(synopsis) * sizes.queries
         + FACTOR_WORK * sizes.product_factors
         + LENGTH_WORK * length * sizes.products
         + (FACTOR_WORK * d + LENGTH_WORK * length) * sizes.mixture_centers
@@ -379,10 +383,7 @@ def answer_work(synopsis: sy.Synopsis, parsed: Sequence[object]) -> int:
     (:func:`~app.mechanisms.chebyshev.separable_layout`; ``k L`` for ``k`` kernels), and
     for ``k`` kernels ``k^2 d / PAIR_COLUMNS_A_UNIT`` (their truncation estimate)."""
     d = synopsis.d
-    per_query = synopsis.size + QUERY_WORK
-    if synopsis.noise_distribution == "laplace":
-        per_query += SADDLEPOINT_WORK
-    work = per_query * len(parsed)
+    work = _query_work(synopsis) * len(parsed)
     layout = chebyshev.separable_layout(
         parsed, d, min_length=synopsis.index_set.max_degree + 1, block=sy.ANSWER_BLOCK
     )
