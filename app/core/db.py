@@ -25,6 +25,12 @@ Under ``REPEATABLE READ`` the snapshot is taken at a transaction's first stateme
 the lock, so a waiter would sum a stale ledger and overspend. The engine therefore sets
 ``READ COMMITTED`` itself instead of inheriting the server's, database's or role's
 ``default_transaction_isolation``.
+
+Clocks: a release stage's lease (``Release.lease_expires_at``) is set by one process (an
+API process, a worker, a sweeper) and compared by others, on other hosts. Its times are
+read off the database's clock (:func:`db_now`), never a host's: with hosts drifting more
+than a lease apart, a host ahead handed a live stage to another worker and a host behind
+set leases that had already run out (``tests/releases/test_db_clock.py``).
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy import Engine, create_engine, event, func, make_url, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.errors import frames_only
@@ -249,3 +256,22 @@ def uses_row_locks(session: Session) -> bool:
     """True on PostgreSQL (lock rows with ``FOR UPDATE``); False on SQLite, where the
     ``BEGIN IMMEDIATE`` transaction already holds the database write lock."""
     return session.get_bind().dialect.name != "sqlite"
+
+
+def db_now(session: Session) -> datetime:
+    """The time by the database's clock, timezone-aware UTC, for times that processes on
+    other hosts compare (a release stage's lease; module docstring).
+
+    PostgreSQL: ``clock_timestamp()``, the server's clock when the statement runs. Not
+    ``now()`` (``transaction_timestamp()``): that is the transaction's start, before the
+    row lock a claim or a heartbeat waits for (up to another stage's whole store), so a
+    lease set from it was shorter by that wait. ``statement_timestamp()`` would do as well
+    here (the statement reads nothing else), but only ``clock_timestamp()`` says so
+    whatever the statement. SQLite: the host's clock, the one host that opens the database
+    file (SQLite's own ``'now'`` reads the same clock, to the millisecond only)."""
+    if not uses_row_locks(session):
+        return datetime.now(UTC)
+    now = session.scalar(select(func.clock_timestamp()))
+    if not isinstance(now, datetime) or now.tzinfo is None:
+        raise RuntimeError("the database's clock_timestamp() is not a timestamp with a time zone")
+    return now.astimezone(UTC)

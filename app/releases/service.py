@@ -8,7 +8,7 @@ import json
 import secrets
 import uuid
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.core import pagination
 from app.core.audit import record
-from app.core.db import on_commit, uses_row_locks
+from app.core.db import db_now, on_commit, uses_row_locks
 from app.core.disk import ensure_free_space
 from app.core.errors import Conflict, InvalidRequest, NotFound
 from app.core.pagination import Page
@@ -51,6 +51,17 @@ SYNTHESIZE_TASK = "release.synthesize"
 QUEUED = "queued"
 #: The status message of a release cancelled once its measurements were stored.
 CANCELLED_AFTER_MEASURING = "cancelled after measuring; the budget stays spent"
+
+
+def hand_lease(release: Release, owner: str, now: datetime, period: timedelta) -> None:
+    """Give the release's stage to ``owner`` (a worker's claim, or :data:`QUEUED`) until
+    ``now + period``, ``now`` read off the database's clock (:func:`app.core.db.db_now`),
+    which every process that compares the lease reads too. ``updated_at`` is set to the same
+    ``now``: the sweeper reads a queued release's last wait as ``lease_expires_at -
+    updated_at``, and ``updated_at``'s own default is the host's clock."""
+    release.lease_owner = owner
+    release.lease_expires_at = now + period
+    release.updated_at = now
 
 
 def end_synthesis_run(release: Release, status: str, message: str) -> None:
@@ -393,7 +404,6 @@ def create_release(
     # this request waited for the lock was not seen (PostgreSQL; tests/test_two_processes.py)
     _check_opt_in(locked, checked.mechanism)
     _check_single_release(session, dataset.id, checked.mechanism)
-    now = utcnow()
     release = Release(
         dataset_id=dataset.id,
         mechanism=body.mechanism,
@@ -407,9 +417,8 @@ def create_release(
         seed=secrets.randbits(62),
         idempotency_key=idempotency_key,
         request_hash=request_hash,
-        lease_owner=QUEUED,
-        lease_expires_at=now + timedelta(seconds=services.settings.lease_seconds),
     )
+    hand_lease(release, QUEUED, db_now(session), timedelta(seconds=services.settings.lease_seconds))
     try:
         with session.begin_nested():
             session.add(release)
@@ -653,8 +662,7 @@ def resynthesize(
     release.progress = 0.0
     release.message = None
     release.finished_at = None
-    release.lease_owner = QUEUED
-    release.lease_expires_at = utcnow() + timedelta(seconds=services.settings.lease_seconds)
+    hand_lease(release, QUEUED, db_now(session), timedelta(seconds=services.settings.lease_seconds))
     session.flush()
     record(session, user.id, "release.resynthesize", "release", release.id, params=raw_params)
     release_key = str(release.id)

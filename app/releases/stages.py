@@ -55,7 +55,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, object_session
 
 from app.core import disk
-from app.core.db import on_commit, uses_row_locks
+from app.core.db import db_now, on_commit, uses_row_locks
 from app.core.errors import (
     InvalidRequest,
     database_unavailable,
@@ -79,6 +79,7 @@ from app.releases.service import (
     SYNTHESIZE_TASK,
     dataset_info,
     end_synthesis_run,
+    hand_lease,
     lock_release,
 )
 from app.storage import tables
@@ -242,11 +243,10 @@ def _postpone_measure(services: Services, release_id: uuid.UUID) -> bool:
         release = lock_release(session, release_id)
         if release is None or release.status not in ("queued", "measuring"):
             return False
-        now = utcnow()
+        now = db_now(session)
         if _held(release, now) or release.cancel_requested:
             return False
-        release.lease_owner = QUEUED
-        release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
+        hand_lease(release, QUEUED, now, timedelta(seconds=services.settings.lease_seconds))
         release.message = MEASURE_POSTPONED
     log.warning(
         "release %s: measure postponed: the data directory has less than %d bytes free "
@@ -267,12 +267,11 @@ def _claim(services: Services, release_id: uuid.UUID, stage: str) -> Claim | Non
         release = lock_release(session, release_id)
         if release is None or release.status not in allowed:
             return None
-        now = utcnow()
+        now = db_now(session)
         if _held(release, now):
             return None
         release.status = "measuring" if stage == "measure" else "synthesizing"
-        release.lease_owner = owner
-        release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
+        hand_lease(release, owner, now, timedelta(seconds=services.settings.lease_seconds))
         prior_attempts = release.attempts
         release.attempts += 1
         release.progress = 0.0
@@ -339,9 +338,8 @@ class Heartbeat:
                     log.warning("release %s: cancel ignored; lease released", release.id)
                     self.lost = True
                     return
-            release.lease_expires_at = utcnow() + timedelta(
-                seconds=self.services.settings.lease_seconds
-            )
+            lease = timedelta(seconds=self.services.settings.lease_seconds)
+            hand_lease(release, self.claim.owner, db_now(session), lease)
             release.progress = self.progress
 
     def _run(self) -> None:
@@ -639,7 +637,7 @@ def _persist_measurement(
         if release is None:
             raise LeaseLost
         session = _session_of(release)
-        now = utcnow()
+        now = db_now(session)
         session.add(ReleaseMeasurement(release_id=release.id, payload=measured.payload))
         if mechanism.privacy_kind == "dp":
             ledger.commit(session, release.id, WORKER)
@@ -659,8 +657,7 @@ def _persist_measurement(
         release.status = "synthesizing"
         release.progress = 0.0
         release.attempts = 0  # from here on, claims of the synthesis run
-        release.lease_owner = QUEUED
-        release.lease_expires_at = now + timedelta(seconds=services.settings.lease_seconds)
+        hand_lease(release, QUEUED, now, timedelta(seconds=services.settings.lease_seconds))
         enqueue_after_commit(session, services, SYNTHESIZE_TASK, release.id)
 
 
@@ -837,12 +834,12 @@ def sweep(services: Services) -> int:
     unreachable (its last enqueue or read failed): nothing waits behind workers then, and
     a wait doubled through an outage would keep each release waiting up to 16 leases more
     once Redis is back; each is given one lease, as its first."""
-    now = utcnow()
     lease = timedelta(seconds=services.settings.lease_seconds)
     reachability = services.queue.reachability
     queue_down = reachability is not None and not reachability.reachable
     requeued = 0
     with services.db.transaction() as session:
+        now = db_now(session)
         stmt = select(Release).where(
             Release.status.in_(ACTIVE_STATUSES),
             or_(Release.lease_expires_at.is_(None), Release.lease_expires_at < now),
@@ -855,8 +852,7 @@ def sweep(services: Services) -> int:
             if queued and release.lease_expires_at is not None:
                 waited = release.lease_expires_at - release.updated_at
                 wait = min(max(lease, 2 * waited), MAX_QUEUED_LEASES * lease)
-            release.lease_owner = QUEUED
-            release.lease_expires_at = now + wait
+            hand_lease(release, QUEUED, now, wait)
             task = SYNTHESIZE_TASK if release.status == "synthesizing" else MEASURE_TASK
             # said once it is so: a sweep whose transaction fails (the database locked or
             # full) re-enqueued nothing, and logged each release as re-enqueued; nor is it
