@@ -34,6 +34,13 @@
   the cores (:func:`app.core.threads.limit_blas_threads`).
 - ``CURATOR_LEASE_SECONDS`` (default 60): how long a worker holds a release stage without
   renewing it; after that a sweeper hands the stage to another worker.
+- ``CURATOR_LOCK_TIMEOUT`` (default 10 s; 0: no limit): on PostgreSQL, how long a
+  request's write transaction waits for a lock (a dataset's row, a release's, an API key's
+  advisory lock) before it gives up with a 503 and rolls back
+  (:meth:`app.core.db.Database.transaction`). Without it, a key's revocation waiting behind
+  one slow write of that key made the key's later writes wait too, each holding one of the
+  API's transaction slots. Workers' stages and the sweeper have none (their waits are
+  bounded by their leases' holders). SQLite's own bound is its 30 s busy timeout.
 - ``CURATOR_QUEUE_NAME`` (default ``curator``): the queue's name (Redis key prefix), so
   that several deployments can share one Redis.
 - ``CURATOR_API_DOCS`` (default true): serve the interactive API pages ``/docs`` and
@@ -96,6 +103,8 @@ class Settings(BaseSettings):
     blas_threads: int = Field(default=1, ge=0, le=256)
     queue_name: str = Field(default="curator", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     lease_seconds: float = Field(default=60.0, ge=0.5, le=3600)
+    #: Seconds a request's write transaction waits for a lock on PostgreSQL (0: no limit).
+    lock_timeout: float = Field(default=10.0, ge=0, le=3600)
     #: Memory each API process keeps of decoded releases for answers (estimated by
     #: :func:`app.core.footprint.footprint`); a release larger than this is decoded per
     #: request and not kept. 0 keeps none.

@@ -36,6 +36,7 @@ set leases that had already run out (``tests/releases/test_db_clock.py``).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -167,13 +168,28 @@ class Database:
         return self.engine.dialect.name == "sqlite"
 
     @contextmanager
-    def transaction(self, *, read_only: bool = False) -> Iterator[Session]:
+    def transaction(
+        self, *, read_only: bool = False, lock_timeout: float | None = None
+    ) -> Iterator[Session]:
         """A session whose transaction commits at the end of the block, or rolls back.
 
         ``read_only`` transactions must not write; on SQLite they do not take the write lock.
+        ``lock_timeout`` (seconds; None or 0: no limit), on PostgreSQL: a statement of the
+        transaction that waits longer than that for a lock fails (SQLSTATE 55P03
+        ``lock_not_available``, a 503 under a request: :func:`app.core.errors.unavailable`)
+        and the transaction rolls back. Set with ``SET LOCAL`` semantics, so it ends with
+        the transaction and the pooled connection goes back without it. A request's write
+        transactions take it (``CURATOR_LOCK_TIMEOUT``, :mod:`app.core.deps`); a worker's
+        stages do not. SQLite: ignored (its busy timeout, 30 s, bounds the wait for the
+        write lock, and ``BEGIN IMMEDIATE`` takes it at the start).
         """
         session = self.sessions(bind=self._read_engine) if read_only else self.sessions()
         try:
+            if lock_timeout and not self.is_sqlite:
+                limit = f"{max(1, math.ceil(lock_timeout * 1000))}ms"
+                session.execute(
+                    text("SELECT set_config('lock_timeout', :limit, true)"), {"limit": limit}
+                )
             yield session
             session.commit()
         except BaseException:

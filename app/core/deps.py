@@ -38,7 +38,11 @@ def get_session(request: Request, services: ServicesDep) -> Iterator[Session]:
     response is sent (``scope="function"``), rolled back if anything raises. GET and
     HEAD requests get read-only transactions."""
     read_only = request.method in ("GET", "HEAD")
-    with services.db.transaction(read_only=read_only) as session:
+    # a write waits for a lock CURATOR_LOCK_TIMEOUT at most (PostgreSQL), then is a 503:
+    # one held long (a revocation waiting behind a slow write of its key) held every
+    # request queued behind it, each in one of the slots below, for as long as it lasted
+    lock_timeout = None if read_only else services.settings.lock_timeout
+    with services.db.transaction(read_only=read_only, lock_timeout=lock_timeout) as session:
         key_id = getattr(request.state, "api_key_id", None)
         if key_id is not None and not read_only:
             # The caller was authenticated in a transaction of its own; a write may have
@@ -61,8 +65,10 @@ def get_revocation_session(services: ServicesDep) -> Iterator[Session]:
     :func:`app.users.service.revoke_key` makes itself, locking the caller's key and the one
     it revokes together, in one order. After :func:`get_session`'s shared lock on the
     caller's key, two revocations of each other's keys (or two of one key) each waited for
-    the other's lock: a deadlock on PostgreSQL."""
-    with services.db.transaction() as session:
+    the other's lock: a deadlock on PostgreSQL. Its lock waits are bounded as a write's
+    (``CURATOR_LOCK_TIMEOUT``): one behind a slow write of the key it revokes is a 503 once
+    that passes, and the writes queued behind it go on."""
+    with services.db.transaction(lock_timeout=services.settings.lock_timeout) as session:
         yield session
 
 
@@ -136,16 +142,18 @@ class DeferredTransaction:
 
     def __init__(self, services: Services) -> None:
         self._db = services.db
+        self._lock_timeout = services.settings.lock_timeout
 
     async def run(
         self, function: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """``function(session, *args, **kwargs)`` in a write transaction, committed before
         this returns (rolled back if anything raises), at most
-        ``MAX_CONCURRENT_DEFERRED_TRANSACTIONS`` at once."""
+        ``MAX_CONCURRENT_DEFERRED_TRANSACTIONS`` at once, its lock waits bounded as a
+        request's (``CURATOR_LOCK_TIMEOUT``)."""
 
         def in_transaction() -> T:
-            with self._db.transaction() as session:
+            with self._db.transaction(lock_timeout=self._lock_timeout) as session:
                 return function(session, *args, **kwargs)
 
         return await _deferred_transactions.run(in_transaction)

@@ -121,6 +121,12 @@ def unavailable(exc: BaseException) -> ServiceUnavailable | None:
             "the service cannot store files now (its data directory is full or read-only); "
             "try again later"
         )
+    if lock_timed_out(exc):
+        return ServiceUnavailable(
+            "the request waited too long for other work on the same records to finish "
+            "(its lock wait, CURATOR_LOCK_TIMEOUT, ran out); nothing was changed; try again "
+            "later"
+        )
     if database_unavailable(exc):
         return ServiceUnavailable("the database is unavailable now; try again later")
     return None
@@ -132,13 +138,22 @@ def unavailable(exc: BaseException) -> ServiceUnavailable | None:
 #: (SQLITE_ERROR: no such table or column, a syntax error, "cannot commit - no
 #: transaction is active"): a bug, which a retry does not cure.
 _SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
+#: PostgreSQL's ``lock_not_available``: a lock waited for longer than ``lock_timeout``.
+LOCK_NOT_AVAILABLE = "55P03"
 #: SQLSTATE classes of a PostgreSQL that cannot serve the transaction now: connection
 #: exception, transaction rollback (serialization failure, deadlock), insufficient
 #: resources (disk full, too many connections), operator intervention (shutdown, a
 #: statement cancelled), system error. Psycopg raises ``OperationalError`` for several
 #: others that are the statement's (54 program limit exceeded, 55 object not in
 #: prerequisite state, 3B savepoint exception, ...).
-_POSTGRES_UNAVAILABLE = ("08", "40", "53", "57", "58", "55P03")
+_POSTGRES_UNAVAILABLE = ("08", "40", "53", "57", "58", LOCK_NOT_AVAILABLE)
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL giving up a lock wait (``lock_timeout``, set on a
+    request's write transactions: :meth:`app.core.db.Database.transaction`)."""
+    cause = exc.orig if isinstance(exc, DBAPIError) else None
+    return getattr(cause, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def database_unavailable(exc: BaseException) -> bool:
