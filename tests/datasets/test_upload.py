@@ -785,10 +785,10 @@ def test_transaction_that_cannot_begin_removes_the_stored_file(
     database = _services(client).db
     transaction = database.transaction
 
-    def refuse_writes(*, read_only: bool = False) -> Any:
+    def refuse_writes(*, read_only: bool = False, lock_timeout: float | None = None) -> Any:
         if not read_only:
             raise OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
-        return transaction(read_only=True)
+        return transaction(read_only=True, lock_timeout=lock_timeout)
 
     monkeypatch.setattr(database, "transaction", refuse_writes)
     failing = TestClient(client.app, raise_server_exceptions=False)
