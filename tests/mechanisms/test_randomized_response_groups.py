@@ -91,7 +91,7 @@ def assert_answers_match(released: rr.RRRelease, query: rr.Query, want: rr._Sums
     # the estimate subtracts rho * sum_i mu_i: near 0 its relative rounding is that of
     # sum_i mu_i over n (1 - rho), hence the absolute tolerance
     atol = 1e-15 / released.keep_margin
-    value, stderr, bound = released.answer(query, proper=False)
+    value, stderr, bound, _ = released.answer(query, proper=False)
     np.testing.assert_allclose(value, released._estimate(want), rtol=RTOL, atol=atol)
     np.testing.assert_allclose(stderr, released._stderr(want, "worst_case"), rtol=RTOL)
     assert bound == released._stderr(want, "bound")
@@ -100,7 +100,7 @@ def assert_answers_match(released: rr.RRRelease, query: rr.Query, want: rr._Sums
             released.stderr(query, kind), released._stderr(want, kind), rtol=RTOL
         )
     if len(want.pairs) == 1 and want.two_valued:
-        proper, _, bound_proper = released.answer(query, proper=True)
+        proper, _, bound_proper, _ = released.answer(query, proper=True)
         assert proper == released._estimate_proper(want)
         assert bound_proper == released._stderr(want, "bound_proper")
     else:

@@ -73,7 +73,8 @@ PUBLIC_VALUE_WORK = 600
 MEASURE_ROW_BYTES = 64
 PUBLIC_ROW_BYTES = 256
 MAX_MEASURE_BYTES = 4 << 30
-Z_95 = 1.959963984540054
+#: Level of the answers' intervals.
+LEVEL = 0.95
 
 
 class RRParams(BaseModel):
@@ -627,7 +628,9 @@ class RandomizedResponse(registry.Mechanism):
                             conjunction = built[same] = rr.Conjunction(domain, terms)
                         functions[codes[key]] = conjunction
                     row_query = rr.Heterogeneous(functions)
-                value, stderr, bound = release.answer(row_query, proper=query.estimator == "proper")
+                value, stderr, bound, interval = release.answer(
+                    row_query, proper=query.estimator == "proper", level=LEVEL
+                )
             except MechanismError as exc:
                 raise InvalidRequest(f"queries.{position}: {exc}") from None
             except InvalidRequest as exc:
@@ -635,11 +638,13 @@ class RandomizedResponse(registry.Mechanism):
             item: dict[str, Any] = {
                 "value": value,
                 "stderr": stderr,
-                "interval": [value - Z_95 * stderr, value + Z_95 * stderr],
+                "interval": list(interval),
                 "error_bound": bound,
                 "estimator": query.estimator,
                 "note": "stderr: exact worst case over databases of this size; interval: "
-                "normal approximation; error_bound: paper 004 bound (20)/(22)",
+                "95 %, value +- 1.96 stderr (normal approximation) clipped to the range of "
+                "the row function (every exact answer lies there); error_bound: paper 004 "
+                "bound (20)/(22)",
             }
             answered = {k: v for k, v in answered.items() if v}
             if answered:
