@@ -81,7 +81,8 @@ ADULT_COLUMNS = ("workclass", "education", "marital-status", "race", "sex")
 
 def summarise(inside: np.ndarray, half: np.ndarray, error: np.ndarray) -> dict[str, Any]:
     """``inside``, ``half`` and ``error`` are ``(queries, releases)``: whether the interval
-    held the truth, its half-width and the absolute error of the value."""
+    held the truth, its half-width and the distance from its midpoint to the truth (the
+    value's error where the interval is symmetric about the value)."""
     per_query = inside.mean(axis=1)
     per_release = inside.mean(axis=0)
     releases = inside.shape[1]
@@ -97,6 +98,13 @@ def summarise(inside: np.ndarray, half: np.ndarray, error: np.ndarray) -> dict[s
         "releases": int(releases),
         "queries": int(inside.shape[0]),
     }
+
+
+def _interval_summary(ends: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
+    """``ends`` is ``(queries, releases, 2)``, the intervals' low and high ends."""
+    low, high = ends[..., 0], ends[..., 1]
+    t = truth[:, None]
+    return summarise((low <= t) & (t <= high), (high - low) / 2, np.abs((low + high) / 2 - t))
 
 
 # --------------------------------------------------------------------------- randomized response
@@ -175,20 +183,21 @@ def rr_cell(
     proper_rows = [i for i, (_, _, ok) in enumerate(queries) if ok]
     shape = (len(queries), releases)
     value, se = np.empty(shape), np.empty(shape)
-    proper = np.empty((len(proper_rows), releases))
+    ends = np.empty((*shape, 2))
+    pends = np.empty((len(proper_rows), releases, 2))
     for r in range(releases):
         release = rr.release(codes, domain, epsilon)
         for i, (_, q, _) in enumerate(queries):
-            value[i, r], se[i, r], _ = release.answer(q, proper=False)
+            value[i, r], se[i, r], _, ends[i, r] = release.answer(q, proper=False)
         for k, i in enumerate(proper_rows):
-            proper[k, r] = release.answer(queries[i][1], proper=True)[0]
-    half = Z_95 * se
-    error = np.abs(value - truth[:, None])
-    perror = np.abs(proper - truth[proper_rows, None])
+            pends[k, r] = release.answer(queries[i][1], proper=True)[3]
+    raw_half = Z_95 * se
     return {
         "truth": truth.tolist(),
-        "unbiased": summarise(error <= half, half, error),
-        "proper": summarise(perror <= half[proper_rows], half[proper_rows], perror),
+        "unbiased": _interval_summary(ends, truth),
+        "proper": _interval_summary(pends, truth[proper_rows]),
+        "unclipped_half_median": [float(np.median(h)) for h in raw_half],
+        "unclipped_coverage": float((np.abs(value - truth[:, None]) <= raw_half).mean()),
         "se_over_sd": [
             float(np.median(se[i]) / value[i].std(ddof=1)) if value[i].std() > 0 else math.nan
             for i in range(len(queries))
@@ -267,12 +276,16 @@ def run_graph(releases: int, data_dir: Path) -> dict[str, Any]:
                 value[i, r] = release.cut(S, T)
                 low[i, r], high[i, r] = release.interval(S, T)
                 se[i, r] = release.stderr(S, T)
-        inside = (low <= truth[:, None]) & (truth[:, None] <= high)
-        error = np.abs(value - truth[:, None])
-        cell = summarise(inside, (high - low) / 2, error)
+        cell = _interval_summary(np.stack([low, high], axis=2), truth)
+        cell["estimator_error_q95"] = np.quantile(
+            np.abs(value - truth[:, None]), LEVEL, axis=1
+        ).tolist()
         p = 1.0 / (1.0 + math.exp(epsilon))
         cell["exact_interval"] = [s * t * p * (1 - p) < gc.EXACT_INTERVAL_VARIANCE for s, t in CUTS]
-        cell["se_over_sd"] = [float(se[i, 0] / value[i].std(ddof=1)) for i in range(len(sets))]
+        cell["se_over_sd"] = [
+            float(se[i, 0] / sd) if (sd := value[i].std(ddof=1)) > 0 else math.nan
+            for i in range(len(sets))
+        ]
         out["epsilons"][str(epsilon)] = cell
         print(
             f"graph eps={epsilon}: coverage {cell['coverage']:.4f} "
@@ -324,6 +337,50 @@ def run_synopsis(releases: int, n_queries: int, data_dir: Path) -> dict[str, Any
                     f"R={cell['R']}); {time.time() - started:.0f} s",
                     flush=True,
                 )
+    return out
+
+
+#: (delta, epsilon, sigma) of the cells whose errors are taken apart (WDBC).
+DIAGNOSED = ((1e-6, 0.1, 2), (0.0, 10.0, 2), (0.0, 1.0, 4))
+
+
+def diagnose_synopsis(releases: int, n_queries: int, data_dir: Path) -> dict[str, Any]:
+    """For a few cells: ``answer_many``'s values, stderrs and half-widths over
+    ``releases`` default synopses (co-spread on), and per query (then the median over
+    queries) the ratio of the mean reported stderr to the spread of the values across
+    releases, the bias of their mean in units of that spread, their skewness and excess
+    kurtosis; the coverage of the reported interval, of ``value +- 1.96 stderr`` around
+    the mean of the values (the noise part alone) and of ``value +- 1.96 sd`` around the
+    truth (what a correct stderr would give)."""
+    from scipy import stats
+
+    X = load_datasets(["WDBC"], data_dir)["WDBC"]
+    out: dict[str, Any] = {}
+    for delta, epsilon, sigma in DIAGNOSED:
+        batch = GaussianMixtureBatch.random(
+            n_queries, 10, X.shape[1], float(sigma), np.random.default_rng(QUERY_SEED)
+        )
+        truth = batch.answers(X)[:, None]
+        columns: dict[str, list[list[float]]] = {"value": [], "stderr": [], "halfwidth": []}
+        for _ in range(releases):
+            synopsis = smooth_synopsis.measure(X, epsilon, delta, smoothness=sigma * sigma)
+            got = synopsis.answer_many(batch)
+            for key, rows in columns.items():
+                rows.append([float(getattr(a, key)) for a in got])
+        V, S, H = (np.array(columns[k]).T for k in ("value", "stderr", "halfwidth"))
+        sd = V.std(axis=1, ddof=1)
+        out[f"{delta}/{epsilon}/{sigma}"] = {
+            "coverage": float((np.abs(V - truth) <= H).mean()),
+            "se_over_sd": float(np.median(S.mean(axis=1) / sd)),
+            "bias_over_sd": float(np.median(np.abs(V.mean(axis=1) - truth[:, 0]) / sd)),
+            "skewness": float(np.median(stats.skew(V, axis=1))),
+            "excess_kurtosis": float(np.median(stats.kurtosis(V, axis=1))),
+            "noise_coverage_about_mean": float(
+                (np.abs(V - V.mean(axis=1, keepdims=True)) <= Z_95 * S).mean()
+            ),
+            "coverage_with_true_sd": float((np.abs(V - truth) <= Z_95 * sd[:, None]).mean()),
+        }
+        print(f"diagnosis {delta}/{epsilon}/{sigma}: {out[f'{delta}/{epsilon}/{sigma}']}")
     return out
 
 
@@ -410,6 +467,25 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"{cell['half_over_q95']:.2f} | {cell['noise_only']:.3f} | "
             f"{w['coverage']:.3f} | {w['half_over_q95']:.1f} |"
         )
+    lines += [
+        "",
+        f"Taken apart ({s['diagnosis_releases']} releases x {s['diagnosis_queries']} queries "
+        "each; medians over queries; `bias / sd`: |mean of the values - truth| over their "
+        "spread across releases; `noise part`: coverage of `value +- 1.96 stderr` about the "
+        "mean of the values; `with true sd`: of `value +- 1.96 sd` about the truth):",
+        "",
+        "| noise | epsilon | sigma | interval | stderr / sd | bias / sd | skewness "
+        "| excess kurtosis | noise part | with true sd |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, c in result["synopsis_diagnosis"].items():
+        delta, eps, sigma = key.split("/")
+        noise = "Laplace" if float(delta) == 0 else f"Gaussian, delta {delta}"
+        lines.append(
+            f"| {noise} | {eps} | {sigma} | {c['coverage']:.3f} | {c['se_over_sd']:.2f} | "
+            f"{c['bias_over_sd']:.2f} | {c['skewness']:.2f} | {c['excess_kurtosis']:.2f} | "
+            f"{c['noise_coverage_about_mean']:.3f} | {c['coverage_with_true_sd']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -422,6 +498,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "graph_releases": args.graph_releases,
             "synopsis_releases": args.synopsis_releases,
             "synopsis_queries": args.synopsis_queries,
+            "diagnosis_releases": args.diagnosis_releases,
+            "diagnosis_queries": args.diagnosis_queries,
             "query_seed": QUERY_SEED,
         }
     }
@@ -430,21 +508,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["smooth_synopsis"] = run_synopsis(
         args.synopsis_releases, args.synopsis_queries, args.data_dir
     )
+    result["synopsis_diagnosis"] = diagnose_synopsis(
+        args.diagnosis_releases, args.diagnosis_queries, args.data_dir
+    )
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few releases per cell")
-    parser.add_argument("--rr-releases", type=int, default=2000)
+    parser.add_argument("--rr-releases", type=int, default=1500)
     parser.add_argument("--graph-releases", type=int, default=2000)
-    parser.add_argument("--synopsis-releases", type=int, default=100)
+    parser.add_argument("--synopsis-releases", type=int, default=80)
     parser.add_argument("--synopsis-queries", type=int, default=300)
+    parser.add_argument("--diagnosis-releases", type=int, default=100)
+    parser.add_argument("--diagnosis-queries", type=int, default=100)
     parser.add_argument("--data-dir", type=Path, default=DATASETS)
     args = parser.parse_args(argv)
     if args.quick:
         args.rr_releases = args.graph_releases = 20
         args.synopsis_releases, args.synopsis_queries = 3, 30
+        args.diagnosis_releases, args.diagnosis_queries = 4, 10
     command = "python -m bench.interval_coverage" + (" " + " ".join(argv) if argv else "")
     stem = "interval_coverage" + ("_quick" if args.quick else "")
     recorder = Run(stem, command)
