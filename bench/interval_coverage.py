@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python -m bench.interval_coverage            # the committed run (~5-8 minutes here)
+    python -m bench.interval_coverage            # the committed run (9-14 minutes here, by load)
     python -m bench.interval_coverage --quick    # smoke run (a few releases per cell)
 
 What each release type claims (``app/releases/adapters``, README "Answers"), and what is
@@ -401,8 +401,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         "(query, release) pairs whose interval held the exact answer on the raw data, and "
         "its standard error from the spread across independent releases; `worst query`: "
         "the lowest per-query coverage, with its binomial standard error; `half / q95`: "
-        "median over queries of (median half-width) / (95th percentile of the absolute "
-        "error seen).",
+        "median over queries of (median half-width) / (95th percentile of the distance "
+        "from the interval's midpoint to the truth; the value's error where the interval "
+        "is symmetric about it).",
         "",
         f"## randomized_response ({s['rr_releases']} releases per epsilon)",
         "",
