@@ -151,6 +151,20 @@ small; on CRM (d = 100) at ``sigma = 2`` the intervals covered 60-80 % of the qu
 without the co-spread and 94-99 % with it. ``worst_case_interval`` remains valid for every
 dataset.
 
+Two regimes where the estimated interval under-covers, measured on WDBC at epsilon 0.1,
+1 and 10 (``bench/results/interval_coverage.md``; 0.93-1.00 in the other cells): at
+epsilon 10 and width-2 kernels (0.90 Laplace, R = 120, no pair moments; 0.84 Gaussian,
+R = 585, pairs but nothing of degree 3) the noise is small and the interaction terms of
+WDBC's strongly correlated columns that the basis leaves out add up coherently: the
+answers' mean misses the truth by 0.7 of their spread, which the random-sign
+``cross_scale`` does not see. With Gaussian noise at epsilon 0.1, width 2 (0.85), the
+extrapolation multiplies thirty noisy one-column sums: the answer is skewed (skewness
+2.8, excess kurtosis 11) and its delta-method stderr, evaluated at the noisy moments,
+is 0.78 of the answers' spread (``value +- 1.96 sd`` with the true spread would cover
+0.956). Neither is a formula slip but a limit of the estimate (a second-order variance of
+the product, or a basis with pair moments at large epsilon, would be the remedies);
+``worst_case_interval`` covered every query in both.
+
 The estimate is made for queries of the declared smoothness ``K``. A query with a Gaussian
 factor narrower than that class (width ``s`` with ``s^2 < K`` on the normalised scale,
 Proposition 2.1; read off the expansion's curvature ``1 / (2 s^2)``) varies faster than the
