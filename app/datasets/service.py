@@ -7,6 +7,7 @@ curator's action gets 403 (they already know it exists).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -502,7 +503,12 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     cleans up after itself (:func:`store_dataset`, the endpoint); this catches the uploads
     that could not. The candidates are listed before the dataset rows are read, so a file
     recorded meanwhile is never among them. The files of datasets whose data were deleted
-    (:func:`delete_data`) go at once. Returns how many files were removed."""
+    (:func:`delete_data`) go at once. Returns how many files were removed.
+
+    Its cost follows the files that exist, not the datasets ever recorded: the rows read
+    are those the listed files name (by primary key: a dataset's file is
+    ``<dataset id>.parquet``, :func:`store_dataset`), where every dataset's storage name
+    was read, and every deleted dataset's file looked for on disk, at each pass."""
     cutoff = (now or utcnow()).timestamp() - STRAY_FILE_AGE.total_seconds()
 
     def old(directory: Path, pattern: str) -> list[Path]:
@@ -511,22 +517,24 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     spools = old(services.settings.tmp_dir, "upload-*.spool")
     # a key rotation killed before its rename (tables.rotate)
     spools += old(services.settings.datasets_dir, "*" + tables.ROTATING_SUFFIX)
-    stored = old(services.settings.datasets_dir, "*.parquet")
+    # every stored file, whatever its age: a deleted dataset's goes at once
+    files = [p for p in services.settings.datasets_dir.glob("*.parquet") if p.is_file()]
     # the temporary copy of a generated data key, left by a process killed while it
     # published it (Settings._load_key): a key never used, or a second name of data.key
     keys = old(services.settings.data_dir, f".{KEY_FILE_NAME}.*")
-    if stored:
-        recorded = set(session.scalars(select(Dataset.storage_name)))
-        stored = [p for p in stored if p.name not in recorded]
+    recorded = _recorded_files(session, [p.name for p in files])
+    stored: list[Path] = []
     # the files of datasets whose data were deleted, whatever their age: a process that
     # died between the deletion's commit and the file's removal left them
-    deleted = [
-        path
-        for name in session.scalars(
-            select(Dataset.storage_name).where(Dataset.data_deleted_at.is_not(None))
-        )
-        if (path := services.settings.datasets_dir / name).is_file()
-    ]
+    deleted: list[Path] = []
+    for path in files:
+        if path.name in recorded:
+            if recorded[path.name]:
+                deleted.append(path)
+            continue
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            if path.stat().st_mtime < cutoff:
+                stored.append(path)
     for path in spools + stored:
         path.unlink(missing_ok=True)
         log.warning("removed a stray upload file %s (no dataset records it)", path.name)
@@ -537,6 +545,45 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
         path.unlink(missing_ok=True)
         log.warning("removed %s, a copy of a generated data key left by a killed start", path.name)
     return len(spools) + len(stored) + len(deleted) + len(keys)
+
+
+#: Names looked up per statement by :func:`_recorded_files` (below every backend's limit
+#: of bound parameters).
+RECORDED_CHUNK = 1000
+
+
+def _recorded_files(session: Session, names: list[str]) -> dict[str, bool]:
+    """Which of the stored files ``names`` a dataset row records, each with whether that
+    dataset's data were deleted. Looked up by primary key (every row's storage name is
+    ``<dataset id>.parquet``), and a name that is not of that form by storage name (none
+    is, but for a stray file put there by hand), so the rows read are at most the files
+    listed."""
+    found: dict[str, bool] = {}
+    by_id: dict[uuid.UUID, str] = {}
+    for name in names:
+        with contextlib.suppress(ValueError):
+            if name.endswith(".parquet"):
+                by_id[uuid.UUID(name.removesuffix(".parquet"))] = name
+    ids = list(by_id)
+    for start in range(0, len(ids), RECORDED_CHUNK):
+        rows = session.execute(
+            select(Dataset.storage_name, Dataset.data_deleted_at).where(
+                Dataset.id.in_(ids[start : start + RECORDED_CHUNK])
+            )
+        )
+        for storage_name, deleted_at in rows:
+            found[storage_name] = deleted_at is not None
+    looked_up = set(by_id.values())
+    rest = [name for name in names if name not in looked_up]
+    for start in range(0, len(rest), RECORDED_CHUNK):
+        rows = session.execute(
+            select(Dataset.storage_name, Dataset.data_deleted_at).where(
+                Dataset.storage_name.in_(rest[start : start + RECORDED_CHUNK])
+            )
+        )
+        for storage_name, deleted_at in rows:
+            found[storage_name] = deleted_at is not None
+    return found
 
 
 @dataclass(frozen=True)

@@ -868,7 +868,7 @@ def _requeue(services: Services, task: str, release_id: uuid.UUID, status: str) 
         log.info("release %s: lease expired in %s; re-enqueued", release_id, status)
 
 
-def remove_stale_work(session: Session, services: Services) -> int:
+def remove_stale_work(session: Session, services: Services, *, legacy: bool = False) -> int:
     """Remove the temporary directories of synthesis runs that are over, and what removals
     cut short left. A worker killed in a run leaves its ``.tmp-v<N>-*`` directory, which
     the next claim of that run removes (:meth:`ArtifactStore.begin`); a run that is not
@@ -878,9 +878,15 @@ def remove_stale_work(session: Session, services: Services) -> int:
     read, so a run that begins meanwhile is never among them. A ``.trash-*`` directory (a
     version or a run's work renamed out of the way, whose deletion a dead process cut
     short) went only with that release's next prune, so a release never re-synthesised
-    kept it. Returns how many directories were removed."""
+    kept it. Returns how many directories were removed.
+
+    The listing is of the store's work directory only (:data:`app.storage.artifacts.WORK_DIR`:
+    the runs going on and what dead processes left), and the releases read are those
+    synthesising, so a pass costs the live work, not the history; with ``legacy`` (the
+    sweeper's first pass after a start) every release's directory is listed too, for what
+    releases stored before that directory left beside their versions."""
     store = ArtifactStore(services.settings.releases_dir)
-    candidates, trash = store.leftovers()
+    candidates, trash = store.leftovers(legacy=legacy)
     for leftover in trash:
         store.discard(leftover)
         log.warning("removed %s, left by a removal that was cut short", leftover.name)
@@ -919,7 +925,9 @@ def worker_connections(threads: int) -> int:
 class Sweeper:
     """Runs :func:`sweep`, :func:`remove_stale_work` and
     :func:`app.datasets.service.remove_stray_files` at start and every ``lease_seconds / 2``
-    in a daemon thread."""
+    in a daemon thread. Its first pass also lists every release's directory
+    (``remove_stale_work(legacy=True)``): one listing per release ever published, once a
+    start, not every pass."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -928,12 +936,14 @@ class Sweeper:
 
     def _run(self) -> None:
         interval = self.services.settings.lease_seconds / 2
+        legacy = True
         while True:
             try:
                 sweep(self.services)
                 with self.services.db.transaction(read_only=True) as session:
                     remove_stray_files(session, self.services)
-                    remove_stale_work(session, self.services)
+                    remove_stale_work(session, self.services, legacy=legacy)
+                legacy = False
             except Exception as exc:
                 log.warning("sweep failed: %s", type(exc).__name__)
             if self._stop.wait(interval):
