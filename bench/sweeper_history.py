@@ -63,14 +63,15 @@ def _populate(services: Services, finished: int) -> None:
     datasets: list[dict[str, Any]] = []
     for i in range(max(1, finished // 5)):
         deleted = i % 2 == 1
-        name = f"{uuid.uuid4().hex}.parquet"
+        dataset_id = uuid.uuid4()
+        name = f"{dataset_id}.parquet"  # as store_dataset names it
         if not deleted:
             (settings.datasets_dir / name).write_bytes(b"x")
             old = now.timestamp() - 86_400 * 30
             os.utime(settings.datasets_dir / name, (old, old))
         datasets.append(
             {
-                "id": uuid.uuid4(),
+                "id": dataset_id,
                 "owner_id": user_id,
                 "name": f"d{i}",
                 "columns": [],

@@ -507,8 +507,9 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
 
     Its cost follows the files that exist, not the datasets ever recorded: the rows read
     are those the listed files name (by primary key: a dataset's file is
-    ``<dataset id>.parquet``, :func:`store_dataset`), where every dataset's storage name
-    was read, and every deleted dataset's file looked for on disk, at each pass."""
+    ``<dataset id>.parquet``, :func:`store_dataset`; an old file not found so is looked up
+    by its name too before it is removed), where every dataset's storage name was read,
+    and every deleted dataset's file looked for on disk, at each pass."""
     cutoff = (now or utcnow()).timestamp() - STRAY_FILE_AGE.total_seconds()
 
     def old(directory: Path, pattern: str) -> list[Path]:
@@ -522,19 +523,19 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     # the temporary copy of a generated data key, left by a process killed while it
     # published it (Settings._load_key): a key never used, or a second name of data.key
     keys = old(services.settings.data_dir, f".{KEY_FILE_NAME}.*")
-    recorded = _recorded_files(session, [p.name for p in files])
-    stored: list[Path] = []
+    recorded = _recorded_files(session, [p.name for p in files], Dataset.id)
+    unmatched: list[Path] = []
+    for path in files:
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            if path.name not in recorded and path.stat().st_mtime < cutoff:
+                unmatched.append(path)
+    # a candidate is looked up by its name too before it goes: no row's file is ever
+    # removed, even one named otherwise than by its id (none is)
+    recorded |= _recorded_files(session, [p.name for p in unmatched], Dataset.storage_name)
+    stored = [path for path in unmatched if path.name not in recorded]
     # the files of datasets whose data were deleted, whatever their age: a process that
     # died between the deletion's commit and the file's removal left them
-    deleted: list[Path] = []
-    for path in files:
-        if path.name in recorded:
-            if recorded[path.name]:
-                deleted.append(path)
-            continue
-        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
-            if path.stat().st_mtime < cutoff:
-                stored.append(path)
+    deleted = [path for path in files if recorded.get(path.name)]
     for path in spools + stored:
         path.unlink(missing_ok=True)
         log.warning("removed a stray upload file %s (no dataset records it)", path.name)
@@ -552,33 +553,25 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
 RECORDED_CHUNK = 1000
 
 
-def _recorded_files(session: Session, names: list[str]) -> dict[str, bool]:
+def _recorded_files(session: Session, names: list[str], key: Any) -> dict[str, bool]:
     """Which of the stored files ``names`` a dataset row records, each with whether that
-    dataset's data were deleted. Looked up by primary key (every row's storage name is
-    ``<dataset id>.parquet``), and a name that is not of that form by storage name (none
-    is, but for a stray file put there by hand), so the rows read are at most the files
-    listed."""
+    dataset's data were deleted, looked up by ``key``: ``Dataset.id`` (every row's
+    storage name is ``<dataset id>.parquet``; a name that is not is not looked up) or
+    ``Dataset.storage_name`` (for the few files not found so: strays). The rows read are
+    at most the files named."""
+    if key is Dataset.id:
+        wanted: list[Any] = []
+        for name in names:
+            with contextlib.suppress(ValueError):
+                if name.endswith(".parquet"):
+                    wanted.append(uuid.UUID(name.removesuffix(".parquet")))
+    else:
+        wanted = list(names)
     found: dict[str, bool] = {}
-    by_id: dict[uuid.UUID, str] = {}
-    for name in names:
-        with contextlib.suppress(ValueError):
-            if name.endswith(".parquet"):
-                by_id[uuid.UUID(name.removesuffix(".parquet"))] = name
-    ids = list(by_id)
-    for start in range(0, len(ids), RECORDED_CHUNK):
+    for start in range(0, len(wanted), RECORDED_CHUNK):
         rows = session.execute(
             select(Dataset.storage_name, Dataset.data_deleted_at).where(
-                Dataset.id.in_(ids[start : start + RECORDED_CHUNK])
-            )
-        )
-        for storage_name, deleted_at in rows:
-            found[storage_name] = deleted_at is not None
-    looked_up = set(by_id.values())
-    rest = [name for name in names if name not in looked_up]
-    for start in range(0, len(rest), RECORDED_CHUNK):
-        rows = session.execute(
-            select(Dataset.storage_name, Dataset.data_deleted_at).where(
-                Dataset.storage_name.in_(rest[start : start + RECORDED_CHUNK])
+                key.in_(wanted[start : start + RECORDED_CHUNK])
             )
         )
         for storage_name, deleted_at in rows:

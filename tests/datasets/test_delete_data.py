@@ -263,6 +263,29 @@ def test_the_sweeper_reads_the_rows_of_the_files_on_disk_only(
     assert _file(client, kept).exists()
 
 
+def test_the_sweeper_keeps_an_old_file_a_row_names_otherwise_than_by_its_id(
+    client: TestClient, curator: Caller
+) -> None:
+    """The sweeper looks files up by dataset id (``<id>.parquet``, how every file is
+    named); an old file that no id matches is looked up by its name before it is removed
+    as a stray, so a row naming its file otherwise never loses it."""
+    dataset_id = dataset(client, curator)
+    services = services_of(client)
+    renamed = services.settings.datasets_dir / f"{uuid.uuid4()}.parquet"
+    _file(client, dataset_id).rename(renamed)
+    long_ago = time.time() - 7 * 86_400
+    os.utime(renamed, (long_ago, long_ago))
+    with services.db.transaction() as session:
+        session.execute(
+            update(Dataset)
+            .where(Dataset.id == uuid.UUID(dataset_id))
+            .values(storage_name=renamed.name)
+        )
+    with services.db.transaction(read_only=True) as session:
+        assert remove_stray_files(session, services) == 0
+    assert renamed.exists()
+
+
 def test_deleting_the_data_waits_for_a_release_that_is_measuring(
     client: TestClient, curator: Caller
 ) -> None:
