@@ -619,8 +619,8 @@ class _FixedDelta:
 
     def __init__(self, zcdp_meas: Any, delta: float) -> None:
         self.delta = delta
-        self.profile = dp.c.make_zCDP_to_approxDP(zcdp_meas)
-        self.fixed = dp.c.make_fix_delta(self.profile, delta=delta)
+        self.profile: Any = dp.c.make_zCDP_to_approxDP(zcdp_meas)
+        self.fixed: Any = dp.c.make_fix_delta(self.profile, delta=delta)
 
     def map(self, d_in: float) -> Any:
         try:
