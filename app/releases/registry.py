@@ -207,6 +207,15 @@ class Mechanism(ABC):
     ) -> dict[str, Any]:
         """Resolved parameters and predicted accuracy, from public information only."""
 
+    def checked_preview(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> dict[str, Any]:
+        """:meth:`check`, then :meth:`preview`: what a request (or its preview) runs. A
+        mechanism whose check and preview make the same plan (the smooth ones) overrides
+        it to make the plan once and pass it along."""
+        self.check(info, epsilon, delta, params)
+        return self.preview(info, epsilon, delta, params)
+
     def measure_read_share(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
     ) -> float:

@@ -209,8 +209,7 @@ def _validated(dataset: Dataset, body: ReleaseCreate, *, check: bool = True) -> 
             mechanism, info, params, params.model_dump(mode="json"), epsilon, delta, {}, True
         )
     try:
-        mechanism.check(info, epsilon, delta, params)
-        predicted = mechanism.preview(info, epsilon, delta, params)
+        predicted = mechanism.checked_preview(info, epsilon, delta, params)
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
     return Validated(

@@ -2483,3 +2483,54 @@ def test_a_cancel_during_the_tree_selection_stops_it(
     assert final["measured_at"] is None
     entries = budget(client, curator, dataset_id)["entries"]
     assert [e["kind"] for e in entries if e["release_id"] == release_id] == ["reserve", "commit"]
+
+
+@pytest.mark.parametrize(
+    ("body", "planner"),
+    [
+        ({"mechanism": "smooth_synopsis", "epsilon": 1.0}, "synopsis"),
+        (
+            {
+                "mechanism": "smooth_synthetic",
+                "epsilon": 1.0,
+                "delta": 1e-7,
+                "params": {"method": "tree"},
+            },
+            "tree",
+        ),
+    ],
+)
+def test_a_smooth_request_plans_its_mechanism_once(
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    body: dict[str, Any],
+    planner: str,
+) -> None:
+    """A smooth preview or release request made its plan (the synopsis's basis choice,
+    the tree's OpenDP searches) in the check and again in the preview; the check's plan is
+    now the preview's, passed along: one plan a request."""
+    from app.mechanisms import marginal_tree
+    from app.releases.adapters import smooth_synthetic as smooth_synthetic_adapter
+
+    dataset_id, _ = _dataset(client, curator)
+    calls: list[str] = []
+    if planner == "synopsis":
+        module: Any = smooth_synopsis_adapter.sy
+        real = module.plan
+    else:
+        module = smooth_synthetic_adapter.marginal_tree
+        real = marginal_tree.plan
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(planner)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "plan", counted)
+    preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert preview.status_code == 200, preview.text
+    assert calls == [planner]
+    calls.clear()
+    created = client.post(f"/v1/datasets/{dataset_id}/releases", headers=curator.headers, json=body)
+    assert created.status_code == 202, created.text
+    assert calls == [planner]

@@ -389,7 +389,26 @@ class SmoothSynthetic(registry.Mechanism):
         return resolved
 
     def check(self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel) -> None:
+        self._checked_tree(info, epsilon, delta, params)
+
+    def checked_preview(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> dict[str, Any]:
+        """The check's tree plan (bins, rho and three noise scales from OpenDP's searches)
+        is the preview's: made once. (A ``moments`` plan is remembered by
+        :func:`~app.mechanisms.smooth_synthetic.noise_plan`; ``marginals`` checks make none.)"""
+        fixed = self._checked_tree(info, epsilon, delta, params)
+        if fixed is None:
+            return self.preview(info, epsilon, delta, params)
+        concrete = self._concrete(info, epsilon, delta, params)
+        return _preview_tree(info, epsilon, delta, concrete, fixed)
+
+    def _checked_tree(
+        self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
+    ) -> marginal_tree.TreePlan | None:
+        """:meth:`check`, returning the tree's plan (``None`` for the other methods)."""
         params = self._concrete(info, epsilon, delta, params)
+        fixed: marginal_tree.TreePlan | None = None
         assert params.method is not None
         wrong, owners = foreign_params(params.method, set(params.model_fields_set))
         if wrong:
@@ -399,7 +418,7 @@ class SmoothSynthetic(registry.Mechanism):
                 f"uses method {params.method!r}{default}: set method {owners} or remove them"
             )
         if params.method == "tree":
-            _tree_plan(info, epsilon, delta, params)
+            fixed = _tree_plan(info, epsilon, delta, params)
         if params.method == "moments":
             if params.noise_mechanism in ("gaussian", "laplace_approx") and delta <= 0:
                 raise InvalidRequest(f"noise_mechanism {params.noise_mechanism!r} needs delta > 0")
@@ -438,6 +457,7 @@ class SmoothSynthetic(registry.Mechanism):
         if params.method == "moments":
             # last: the cheap refusals above come first
             self._noise_plan(info, epsilon, delta, params)
+        return fixed
 
     def check_synthesis(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
@@ -982,9 +1002,16 @@ def _tree_plan(
 
 
 def _preview_tree(
-    info: DatasetInfo, epsilon: float, delta: float, params: SyntheticParams
+    info: DatasetInfo,
+    epsilon: float,
+    delta: float,
+    params: SyntheticParams,
+    fixed: marginal_tree.TreePlan | None = None,
 ) -> dict[str, Any]:
-    fixed = _tree_plan(info, epsilon, delta, params)
+    """The preview of a tree request, of its plan (``fixed``, made by the check) or of
+    one made here."""
+    if fixed is None:
+        fixed = _tree_plan(info, epsilon, delta, params)
     return {
         "resolved": {
             **fixed.as_dict(),
