@@ -1,5 +1,5 @@
 """The ``curator`` command: serve, worker, migrate, create-user, create-key, demo,
-rotate-data-key."""
+rotate-data-key, reconcile-ledger, backup."""
 
 from __future__ import annotations
 
@@ -160,6 +160,23 @@ def _check_schema(settings: Settings, migrate: bool) -> int | None:
     return None
 
 
+def _check_spends(services: Services) -> int | None:
+    """Refuse to start when the database's ledger lacks spends that the spend journal in
+    DATA_DIR records (a database restored from a backup older than releases already
+    published: their budget would be spent again; :mod:`app.ledger.journal`). Exit 1,
+    naming the datasets, the amounts and what to do. Writes the journal from the ledger
+    when there is none."""
+    from app.ledger import journal
+
+    spend_journal = journal.SpendJournal(services.settings.spend_journal_path)
+    try:
+        with services.db.transaction(read_only=True) as session:
+            journal.check(session, spend_journal)
+    except journal.LostSpends as exc:
+        return _fail(str(exc), code=1)
+    return None
+
+
 def _check_queue(services: Services) -> int | None:
     """Refuse to start a consumer whose queue (Redis) cannot be reached: it could take no
     job, and a wrong URL would show only as the consumer's one warning that Redis is down."""
@@ -212,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return refused
     _limit_blas(settings)
     app = create_app(settings, embedded_worker=not args.no_worker)
-    refused = _check_queue(app.state.services)
+    refused = _check_spends(app.state.services) or _check_queue(app.state.services)
     if refused is not None:
         app.state.services.close()
         return refused
@@ -261,7 +278,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _limit_blas(settings)
     threads = args.threads or settings.worker_threads
     services = Services.build(settings, connections=worker_connections(threads))
-    refused = _check_queue(services)
+    refused = _check_spends(services) or _check_queue(services)
     if refused is not None:
         services.close()
         return refused
@@ -388,6 +405,50 @@ def cmd_rotate_data_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reconcile_ledger(args: argparse.Namespace) -> int:
+    """Compare the ledger with the spend journal; with ``--recharge``, charge the spends
+    the database lost to the ledger again. Exit 1 while spends are lost."""
+    from app.ledger import journal
+
+    settings = _settings()
+    refused = _check_schema(settings, migrate=False)
+    if refused is not None:
+        return refused
+    services = Services.build(settings)
+    spend_journal = journal.SpendJournal(settings.spend_journal_path)
+    try:
+        with services.db.transaction() as session:
+            journal.ensure_journal(session, spend_journal)
+            lost = journal.lost_spends(session, spend_journal)
+            if not lost:
+                print("the ledger holds every spend the journal records: nothing lost")
+                return 0
+            if not args.recharge:
+                print(journal.LostSpends(spend_journal, lost), file=sys.stderr)
+                for spend in lost:
+                    print(
+                        f"lost: release {spend.release_id} ({spend.mechanism}) of dataset "
+                        f"{spend.dataset_id}: {spend.kind}"
+                    )
+                return 1
+            done = journal.recharge(session, spend_journal, lost)
+    except ValueError as exc:  # rolled back: nothing charged
+        return _fail(str(exc), code=1)
+    finally:
+        services.close()
+    print(
+        f"charged {len(done.settled) + len(done.recreated)} lost spend(s) to the ledger again "
+        f"({len(done.settled)} of releases the database still had, now failed; "
+        f"{len(done.recreated)} of releases it had lost, recorded again as failed)"
+    )
+    for release_id in done.unknown_dataset:
+        print(
+            f"release {release_id}: its dataset is not in this database (uploaded after the "
+            "backup); nothing to charge, its loss accepted in the journal"
+        )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo.runner import DemoError, run
 
@@ -488,6 +549,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rotate.add_argument("--json", action="store_true", help="print one JSON object")
     rotate.set_defaults(func=cmd_rotate_data_key)
+
+    reconcile = sub.add_parser(
+        "reconcile-ledger",
+        help="compare the ledger with the spend journal in DATA_DIR (after restoring a "
+        "database backup); exit 1 if the database lost spends",
+    )
+    reconcile.add_argument(
+        "--recharge",
+        action="store_true",
+        help="charge the lost spends to the ledger again (recorded in the audit log)",
+    )
+    reconcile.set_defaults(func=cmd_reconcile_ledger)
     return parser
 
 

@@ -182,6 +182,10 @@ class Settings(BaseSettings):
         return self.data_dir / "tmp"
 
     @property
+    def spend_journal_path(self) -> Path:
+        return self.data_dir / "spends.jsonl"
+
+    @property
     def queue_path(self) -> Path:
         return self.data_dir / "queue.db"
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from app.config import Settings
 from app.core.db import DEFAULT_CONNECTIONS, Database
+from app.ledger.journal import SESSION_KEY, SpendJournal
 from app.storage.tables import key_ring
 from app.worker.queue import Queue
 
@@ -26,9 +27,12 @@ class Services:
         ``connections``, the most the process can hold at once), bind the queue.
         Raises :class:`~app.config.ConfigError` when the configuration cannot work."""
         key = key_ring(settings.prepare(), settings.previous_keys())
+        db = Database(settings.resolved_database_url, connections=connections)
+        # every spend the ledger commits is also journalled in DATA_DIR (app.ledger.journal)
+        db.sessions.configure(info={SESSION_KEY: SpendJournal(settings.spend_journal_path)})
         return cls(
             settings=settings,
-            db=Database(settings.resolved_database_url, connections=connections),
+            db=db,
             data_key=key,
             queue=Queue(settings, key),
         )

@@ -28,6 +28,7 @@ from app.core import pagination
 from app.core.db import uses_row_locks
 from app.core.errors import BudgetExhausted, Conflict, InvalidRequest, NotFound
 from app.core.pagination import Page
+from app.ledger.journal import journal_after_commit
 from app.ledger.units import delta_value, epsilon_value
 from app.models import Dataset, LedgerEntry
 
@@ -202,6 +203,8 @@ def _settle(session: Session, release_id: uuid.UUID, kind: str, actor: Actor) ->
     )
     session.add(entry)
     session.flush()
+    if kind == "commit":
+        journal_after_commit(session, entry)
     return entry
 
 
@@ -222,6 +225,7 @@ def record_non_dp(
     )
     session.add(entry)
     session.flush()
+    journal_after_commit(session, entry)
     return entry
 
 

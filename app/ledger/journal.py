@@ -1,0 +1,313 @@
+"""The spend journal: a copy, outside the database, of every spend the ledger committed.
+
+The ledger lives in the database, and a database restored from a backup forgets every
+spend committed after the backup was taken, although those releases' outputs were
+published (downloaded, answered from) meanwhile: the budget they spent would be spent
+again (DESIGN §2 rule 6, across a restore). So each spend (a ``commit``, or a ``non_dp``
+record: the data were read for an output) is also appended, once its transaction has
+committed, as one JSON line to ``<DATA_DIR>/spends.jsonl``; the journal only grows. At
+start (``curator serve``, ``curator worker``) :func:`lost_spends` compares it with the
+ledger: a spend the journal holds and the ledger does not is a spend the database lost,
+and the service refuses to start (:class:`LostSpends`) until the operator re-charges it
+(:func:`recharge`, ``curator reconcile-ledger --recharge``), which appends the spend to
+the ledger again, recorded in the audit log, whatever the budget left (it was spent).
+
+A line is written after the commit: a process killed between the two leaves a spend out
+of the journal (which then cannot tell that spend's loss). Never before it: a spend that
+did not commit would read as lost. A journal missing altogether (a deployment older than
+it, or a new ``DATA_DIR``) is written from the ledger as it is (:func:`ensure_journal`):
+it then knows what the database knows, so a database and a ``DATA_DIR`` both restored from
+one old backup lose spends that nothing here can tell; the README's "Backups" says what
+to keep.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core import audit
+from app.core.db import on_commit
+from app.ledger.units import delta_value, epsilon_value
+from app.models import Dataset, LedgerEntry, Release
+from app.models.base import utcnow
+
+log = logging.getLogger("curator.ledger")
+
+#: Where a session finds the journal its spends are appended to (``Session.info``).
+SESSION_KEY = "curator_spend_journal"
+#: The ledger kinds that are spends: the data were read for an output.
+SPEND_KINDS = ("commit", "non_dp")
+#: The message of a release that the re-charge ends (it was measured, published, then
+#: forgotten by a restored database).
+RECHARGED_MESSAGE = (
+    "measured before the database was restored from an older backup, which lost its "
+    "measurement; its spend was charged again (curator reconcile-ledger --recharge)"
+)
+
+
+class SpendJournal:
+    """The append-only journal file (``Settings.spend_journal_path``: ``DATA_DIR/spends.jsonl``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, *records: dict[str, Any]) -> None:
+        """Append ``records``, one JSON line each, in one write (``O_APPEND``: lines of
+        concurrent processes never interleave on a local filesystem), synced to disk."""
+        if not records:
+            return
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self) -> tuple[dict[str, dict[str, Any]], set[str]]:
+        """The spends by release id, and the ids of releases whose loss an operator
+        accepted. A line cut short (a process killed in its write) is skipped."""
+        spends: dict[str, dict[str, Any]] = {}
+        accepted: set[str] = set()
+        with self.path.open(encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                if "accepted" in record:
+                    accepted.add(str(record["accepted"]))
+                elif "release" in record:
+                    spends[str(record["release"])] = record
+        return spends, accepted
+
+
+def spend_record(entry: LedgerEntry, mechanism: str) -> dict[str, Any]:
+    """The journal's line for a spend ``entry`` of a release of ``mechanism`` (ids,
+    kind and amounts: no data value)."""
+    return {
+        "release": str(entry.release_id),
+        "dataset": str(entry.dataset_id),
+        "kind": entry.kind,
+        "epsilon": entry.epsilon,
+        "delta": entry.delta,
+        "mechanism": mechanism,
+        "at": utcnow().isoformat(),
+    }
+
+
+def journal_after_commit(session: Session, entry: LedgerEntry) -> None:
+    """Append the spend ``entry`` to the session's journal once its transaction has
+    committed (nothing when the session has no journal: a test's bare database)."""
+    journal: SpendJournal | None = session.info.get(SESSION_KEY)
+    if journal is None:
+        return
+    mechanism = session.scalar(select(Release.mechanism).where(Release.id == entry.release_id))
+    on_commit(session, partial(journal.append, spend_record(entry, mechanism or "")))
+
+
+def _ledger_spends(session: Session) -> set[str]:
+    return {
+        str(release_id)
+        for release_id in session.scalars(
+            select(LedgerEntry.release_id).where(LedgerEntry.kind.in_(SPEND_KINDS))
+        )
+    }
+
+
+def ensure_journal(session: Session, journal: SpendJournal) -> int:
+    """Write the journal from the ledger if there is none (a deployment older than it, a
+    new ``DATA_DIR``). Returns how many spends it wrote (0 if it existed)."""
+    if journal.path.exists():
+        return 0
+    entries = session.execute(
+        select(LedgerEntry, Release.mechanism)
+        .join(Release, Release.id == LedgerEntry.release_id)
+        .where(LedgerEntry.kind.in_(SPEND_KINDS))
+        .order_by(LedgerEntry.id)
+    ).all()
+    records = [spend_record(entry, mechanism) for entry, mechanism in entries]
+    journal.append(*records)
+    if not journal.path.exists():
+        journal.path.touch(mode=0o640)
+    log.warning(
+        "no spend journal in the data directory: wrote %s from the database's ledger "
+        "(%d spends); it must never be restored from a backup nor removed (README, Backups)",
+        journal.path,
+        len(records),
+    )
+    return len(records)
+
+
+@dataclass(frozen=True)
+class LostSpend:
+    """A spend the journal holds and the ledger does not."""
+
+    release_id: str
+    dataset_id: str
+    kind: str
+    epsilon: int
+    delta: int
+    mechanism: str
+
+
+def lost_spends(session: Session, journal: SpendJournal) -> list[LostSpend]:
+    """The spends the journal holds that the ledger lost (a restored database), but for
+    those whose loss an operator accepted."""
+    spends, accepted = journal.read()
+    known = _ledger_spends(session)
+    return [
+        LostSpend(
+            release_id=release_id,
+            dataset_id=str(record.get("dataset", "")),
+            kind=str(record.get("kind", "commit")),
+            epsilon=int(record.get("epsilon", 0)),
+            delta=int(record.get("delta", 0)),
+            mechanism=str(record.get("mechanism", "")),
+        )
+        for release_id, record in spends.items()
+        if release_id not in known and release_id not in accepted
+    ]
+
+
+class LostSpends(Exception):
+    """The database lost spends the journal holds: the service must not start."""
+
+    def __init__(self, journal: SpendJournal, lost: list[LostSpend]) -> None:
+        self.lost = lost
+        per_dataset: dict[str, list[float]] = {}
+        for spend in lost:
+            totals = per_dataset.setdefault(spend.dataset_id, [0.0, 0.0])
+            totals[0] += epsilon_value(spend.epsilon)
+            totals[1] += delta_value(spend.delta)
+        datasets = "; ".join(
+            f"dataset {dataset}: epsilon {eps:g}, delta {dlt:g}"
+            for dataset, (eps, dlt) in sorted(per_dataset.items())
+        )
+        super().__init__(
+            f"the database's ledger lacks {len(lost)} spend(s) that {journal.path} records "
+            f"({datasets}): the database was restored from a backup older than releases "
+            "already published, and their budget would be spent again. Restore a newer "
+            "backup, or run: curator reconcile-ledger --recharge (charges them to the "
+            "ledger again and records it in the audit log)"
+        )
+
+
+def check(session: Session, journal: SpendJournal) -> None:
+    """Write the journal if it is missing, then raise :class:`LostSpends` if the ledger
+    lost spends it holds."""
+    ensure_journal(session, journal)
+    lost = lost_spends(session, journal)
+    if lost:
+        raise LostSpends(journal, lost)
+
+
+@dataclass(frozen=True)
+class Recharge:
+    """What :func:`recharge` did, by release id."""
+
+    #: releases the database still has (reserved, never settled): their spend committed
+    settled: list[str]
+    #: releases the database lost altogether: recorded again, ``failed``, with the spend
+    recreated: list[str]
+    #: releases of datasets the database does not know (uploaded after the backup): no
+    #: budget to charge; their loss accepted in the journal
+    unknown_dataset: list[str]
+
+
+def recharge(session: Session, journal: SpendJournal, lost: list[LostSpend]) -> Recharge:
+    """Charge each of the ``lost`` spends to the ledger again, in the caller's
+    transaction: whatever budget is left (the outputs exist; a budget overspent by the
+    restore shows as such, and takes no new release). A release the database still has
+    (it was reserved or measuring when the backup was taken) gets its settlement and ends
+    ``failed`` (never measured again: fresh noise on the same data would be a second
+    spend); a lost release is recorded again as ``failed`` with its reservation and
+    spend. Each is an audit event. Releases of datasets the database does not know are
+    accepted in the journal once the transaction has committed."""
+    done = Recharge(settled=[], recreated=[], unknown_dataset=[])
+    accept: list[dict[str, Any]] = []
+    for spend in lost:
+        release_id = uuid.UUID(spend.release_id)
+        dataset = session.get(Dataset, uuid.UUID(spend.dataset_id), with_for_update=True)
+        if dataset is None:
+            accept.append({"accepted": spend.release_id, "at": utcnow().isoformat()})
+            done.unknown_dataset.append(spend.release_id)
+            continue
+        release = session.get(Release, release_id, with_for_update=True)
+        kinds = set()
+        if release is None:
+            release = Release(
+                id=release_id,
+                dataset_id=dataset.id,
+                mechanism=spend.mechanism or "unknown",
+                status="failed",
+                epsilon=spend.epsilon,
+                delta=spend.delta,
+                params={},
+                created_by=dataset.owner_id,
+                message=RECHARGED_MESSAGE,
+                finished_at=utcnow(),
+            )
+            session.add(release)
+            session.flush()
+            done.recreated.append(spend.release_id)
+        else:
+            kinds = set(
+                session.scalars(
+                    select(LedgerEntry.kind).where(LedgerEntry.release_id == release_id)
+                )
+            )
+            if "refund" in kinds:
+                raise ValueError(
+                    f"release {spend.release_id} is refunded in this database and spent in "
+                    "the journal: this database is not an earlier state of the journal's"
+                )
+            if release.status in ("queued", "measuring", "synthesizing"):
+                release.status = "failed"
+                release.message = RECHARGED_MESSAGE
+                release.finished_at = utcnow()
+            release.lease_owner = None
+            release.lease_expires_at = None
+            done.settled.append(spend.release_id)
+        entries = []
+        if spend.kind == "commit" and "reserve" not in kinds:
+            entries.append("reserve")
+        entries.append(spend.kind)
+        for kind in entries:
+            entry = LedgerEntry(
+                dataset_id=dataset.id,
+                release_id=release_id,
+                kind=kind,
+                epsilon=spend.epsilon if kind != "non_dp" else 0,
+                delta=spend.delta if kind != "non_dp" else 0,
+                actor_id=None,
+                actor="operator:reconcile-ledger",
+            )
+            session.add(entry)
+        audit.record(
+            session,
+            None,
+            "ledger.recharge_lost_spend",
+            "release",
+            release_id,
+            dataset_id=spend.dataset_id,
+            kind=spend.kind,
+            epsilon=epsilon_value(spend.epsilon),
+            delta=delta_value(spend.delta),
+        )
+    session.flush()
+    if accept:
+        on_commit(session, partial(journal.append, *accept))
+    return done

@@ -1,0 +1,255 @@
+"""The spend journal in DATA_DIR: a database restored from an older backup forgets spends
+of releases already published; the service notices, refuses to start, and the operator's
+re-charge puts them back in the ledger (app.ledger.journal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from app.config import Settings
+from app.core.errors import BudgetExhausted
+from app.core.services import Services
+from app.ledger import journal
+from app.ledger import service as ledger
+from app.ledger.units import epsilon_units
+from app.models import AuditEvent, Release
+from tests.ledger.test_ledger import _balance, _dataset, _releases
+
+WORKER = ledger.Actor.worker()
+
+
+def _journal(services: Services) -> journal.SpendJournal:
+    return journal.SpendJournal(services.settings.spend_journal_path)
+
+
+def _lines(services: Services) -> list[dict[str, object]]:
+    path = services.settings.spend_journal_path
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _spend(services: Services, dataset_id: uuid.UUID, release_id: uuid.UUID, eps: float) -> None:
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, epsilon_units(eps, charge=True), 0, WORKER)
+    with services.db.transaction() as session:
+        ledger.commit(session, release_id, WORKER)
+
+
+def _check(services: Services) -> None:
+    with services.db.transaction(read_only=True) as session:
+        journal.check(session, _journal(services))
+
+
+def test_a_spend_is_journalled_once_it_committed(services: Services) -> None:
+    dataset_id = _dataset(services, 5.0, 0.0)
+    spent, refunded, rolled_back, non_dp = _releases(services, dataset_id, 4)
+    _spend(services, dataset_id, spent, 1.0)
+    assert [(line["release"], line["kind"]) for line in _lines(services)] == [
+        (str(spent), "commit")
+    ]
+    assert _lines(services)[0]["epsilon"] == epsilon_units(1.0, charge=True)
+    assert _lines(services)[0]["dataset"] == str(dataset_id)
+    assert _lines(services)[0]["mechanism"] == "test"
+
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, refunded, 1, 0, WORKER)
+        ledger.refund(session, refunded, WORKER)  # a refund spends nothing
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, rolled_back, 1, 0, WORKER)
+    with pytest.raises(RuntimeError), services.db.transaction() as session:
+        ledger.commit(session, rolled_back, WORKER)
+        raise RuntimeError("the transaction fails after the commit entry")
+    with services.db.transaction() as session:
+        ledger.record_non_dp(session, dataset_id, non_dp, WORKER)
+    assert [(line["release"], line["kind"]) for line in _lines(services)] == [
+        (str(spent), "commit"),
+        (str(non_dp), "non_dp"),
+    ]
+    _check(services)  # the ledger holds all it records
+
+
+def test_a_missing_journal_is_written_from_the_ledger(services: Services) -> None:
+    """A deployment older than the journal (or a new DATA_DIR) starts with the ledger's
+    spends journalled, not refused, and not with an empty journal."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    _spend(services, dataset_id, release_id, 1.0)
+    services.settings.spend_journal_path.unlink()
+    _check(services)
+    assert [line["release"] for line in _lines(services)] == [str(release_id)]
+    _check(services)  # written once
+    assert len(_lines(services)) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_database_restored_from_before_a_spend_is_refused_until_recharged(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The real thing on SQLite: an online backup (the sqlite3 backup API) before a
+    release spends, the spend, the old database put back. Without the journal the budget
+    came back whole and was spent again."""
+    services = Services.build(settings)
+    dataset_id = _dataset(services, 5.0, 0.0)
+    published, second = _releases(services, dataset_id, 2)
+    database = Path(settings.resolved_database_url.removeprefix("sqlite:///"))
+    backup = tmp_path / "backup.db"
+    with sqlite3.connect(database) as source, sqlite3.connect(backup) as copy:
+        source.backup(copy)
+    _spend(services, dataset_id, published, 4.0)
+    services.close()
+    for leftover in database.parent.glob(database.name + "-*"):
+        leftover.unlink()
+    backup.replace(database)
+
+    services = Services.build(settings)
+    try:
+        assert _balance(services, dataset_id).epsilon_spent == 0  # the ledger forgot it
+        with pytest.raises(journal.LostSpends) as refused:
+            _check(services)
+        message = str(refused.value)
+        assert f"dataset {dataset_id}: epsilon 4, delta 0" in message
+        assert "curator reconcile-ledger --recharge" in message
+
+        with services.db.transaction() as session:
+            lost = journal.lost_spends(session, _journal(services))
+            done = journal.recharge(session, _journal(services), lost)
+        assert done.settled == [str(published)]  # its row predates the backup, its spend not
+        _check(services)
+        balance = _balance(services, dataset_id)
+        assert balance.epsilon_spent == epsilon_units(4.0, charge=True)
+        with pytest.raises(BudgetExhausted), services.db.transaction() as session:
+            ledger.reserve(session, dataset_id, second, epsilon_units(4.0, charge=True), 0, WORKER)
+        with services.db.transaction(read_only=True) as session:
+            release = session.get(Release, published)
+            assert release is not None
+            assert release.status == "failed"
+            assert release.message == journal.RECHARGED_MESSAGE
+            events = session.scalars(
+                select(AuditEvent).where(AuditEvent.action == "ledger.recharge_lost_spend")
+            ).all()
+            assert [e.object_id for e in events] == [str(published)]
+    finally:
+        services.close()
+
+
+def test_a_release_the_backup_caught_measuring_is_settled_and_ended(services: Services) -> None:
+    """A backup taken while a release was measuring: the restored database holds its
+    reservation only. Re-measured, it would draw fresh noise on the same data for one
+    charge; the re-charge commits the reservation and ends the release instead."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, epsilon_units(2.0, charge=True), 0, WORKER)
+        release = session.get(Release, release_id)
+        assert release is not None
+        release.status = "measuring"
+    _check(services)  # writes the (empty) journal
+    # what the journal held when the database was restored: the commit that followed
+    _journal(services).append(
+        {
+            "release": str(release_id),
+            "dataset": str(dataset_id),
+            "kind": "commit",
+            "epsilon": epsilon_units(2.0, charge=True),
+            "delta": 0,
+            "mechanism": "test",
+        }
+    )
+    with pytest.raises(journal.LostSpends), services.db.transaction() as session:
+        journal.check(session, _journal(services))
+    with services.db.transaction() as session:
+        done = journal.recharge(
+            session, _journal(services), journal.lost_spends(session, _journal(services))
+        )
+    assert done.settled == [str(release_id)]
+    _check(services)
+    assert ledger_state(services, release_id) == ("committed", "failed")
+    assert _balance(services, dataset_id).epsilon_reserved == 0
+    assert _balance(services, dataset_id).epsilon_spent == epsilon_units(2.0, charge=True)
+
+
+def ledger_state(services: Services, release_id: uuid.UUID) -> tuple[str, str]:
+    with services.db.transaction(read_only=True) as session:
+        release = session.get(Release, release_id)
+        assert release is not None
+        return ledger.reservation_state(session, release_id), release.status
+
+
+def test_a_lost_spend_of_a_dataset_the_database_does_not_know_is_accepted(
+    services: Services,
+) -> None:
+    _check(services)
+    _journal(services).append(
+        {
+            "release": str(uuid.uuid4()),
+            "dataset": str(uuid.uuid4()),
+            "kind": "commit",
+            "epsilon": 5,
+            "delta": 0,
+            "mechanism": "test",
+        }
+    )
+    with pytest.raises(journal.LostSpends):
+        _check(services)
+    with services.db.transaction() as session:
+        done = journal.recharge(
+            session, _journal(services), journal.lost_spends(session, _journal(services))
+        )
+    assert len(done.unknown_dataset) == 1
+    _check(services)
+
+
+def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CURATOR_")}
+    env["CURATOR_DATA_DIR"] = str(data_dir)
+    return subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_serve_and_worker_refuse_to_start_on_lost_spends_and_reconcile_recharges(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "data"
+    assert _cli(data_dir, "migrate").returncode == 0
+    settings = Settings(data_dir=data_dir, min_free_bytes=0)
+    services = Services.build(settings)
+    try:
+        dataset_id = _dataset(services, 5.0, 0.0)
+        _check(services)
+        _journal(services).append(
+            {
+                "release": str(uuid.uuid4()),
+                "dataset": str(dataset_id),
+                "kind": "commit",
+                "epsilon": epsilon_units(1.5, charge=True),
+                "delta": 0,
+                "mechanism": "test",
+            }
+        )
+    finally:
+        services.close()
+    for command in (["serve", "--port", "0"], ["worker"], ["reconcile-ledger"]):
+        refused = _cli(data_dir, *command)
+        assert refused.returncode == 1, (command, refused.stderr)
+        assert f"dataset {dataset_id}: epsilon 1.5, delta 0" in refused.stderr
+    recharged = _cli(data_dir, "reconcile-ledger", "--recharge")
+    assert recharged.returncode == 0, recharged.stderr
+    assert "charged 1 lost spend(s)" in recharged.stdout
+    assert "1 of releases it had lost, recorded again" in recharged.stdout
+    assert _cli(data_dir, "reconcile-ledger").returncode == 0
