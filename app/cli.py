@@ -27,6 +27,7 @@ from app.core.errors import NotFound
 from app.core.services import Services, set_current
 from app.core.threads import limit_blas_threads
 from app.models import Role
+from app.storage.tables import key_ring
 
 log = logging.getLogger("curator")
 
@@ -449,6 +450,42 @@ def cmd_reconcile_ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Back up an embedded deployment (SQLite database and DATA_DIR's files) into a new
+    directory while it runs (:mod:`app.core.backup`). Exit 1 if the copy is not
+    consistent (it is left without its manifest), 2 if it cannot be made here."""
+    from app.core.backup import BackupError, backup
+
+    settings = _settings()
+    refused = _check_schema(settings, migrate=False)
+    if refused is not None:
+        return refused
+    ring = key_ring(settings.prepare(), settings.previous_keys())
+    try:
+        report = backup(settings, ring, args.directory, with_key=args.with_key)
+    except BackupError as exc:
+        return _fail(str(exc))
+    for problem in report.problems:
+        print(f"inconsistent: {problem}", file=sys.stderr)
+    if report.problems:
+        return _fail(
+            f"the copy in {args.directory} is not consistent (no manifest.json): remove it and "
+            "run curator backup again",
+            code=1,
+        )
+    print(
+        f"backed up the database, {report.datasets} dataset file(s) and {report.releases} "
+        f"published release(s) into {args.directory}"
+    )
+    if not report.key_included:
+        print(
+            "the data key is not in the backup (without it no dataset file opens): keep "
+            "CURATOR_DATA_KEY, or DATA_DIR/data.key, apart from it; --with-key includes it",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo.runner import DemoError, run
 
@@ -561,6 +598,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="charge the lost spends to the ledger again (recorded in the audit log)",
     )
     reconcile.set_defaults(func=cmd_reconcile_ledger)
+
+    backup = sub.add_parser(
+        "backup",
+        help="copy the SQLite database (online backup) and the files it names into a new "
+        "directory, while the service runs",
+    )
+    backup.add_argument("directory", type=Path, help="a directory that does not exist or is empty")
+    backup.add_argument(
+        "--with-key",
+        action="store_true",
+        help="include the data key (then the backup alone opens the dataset files)",
+    )
+    backup.set_defaults(func=cmd_backup)
     return parser
 
 

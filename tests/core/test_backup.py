@@ -1,0 +1,150 @@
+"""curator backup: a consistent copy of an embedded deployment while it runs, restorable
+into a fresh DATA_DIR (app.core.backup)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.cli import main
+from app.config import KEY_FILE_NAME, Settings
+from app.core.backup import MANIFEST_NAME, BackupError, backup
+from app.main import create_app
+from tests.conftest import Caller
+from tests.releases.helpers import dataset, finished_release, request_release, run_all, services_of
+
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+def _published(client: TestClient, curator: Caller) -> tuple[str, str]:
+    dataset_id = dataset(client, curator, epsilon=5.0)
+    release = finished_release(
+        client, curator, dataset_id, {"mechanism": "smooth_synopsis", "epsilon": 1.0}
+    )
+    return dataset_id, release["id"]
+
+
+def test_a_backup_of_a_running_service_restores_into_a_fresh_data_dir(
+    client: TestClient, curator: Caller, settings: Settings, tmp_path: Path
+) -> None:
+    dataset_id, release_id = _published(client, curator)
+    services = services_of(client)
+    # the service's database is open, its recent commits in the write-ahead log: a plain
+    # copy of the database file is not a backup
+    plain = tmp_path / "plain.db"
+    shutil.copy(Path(settings.resolved_database_url.removeprefix("sqlite:///")), plain)
+    with sqlite3.connect(plain) as copied:
+        assert copied.execute("SELECT count(*) FROM ledger_entries").fetchone() == (0,)
+
+    target = tmp_path / "backup"
+    report = backup(settings, services.data_key, target, with_key=False)
+    assert report.problems == []
+    assert (report.datasets, report.releases, report.key_included) == (1, 1, False)
+    assert sorted(p.name for p in target.iterdir()) == [
+        "curator.db",
+        "datasets",
+        MANIFEST_NAME,
+        "releases",
+    ]  # no key, no spend journal, no queue
+    assert json.loads((target / MANIFEST_NAME).read_text())["releases"] == 1
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
+    with sqlite3.connect(target / "curator.db") as copied:
+        assert copied.execute("SELECT count(*) FROM ledger_entries").fetchone() == (2,)
+        assert copied.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+    restored = tmp_path / "restored"
+    shutil.copytree(target, restored)
+    shutil.copy2(settings.data_dir / KEY_FILE_NAME, restored / KEY_FILE_NAME)
+    fresh = Settings(
+        data_dir=restored,
+        database_url=f"sqlite:///{restored / 'curator.db'}",
+        redis_url=None,
+        min_free_bytes=0,
+        queue_name=settings.queue_name + "-restored",
+    )
+    with TestClient(create_app(fresh)) as again:
+        synopsis = again.get(f"/v1/releases/{release_id}/synopsis", headers=curator.headers)
+        assert synopsis.status_code == 200, synopsis.text
+        budget = again.get(f"/v1/datasets/{dataset_id}/budget", headers=curator.headers).json()
+        assert budget["epsilon_spent"] == 1.0
+        # the dataset file opens with the restored key: a new release measures it
+        response = request_release(
+            again, curator, dataset_id, {"mechanism": "smooth_synopsis", "epsilon": 1.0}
+        )
+        assert response.status_code == 202, response.text
+        run_all(again, response.json()["id"])
+        status = again.get(f"/v1/releases/{response.json()['id']}", headers=curator.headers)
+        assert status.json()["status"] == "succeeded", status.json()
+
+
+def test_the_key_is_included_only_when_asked(
+    client: TestClient, curator: Caller, settings: Settings, tmp_path: Path
+) -> None:
+    _published(client, curator)
+    report = backup(settings, services_of(client).data_key, tmp_path / "b", with_key=True)
+    assert report.key_included
+    key = tmp_path / "b" / KEY_FILE_NAME
+    assert key.read_bytes() == (settings.data_dir / KEY_FILE_NAME).read_bytes()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+
+
+def test_a_copy_that_does_not_match_its_database_is_reported_without_a_manifest(
+    client: TestClient, curator: Caller, settings: Settings, tmp_path: Path
+) -> None:
+    """What a backup taken during a key rotation or a re-synthesis would hold: a dataset
+    file the copied row's keys do not open, a published version that is gone."""
+    dataset_id, release_id = _published(client, curator)
+    services = services_of(client)
+    (stored,) = settings.datasets_dir.glob("*.parquet")
+    other = dataset(client, curator)
+    (replacement,) = (p for p in settings.datasets_dir.glob("*.parquet") if p != stored)
+    shutil.copy2(replacement, stored)  # another dataset's file, under another file key
+    shutil.rmtree(settings.releases_dir / release_id)
+    report = backup(settings, services.data_key, tmp_path / "b", with_key=False)
+    assert len(report.problems) == 2, report.problems
+    assert f"dataset file {stored.name}: does not open" in report.problems[0]
+    assert f"release {release_id}: its published version v0 is missing" in report.problems[1]
+    assert not (tmp_path / "b" / MANIFEST_NAME).exists()
+    assert dataset_id != other
+
+
+def test_a_backup_refuses_a_used_directory_and_postgresql(
+    settings: Settings, tmp_path: Path
+) -> None:
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "x").write_text("x")
+    settings.prepare()
+    with pytest.raises(BackupError, match="not an empty directory"):
+        backup(settings, b"", used, with_key=False)
+    elsewhere = settings.model_copy(update={"database_url": "postgresql+psycopg://u@h/db"})
+    with pytest.raises(BackupError, match="pg_dump"):
+        backup(elsewhere, b"", tmp_path / "pg", with_key=False)
+
+
+def test_the_command_backs_up_and_says_where_the_key_is(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _published(client, curator)
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
+    with pytest.raises(SystemExit) as done:
+        main(["backup", str(tmp_path / "b")])
+    assert done.value.code == 0
+    out = capsys.readouterr()
+    assert "1 dataset file(s) and 1 published release(s)" in out.out
+    assert "the data key is not in the backup" in out.err
+    with pytest.raises(SystemExit) as again:
+        main(["backup", str(tmp_path / "b")])
+    assert again.value.code == 2
