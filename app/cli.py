@@ -21,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.exc import DBAPIError
 
 from app import __version__
-from app.config import ConfigError, Settings, load_settings
+from app.config import KEY_FILE_NAME, ConfigError, Settings, load_settings
 from app.core import migrations
 from app.core.errors import NotFound
 from app.core.services import Services, set_current
@@ -166,15 +166,28 @@ def _check_spends(services: Services) -> int | None:
     DATA_DIR records (a database restored from a backup older than releases already
     published: their budget would be spent again; :mod:`app.ledger.journal`). Exit 1,
     naming the datasets, the amounts and what to do. Writes the journal from the ledger
-    when there is none."""
+    when there is none. Logs an error when datasets' file keys do not open with the
+    data key (started without it: a restore that left the key behind)."""
+    from app.datasets.service import sealed_with_another_key
     from app.ledger import journal
 
     spend_journal = journal.SpendJournal(services.settings.spend_journal_path)
     try:
         with services.db.transaction(read_only=True) as session:
             journal.check(session, spend_journal)
+            unopened = sealed_with_another_key(session, services.data_key)
     except journal.LostSpends as exc:
         return _fail(str(exc), code=1)
+    if unopened:
+        # not a refusal: downloads and answers, which need no key, go on
+        log.error(
+            "%d dataset(s) hold file keys that CURATOR_DATA_KEY (or %s) does not open: "
+            "their releases will fail. Was the data directory restored, or the service "
+            "started, without its data key (a new one is generated when there is none)? "
+            "Stop, put the key back (CURATOR_DATA_KEY, or the old data.key) and restart",
+            unopened,
+            services.settings.data_dir / KEY_FILE_NAME,
+        )
     return None
 
 

@@ -579,6 +579,27 @@ def _recorded_files(session: Session, names: list[str], key: Any) -> dict[str, b
     return found
 
 
+def sealed_with_another_key(session: Session, ring: bytes) -> int:
+    """How many datasets with stored data hold file keys that no key of ``ring`` (the
+    service's data key and its previous keys) opens: their files cannot be read, and
+    every release of them fails. The usual cause: a data directory restored, or the
+    service started, without its data key, which then generated a new one."""
+    sealed = session.scalars(
+        select(Dataset.file_keys).where(
+            Dataset.data_deleted_at.is_(None), Dataset.file_keys.is_not(None)
+        )
+    )
+    unopened = 0
+    for file_keys in sealed:
+        if file_keys is None:  # pragma: no cover - excluded by the query
+            continue
+        try:
+            tables.unseal_file_keys(ring, file_keys)
+        except PermissionError:
+            unopened += 1
+    return unopened
+
+
 @dataclass(frozen=True)
 class KeyRotation:
     """What :func:`rotate_data_key` did, by storage file name (never a dataset's content)."""

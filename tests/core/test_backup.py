@@ -4,6 +4,7 @@ into a fresh DATA_DIR (app.core.backup)."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sqlite3
 import stat
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from app.cli import main
 from app.config import KEY_FILE_NAME, Settings
@@ -148,3 +150,35 @@ def test_the_command_backs_up_and_says_where_the_key_is(
     with pytest.raises(SystemExit) as again:
         main(["backup", str(tmp_path / "b")])
     assert again.value.code == 2
+
+
+def test_a_start_without_the_data_key_says_so(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A DATA_DIR restored without data.key gets a new key at start, and every release
+    of its datasets failed 'internal error (PermissionError)' with nothing said at start."""
+    from cryptography.fernet import Fernet
+
+    from app.cli import _check_spends
+    from app.core.services import Services
+
+    dataset(client, curator)
+    with_its_key = Services.build(settings)
+    try:
+        with caplog.at_level(logging.ERROR, logger="curator"):
+            assert _check_spends(with_its_key) is None
+        assert "file keys" not in caplog.text
+    finally:
+        with_its_key.close()
+    other_key = settings.model_copy(update={"data_key": SecretStr(Fernet.generate_key().decode())})
+    without = Services.build(other_key)
+    try:
+        with caplog.at_level(logging.ERROR, logger="curator"):
+            assert _check_spends(without) is None  # downloads and answers go on
+    finally:
+        without.close()
+    assert "1 dataset(s) hold file keys that CURATOR_DATA_KEY" in caplog.text
+    assert "put the key back" in caplog.text
