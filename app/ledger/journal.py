@@ -115,7 +115,21 @@ def journal_after_commit(session: Session, entry: LedgerEntry) -> None:
     if journal is None:
         return
     mechanism = session.scalar(select(Release.mechanism).where(Release.id == entry.release_id))
-    on_commit(session, partial(journal.append, spend_record(entry, mechanism or "")))
+    on_commit(session, partial(_journal_spend, journal, spend_record(entry, mechanism or "")))
+
+
+def _journal_spend(journal: SpendJournal, record: dict[str, Any]) -> None:
+    try:
+        journal.append(record)
+    except OSError as exc:
+        # the spend is in the ledger; only a later restore's loss of it goes unseen
+        log.error(
+            "release %s: its spend is committed but could not be written to %s (%s): a "
+            "database restored from before it would not be refused for it",
+            record["release"],
+            journal.path,
+            exc.strerror or type(exc).__name__,
+        )
 
 
 def _ledger_spends(session: Session) -> set[str]:

@@ -5,6 +5,7 @@ re-charge puts them back in the ledger (app.ledger.journal)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import subprocess
@@ -253,3 +254,15 @@ def test_serve_and_worker_refuse_to_start_on_lost_spends_and_reconcile_recharges
     assert "charged 1 lost spend(s)" in recharged.stdout
     assert "1 of releases it had lost, recorded again" in recharged.stdout
     assert _cli(data_dir, "reconcile-ledger").returncode == 0
+
+
+def test_a_journal_that_cannot_be_written_is_logged_and_the_spend_stands(
+    services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    services.settings.spend_journal_path.mkdir()  # a directory: no line can be appended
+    with caplog.at_level(logging.ERROR, logger="curator"):
+        _spend(services, dataset_id, release_id, 1.0)
+    assert _balance(services, dataset_id).epsilon_spent == epsilon_units(1.0, charge=True)
+    assert f"release {release_id}: its spend is committed but could not be written" in caplog.text
