@@ -67,7 +67,9 @@ class SpendJournal:
         if not records:
             return
         data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        # 0660 less the umask, as the service's other files: an API and workers running as
+        # two users of one group (README, CURATOR_DATA_DIR) both append to it
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o660)
         try:
             os.write(fd, data)
             os.fsync(fd)
@@ -155,7 +157,7 @@ def ensure_journal(session: Session, journal: SpendJournal) -> int:
     records = [spend_record(entry, mechanism) for entry, mechanism in entries]
     journal.append(*records)
     if not journal.path.exists():
-        journal.path.touch(mode=0o640)
+        journal.path.touch(mode=0o660)
     log.warning(
         "no spend journal in the data directory: wrote %s from the database's ledger "
         "(%d spends); it must never be restored from a backup nor removed (README, Backups)",

@@ -266,3 +266,19 @@ def test_a_journal_that_cannot_be_written_is_logged_and_the_spend_stands(
         _spend(services, dataset_id, release_id, 1.0)
     assert _balance(services, dataset_id).epsilon_spent == epsilon_units(1.0, charge=True)
     assert f"release {release_id}: its spend is committed but could not be written" in caplog.text
+
+
+def test_the_journal_is_group_writable_as_the_umask_allows(services: Services) -> None:
+    """An API and workers running as two users of one group share DATA_DIR (umask 007,
+    README): a journal the API wrote at its start (0640) took no line of a worker's spend."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    mask = os.umask(0o007)
+    try:
+        _check(services)  # the API's start writes the journal
+        assert services.settings.spend_journal_path.stat().st_mode & 0o777 == 0o660
+        services.settings.spend_journal_path.unlink()
+        _spend(services, dataset_id, release_id, 1.0)  # a worker's spend writes it
+        assert services.settings.spend_journal_path.stat().st_mode & 0o777 == 0o660
+    finally:
+        os.umask(mask)
