@@ -252,17 +252,30 @@ def recharge(session: Session, journal: SpendJournal, lost: list[LostSpend]) -> 
     spend); a lost release is recorded again as ``failed`` with its reservation and
     spend. Each is an audit event. Releases of datasets the database does not know are
     accepted in the journal once the transaction has committed."""
+    from app.ledger.service import lock_dataset  # it imports this module
+
     done = Recharge(settled=[], recreated=[], unknown_dataset=[])
     accept: list[dict[str, Any]] = []
     for spend in lost:
         release_id = uuid.UUID(spend.release_id)
-        dataset = session.get(Dataset, uuid.UUID(spend.dataset_id), with_for_update=True)
-        if dataset is None:
+        dataset_id = uuid.UUID(spend.dataset_id)
+        if session.get(Dataset, dataset_id) is None:  # dataset rows are never deleted
             accept.append({"accepted": spend.release_id, "at": utcnow().isoformat()})
             done.unknown_dataset.append(spend.release_id)
             continue
-        release = session.get(Release, release_id, with_for_update=True)
-        kinds = set()
+        # the project's lock order: the release's row, then its dataset's (a worker's
+        # settle holds its release and then takes its dataset: the other order could
+        # deadlock against it on PostgreSQL)
+        stmt = select(Release).where(Release.id == release_id)
+        release = session.scalars(
+            stmt.with_for_update().execution_options(populate_existing=True)
+        ).one_or_none()
+        dataset = lock_dataset(session, dataset_id)
+        kinds = set(
+            session.scalars(select(LedgerEntry.kind).where(LedgerEntry.release_id == release_id))
+        )
+        if kinds & set(SPEND_KINDS):
+            continue  # spent since the list was read (a worker still running): not lost
         if release is None:
             release = Release(
                 id=release_id,
@@ -280,11 +293,6 @@ def recharge(session: Session, journal: SpendJournal, lost: list[LostSpend]) -> 
             session.flush()
             done.recreated.append(spend.release_id)
         else:
-            kinds = set(
-                session.scalars(
-                    select(LedgerEntry.kind).where(LedgerEntry.release_id == release_id)
-                )
-            )
             if "refund" in kinds:
                 raise ValueError(
                     f"release {spend.release_id} is refunded in this database and spent in "

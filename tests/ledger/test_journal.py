@@ -10,11 +10,13 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from app.config import Settings
 from app.core.errors import BudgetExhausted
@@ -282,3 +284,94 @@ def test_the_journal_is_group_writable_as_the_umask_allows(services: Services) -
         assert services.settings.spend_journal_path.stat().st_mode & 0o777 == 0o660
     finally:
         os.umask(mask)
+
+
+def _lost_commit(services: Services, dataset_id: uuid.UUID, release_id: uuid.UUID) -> None:
+    """The journal holds a commit of ``release_id`` that the ledger lacks."""
+    _check(services)
+    _journal(services).append(
+        {
+            "release": str(release_id),
+            "dataset": str(dataset_id),
+            "kind": "commit",
+            "epsilon": epsilon_units(2.0, charge=True),
+            "delta": 0,
+            "mechanism": "test",
+        }
+    )
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_recharge_locks_the_release_then_the_dataset_as_a_worker_does(
+    services: Services,
+) -> None:
+    """A worker's settle locks its release, then its dataset. The re-charge took the
+    dataset (FOR UPDATE), then the release: against a worker holding the release it was a
+    deadlock, PostgreSQL aborting one of the two (seen: DeadlockDetected)."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, epsilon_units(2.0, charge=True), 0, WORKER)
+    _lost_commit(services, dataset_id, release_id)
+    errors: list[BaseException] = []
+    worker_holds_release = threading.Event()
+
+    def worker() -> None:
+        try:
+            with services.db.transaction() as session:
+                session.execute(
+                    select(Release).where(Release.id == release_id).with_for_update()
+                ).one()
+                worker_holds_release.set()
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:  # until the re-charge waits for a lock
+                    with services.db.transaction(read_only=True) as probe:
+                        waiting = probe.scalar(
+                            text(
+                                "SELECT count(*) FROM pg_stat_activity WHERE "
+                                "datname = current_database() AND wait_event_type = 'Lock'"
+                            )
+                        )
+                    if waiting:
+                        break
+                    time.sleep(0.05)
+                ledger.lock_dataset(session, dataset_id)
+        except BaseException as exc:  # pragma: no cover - the failure reported below
+            errors.append(exc)
+
+    def recharge() -> None:
+        worker_holds_release.wait(20)
+        try:
+            with services.db.transaction() as session:
+                journal.recharge(
+                    session, _journal(services), journal.lost_spends(session, _journal(services))
+                )
+        except BaseException as exc:  # pragma: no cover - the failure reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker), threading.Thread(target=recharge)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [f"{type(e).__name__}: {str(e)[:60]}" for e in errors] == []
+    _check(services)
+    assert ledger_state(services, release_id) == ("committed", "failed")
+
+
+def test_a_recharge_skips_a_release_spent_since_the_list_was_read(services: Services) -> None:
+    """A worker that committed the spend between the listing and the re-charge (the
+    service was not stopped): charging it again would spend it twice."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    with services.db.transaction() as session:
+        ledger.reserve(session, dataset_id, release_id, epsilon_units(2.0, charge=True), 0, WORKER)
+    _lost_commit(services, dataset_id, release_id)
+    with services.db.transaction() as session:
+        lost = journal.lost_spends(session, _journal(services))
+    with services.db.transaction() as session:
+        ledger.commit(session, release_id, WORKER)  # the worker, meanwhile
+    with services.db.transaction() as session:
+        done = journal.recharge(session, _journal(services), lost)
+    assert done.settled == []
+    assert _balance(services, dataset_id).epsilon_spent == epsilon_units(2.0, charge=True)
