@@ -173,11 +173,11 @@ def _check_spends(services: Services) -> int | None:
 
     spend_journal = journal.SpendJournal(services.settings.spend_journal_path)
     try:
-        with services.db.transaction(read_only=True) as session:
-            journal.check(session, spend_journal)
-            unopened = sealed_with_another_key(session, services.data_key)
+        journal.check(services.db, spend_journal)
     except journal.LostSpends as exc:
         return _fail(str(exc), code=1)
+    with services.db.transaction(read_only=True) as session:
+        unopened = sealed_with_another_key(session, services.data_key)
     if unopened:
         # not a refusal: downloads and answers, which need no key, go on
         log.error(

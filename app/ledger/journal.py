@@ -36,7 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core import audit
-from app.core.db import on_commit
+from app.core.db import Database, on_commit
 from app.ledger.units import delta_value, epsilon_value
 from app.models import Dataset, LedgerEntry, Release
 from app.models.base import utcnow
@@ -221,11 +221,16 @@ class LostSpends(Exception):
         )
 
 
-def check(session: Session, journal: SpendJournal) -> None:
+def check(db: Database, journal: SpendJournal) -> None:
     """Write the journal if it is missing, then raise :class:`LostSpends` if the ledger
-    lost spends it holds."""
-    ensure_journal(session, journal)
-    lost = lost_spends(session, journal)
+    lost spends it holds. Two transactions, the comparison's reading the journal before
+    the ledger: on SQLite a read transaction's snapshot is taken at its first query, and
+    one taken to write a missing journal, before a running process committed a spend and
+    journalled it, then missed that spend in the ledger and refused the start for it."""
+    with db.transaction(read_only=True) as session:
+        ensure_journal(session, journal)
+    with db.transaction(read_only=True) as session:
+        lost = lost_spends(session, journal)  # the journal, then the ledger
     if lost:
         raise LostSpends(journal, lost)
 

@@ -49,8 +49,7 @@ def _spend(services: Services, dataset_id: uuid.UUID, release_id: uuid.UUID, eps
 
 
 def _check(services: Services) -> None:
-    with services.db.transaction(read_only=True) as session:
-        journal.check(session, _journal(services))
+    journal.check(services.db, _journal(services))
 
 
 def test_a_spend_is_journalled_once_it_committed(services: Services) -> None:
@@ -168,8 +167,8 @@ def test_a_release_the_backup_caught_measuring_is_settled_and_ended(services: Se
             "mechanism": "test",
         }
     )
-    with pytest.raises(journal.LostSpends), services.db.transaction() as session:
-        journal.check(session, _journal(services))
+    with pytest.raises(journal.LostSpends):
+        _check(services)
     with services.db.transaction() as session:
         done = journal.recharge(
             session, _journal(services), journal.lost_spends(session, _journal(services))
@@ -375,3 +374,28 @@ def test_a_recharge_skips_a_release_spent_since_the_list_was_read(services: Serv
         done = journal.recharge(session, _journal(services), lost)
     assert done.settled == []
     assert _balance(services, dataset_id).epsilon_spent == epsilon_units(2.0, charge=True)
+
+
+def test_a_start_that_writes_the_journal_is_not_refused_for_a_spend_committed_meanwhile(
+    services: Services,
+) -> None:
+    """A worker started beside a running service, on a deployment without a journal yet:
+    a spend the service committed and journalled while the start wrote the journal from
+    the ledger. On SQLite the start's one read transaction compared the journal with the
+    ledger of its snapshot, taken before that spend: refused, for a spend the ledger
+    holds."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    spent_meanwhile: list[bool] = []
+
+    class Journal(journal.SpendJournal):
+        def append(self, *records: dict[str, object]) -> None:
+            super().append(*records)
+            if not spent_meanwhile:  # the running service's spend, once the start wrote
+                spent_meanwhile.append(True)
+                _spend(services, dataset_id, release_id, 1.0)
+
+    assert not services.settings.spend_journal_path.exists()
+    journal.check(services.db, Journal(services.settings.spend_journal_path))
+    assert spent_meanwhile
+    assert [line["release"] for line in _lines(services)] == [str(release_id)]
