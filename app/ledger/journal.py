@@ -144,26 +144,43 @@ def _ledger_spends(session: Session) -> set[str]:
 
 
 def ensure_journal(session: Session, journal: SpendJournal) -> int:
-    """Write the journal from the ledger if there is none (a deployment older than it, a
-    new ``DATA_DIR``). Returns how many spends it wrote (0 if it existed)."""
-    if journal.path.exists():
-        return 0
+    """Append to the journal the ledger's spends it lacks, and write it from the ledger
+    if there is none (a deployment older than it, a new ``DATA_DIR``). A spend the ledger
+    holds is committed, so its line is true whenever it is written: one missing (its
+    process killed between the commit and the line, a commit whose outcome its worker
+    never learnt, a line a full disk refused) is caught up here, at the next start,
+    before a restore can lose the spend unseen. Returns how many spends it wrote."""
+    existed = journal.path.exists()
+    journalled = set(journal.read()[0]) if existed else set()  # read before the ledger
     entries = session.execute(
         select(LedgerEntry, Release.mechanism)
         .join(Release, Release.id == LedgerEntry.release_id)
         .where(LedgerEntry.kind.in_(SPEND_KINDS))
         .order_by(LedgerEntry.id)
     ).all()
-    records = [spend_record(entry, mechanism) for entry, mechanism in entries]
+    records = [
+        spend_record(entry, mechanism)
+        for entry, mechanism in entries
+        if str(entry.release_id) not in journalled
+    ]
     journal.append(*records)
-    if not journal.path.exists():
-        journal.path.touch(mode=0o660)
-    log.warning(
-        "no spend journal in the data directory: wrote %s from the database's ledger "
-        "(%d spends); it must never be restored from a backup nor removed (README, Backups)",
-        journal.path,
-        len(records),
-    )
+    if not existed:
+        if not journal.path.exists():
+            journal.path.touch(mode=0o660)
+        log.warning(
+            "no spend journal in the data directory: wrote %s from the database's ledger "
+            "(%d spends); it must never be restored from a backup nor removed (README, "
+            "Backups)",
+            journal.path,
+            len(records),
+        )
+    elif records:
+        log.warning(
+            "%s lacked %d spend(s) that the ledger holds (a process stopped between a "
+            "spend's commit and its line, or a line that could not be written): appended",
+            journal.path,
+            len(records),
+        )
     return len(records)
 
 

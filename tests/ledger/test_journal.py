@@ -399,3 +399,20 @@ def test_a_start_that_writes_the_journal_is_not_refused_for_a_spend_committed_me
     journal.check(services.db, Journal(services.settings.spend_journal_path))
     assert spent_meanwhile
     assert [line["release"] for line in _lines(services)] == [str(release_id)]
+
+
+def test_a_spend_the_journal_missed_is_caught_up_at_the_next_start(services: Services) -> None:
+    """A spend committed whose line was never written (its worker killed after the
+    commit, a commit whose outcome the measure stage's retry never learnt, a full disk):
+    the next start appends it from the ledger, so a database restored from before it is
+    refused afterwards. Without this, that loss went unseen for good."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    kept, missed = _releases(services, dataset_id, 2)
+    _spend(services, dataset_id, kept, 1.0)
+    lines = services.settings.spend_journal_path.read_text()
+    _spend(services, dataset_id, missed, 1.0)
+    services.settings.spend_journal_path.write_text(lines)  # its line never written
+    _check(services)
+    assert sorted(line["release"] for line in _lines(services)) == sorted([str(kept), str(missed)])
+    _check(services)  # once
+    assert len(_lines(services)) == 2
