@@ -490,7 +490,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
         f"backed up the database, {report.datasets} dataset file(s) and {report.releases} "
         f"published release(s) into {args.directory}"
     )
-    if not report.key_included:
+    if report.key_included:
+        print(
+            f"the data key is in the backup ({args.directory / KEY_FILE_NAME}): whoever holds "
+            "the backup opens every dataset file in it; keep it as you keep the key",
+            file=sys.stderr,
+        )
+    else:
         print(
             "the data key is not in the backup (without it no dataset file opens): keep "
             "CURATOR_DATA_KEY, or DATA_DIR/data.key, apart from it; --with-key includes it",

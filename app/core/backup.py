@@ -139,7 +139,10 @@ def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> 
         copy.parent.mkdir(mode=0o700, exist_ok=True)
         try:
             shutil.copytree(live, copy)
-        except FileNotFoundError:
+        except (FileNotFoundError, shutil.Error):
+            # gone before the copy began, or files of it removed while it was copied
+            # (copytree collects those into one shutil.Error, which ended the command
+            # with a traceback and no word of what to do)
             report.problems.append(
                 f"release {release_id}: its published version v{version} is missing "
                 "(replaced by a re-synthesis during the backup?)"

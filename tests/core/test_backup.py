@@ -182,3 +182,49 @@ def test_a_start_without_the_data_key_says_so(
         without.close()
     assert "1 dataset(s) hold file keys that CURATOR_DATA_KEY" in caplog.text
     assert "put the key back" in caplog.text
+
+
+def test_a_version_removed_while_it_is_copied_is_reported(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A re-synthesis prunes the published version's files while the backup copies them:
+    copytree collects the vanished files into one shutil.Error, which ended the command
+    with a traceback instead of the report (exit 1, no manifest)."""
+    _, release_id = _published(client, curator)
+    services = services_of(client)
+    copytree = shutil.copytree
+
+    def pruned_meanwhile(src: Path, dst: Path) -> object:
+        def vanished(source: str, target: str) -> object:
+            Path(source).unlink()  # the prune, between copytree's listing and this copy
+            return shutil.copy2(source, target)
+
+        return copytree(src, dst, copy_function=vanished)
+
+    monkeypatch.setattr("app.core.backup.shutil.copytree", pruned_meanwhile)
+    report = backup(settings, services.data_key, tmp_path / "b", with_key=False)
+    assert [p.split(":")[0] for p in report.problems] == [f"release {release_id}"]
+    assert not (tmp_path / "b" / MANIFEST_NAME).exists()
+
+
+def test_the_command_warns_when_the_key_is_in_the_backup(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _published(client, curator)
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
+    with pytest.raises(SystemExit) as done:
+        main(["backup", "--with-key", str(tmp_path / "b")])
+    assert done.value.code == 0
+    err = capsys.readouterr().err
+    assert "the data key is in the backup" in err
+    assert "opens every dataset file" in err
