@@ -77,6 +77,13 @@ def _snapshot(source: Path, target: Path) -> None:
         live.close()
 
 
+def _opens(path: Path, ring: bytes, file_keys: str | None) -> bool:
+    try:
+        return tables.opens_with(path, tables.file_ring(ring, file_keys))
+    except PermissionError:
+        return False
+
+
 def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> BackupReport:
     """Back up the deployment of ``settings`` (SQLite only) into ``target``, a directory
     that must not exist or be empty. ``ring`` is the service's key ring, to check that
@@ -109,6 +116,16 @@ def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> 
         single.execute("PRAGMA journal_mode=DELETE")
     single.close()
 
+    key: bytes | None = None
+    if with_key:
+        key_file = settings.data_dir / KEY_FILE_NAME
+        if settings.data_key is not None:
+            key = settings.data_key.get_secret_value().encode()
+        elif key_file.exists():
+            key = key_file.read_bytes().strip()
+        else:  # pragma: no cover - prepare() has written it
+            raise BackupError(f"no data key to include ({key_file} is missing)")
+
     datasets_dir = target / "datasets"
     datasets_dir.mkdir(mode=0o700)
     for storage_name, file_keys in datasets:
@@ -119,14 +136,18 @@ def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> 
         except FileNotFoundError:
             report.problems.append(f"dataset file {storage_name}: missing")
             continue
-        try:
-            opens = tables.opens_with(copy, tables.file_ring(ring, file_keys))
-        except PermissionError:
-            opens = False
-        if not opens:
+        if not _opens(copy, ring, file_keys):
             report.problems.append(
                 f"dataset file {storage_name}: does not open with the keys the database "
                 "copy holds (a key rotation ran during the backup?)"
+            )
+            continue
+        if key is not None and not _opens(copy, key, file_keys):
+            # the backup holds the data key alone, not CURATOR_PREVIOUS_DATA_KEYS
+            report.problems.append(
+                f"dataset file {storage_name}: opens only with a previous data key "
+                "(CURATOR_PREVIOUS_DATA_KEYS), which --with-key does not include: run "
+                "curator rotate-data-key to its end first"
             )
             continue
         report.datasets += 1
@@ -150,14 +171,7 @@ def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> 
             continue
         report.releases += 1
 
-    if with_key:
-        key_file = settings.data_dir / KEY_FILE_NAME
-        if settings.data_key is not None:
-            key = settings.data_key.get_secret_value().encode()
-        elif key_file.exists():
-            key = key_file.read_bytes().strip()
-        else:  # pragma: no cover - prepare() has written it
-            raise BackupError(f"no data key to include ({key_file} is missing)")
+    if key is not None:
         fd = os.open(target / KEY_FILE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(key + b"\n")

@@ -228,3 +228,27 @@ def test_the_command_warns_when_the_key_is_in_the_backup(
     err = capsys.readouterr().err
     assert "the data key is in the backup" in err
     assert "opens every dataset file" in err
+
+
+def test_a_backup_with_the_key_checks_its_files_open_with_that_key_alone(
+    client: TestClient, curator: Caller, settings: Settings, tmp_path: Path
+) -> None:
+    """A new data key set, the old one in CURATOR_PREVIOUS_DATA_KEYS, the rotation not yet
+    run: the files open with the service's ring, and the check passed, but --with-key
+    holds the new key alone, with which the restored files did not open."""
+    from cryptography.fernet import Fernet
+
+    from app.storage.tables import key_ring
+
+    dataset(client, curator)
+    old = (settings.data_dir / KEY_FILE_NAME).read_bytes().strip()
+    new = Fernet.generate_key()
+    rotating = settings.model_copy(
+        update={"data_key": SecretStr(new.decode()), "previous_data_keys": SecretStr(old.decode())}
+    )
+    ring = key_ring(new, [old])
+    assert backup(rotating, ring, tmp_path / "apart", with_key=False).problems == []
+    report = backup(rotating, ring, tmp_path / "b", with_key=True)
+    assert len(report.problems) == 1
+    assert "opens only with a previous data key" in report.problems[0]
+    assert not (tmp_path / "b" / MANIFEST_NAME).exists()
