@@ -163,7 +163,19 @@ def ensure_journal(session: Session, journal: SpendJournal) -> int:
         for entry, mechanism in entries
         if str(entry.release_id) not in journalled
     ]
-    journal.append(*records)
+    try:
+        journal.append(*records)
+    except OSError as exc:
+        # a full or read-only disk: the start goes on (as a spend does when its line
+        # fails); the lines are appended at a later start
+        log.error(
+            "%d spend(s) of the ledger could not be written to %s (%s): a database restored "
+            "from before them would not be refused for them",
+            len(records),
+            journal.path,
+            exc.strerror or type(exc).__name__,
+        )
+        return 0
     if not existed:
         if not journal.path.exists():
             journal.path.touch(mode=0o660)

@@ -416,3 +416,24 @@ def test_a_spend_the_journal_missed_is_caught_up_at_the_next_start(services: Ser
     assert sorted(line["release"] for line in _lines(services)) == sorted([str(kept), str(missed)])
     _check(services)  # once
     assert len(_lines(services)) == 2
+
+
+def test_a_start_on_a_full_disk_is_not_refused_for_the_journal(
+    services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start's catch-up (or a missing journal's first write) on a full or read-only
+    DATA_DIR: the OSError ended curator serve and worker with a traceback, although a
+    spend whose line fails goes on."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    _spend(services, dataset_id, release_id, 1.0)
+    services.settings.spend_journal_path.write_text("")  # its line was refused
+
+    class Full(journal.SpendJournal):
+        def append(self, *records: dict[str, object]) -> None:
+            raise OSError(28, "No space left on device")
+
+    with caplog.at_level(logging.ERROR, logger="curator"):
+        journal.check(services.db, Full(services.settings.spend_journal_path))
+    assert "1 spend(s) of the ledger could not be written" in caplog.text
+    assert "No space left on device" in caplog.text
