@@ -467,9 +467,24 @@ def cmd_backup(args: argparse.Namespace) -> int:
     """Back up an embedded deployment (SQLite database and DATA_DIR's files) into a new
     directory while it runs (:mod:`app.core.backup`). Exit 1 if the copy is not
     consistent (it is left without its manifest), 2 if it cannot be made here."""
-    from app.core.backup import BackupError, backup
+    from app.core.backup import BackupError, backup, sqlite_path
 
-    settings = _settings()
+    settings = load_settings()  # not _settings(): its prepare() generates a missing key
+    configure_logging(settings.log_level)
+    try:
+        sqlite_path(settings)  # PostgreSQL is refused before anything is read or written
+    except BackupError as exc:
+        return _fail(str(exc))
+    key_file = settings.data_dir / KEY_FILE_NAME
+    if settings.data_key is None and not key_file.exists():
+        # prepare() would generate a new key here: every file would then fail the check as
+        # if a rotation had run, and DATA_DIR would keep a key that opens none of them
+        return _fail(
+            f"no data key: CURATOR_DATA_KEY is not set and there is no {key_file}; run "
+            "curator backup with the service's environment (its CURATOR_DATA_KEY)"
+        )
+    settings.prepare()
+    _warn_if_shared(settings.data_dir)
     refused = _check_schema(settings, migrate=False)
     if refused is not None:
         return refused

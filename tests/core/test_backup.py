@@ -252,3 +252,26 @@ def test_a_backup_with_the_key_checks_its_files_open_with_that_key_alone(
     assert len(report.problems) == 1
     assert "opens only with a previous data key" in report.problems[0]
     assert not (tmp_path / "b" / MANIFEST_NAME).exists()
+
+
+def test_the_command_without_the_service_s_key_refuses_and_writes_no_key(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Run from a shell without the service's CURATOR_DATA_KEY (and no data.key): the
+    command generated a new data.key in DATA_DIR, and every file then failed the check as
+    'a key rotation ran during the backup?'."""
+    _published(client, curator)
+    (settings.data_dir / KEY_FILE_NAME).unlink()  # the service's key is in its environment
+    monkeypatch.delenv("CURATOR_DATA_KEY", raising=False)
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
+    with pytest.raises(SystemExit) as done:
+        main(["backup", str(tmp_path / "b")])
+    assert done.value.code == 2
+    assert "no data key" in capsys.readouterr().err
+    assert not (settings.data_dir / KEY_FILE_NAME).exists()
