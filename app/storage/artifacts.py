@@ -226,20 +226,35 @@ class ArtifactStore:
         if not path.exists():
             return
         into = self.work_dir(release_id)
-        try:
-            into.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            into = path.parent
-        trash = into / f".trash-{uuid.uuid4().hex}"
-        try:
-            path.rename(trash)
-        except FileNotFoundError:
-            return
-        except OSError:  # not renamed (permissions, a mount point): removed in place
+        for _ in range(_RENAME_TRIES):
+            try:
+                into.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                into = path.parent
+            trash = into / f".trash-{uuid.uuid4().hex}"
+            try:
+                path.rename(trash)
+                break
+            except FileNotFoundError:
+                if not path.exists():  # removed meanwhile
+                    return
+                # ``into`` was: another process removes it whenever it finds it empty
+                # (a discard, a publish, the sweeper's pass), maybe between the mkdir and
+                # the rename; read as the path gone, a pruned version stayed on disk
+                continue
+            except OSError:  # not renamed (permissions, a mount point): removed in place
+                shutil.rmtree(path, ignore_errors=True)
+                return
+        else:
             shutil.rmtree(path, ignore_errors=True)
             return
         shutil.rmtree(trash, ignore_errors=True)
         _remove_if_empty(into)
+
+
+#: Renames a removal tries into its release's work directory, made again each time, before
+#: it removes the path in place (that directory removed each time in between by others).
+_RENAME_TRIES = 3
 
 
 def _release_of(path: Path) -> uuid.UUID | None:

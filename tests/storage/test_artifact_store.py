@@ -108,6 +108,38 @@ def test_a_version_that_cannot_be_renamed_is_removed_in_place(
     assert not work.exists()
 
 
+def test_a_removal_whose_work_directory_is_emptied_meanwhile_still_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A removal renames into the release's work directory (``.work/<id>``), which another
+    process removes whenever it finds it empty (a discard, a publish, the sweeper's pass of
+    the trash). Removed between this removal's ``mkdir`` and its rename, the rename fails
+    with FileNotFoundError, which was read as the version being gone already: a pruned
+    version (or an unpublished one a cancelled run had moved into place) stayed on disk,
+    and nothing listed it again."""
+    store = ArtifactStore(tmp_path)
+    release_id = uuid.uuid4()
+    for version in (0, 1):
+        work = store.begin(release_id, version)
+        (work / "sample.csv").write_text("x\n1\n")
+        store.publish(release_id, version, work)
+    rename = Path.rename
+    emptied: list[Path] = []
+
+    def racing(self: Path, target: Path) -> Any:
+        into = Path(target).parent
+        if into.parent.name == artifacts.WORK_DIR and not emptied:
+            emptied.append(into)
+            into.rmdir()  # another process found it empty just now
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", racing)
+    store.prune(release_id, 1)
+    assert emptied  # the race happened
+    assert not store.version_dir(release_id, 0).exists()
+    assert store.version_dir(release_id, 1).is_dir()
+
+
 def test_the_csv_quotes_formula_text_and_leaves_numbers_and_the_parquet_alone(
     tmp_path: Path,
 ) -> None:
