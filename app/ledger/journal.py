@@ -179,6 +179,9 @@ def ensure_journal(session: Session, journal: SpendJournal) -> int:
     if not existed:
         if not journal.path.exists():
             journal.path.touch(mode=0o660)
+        if not records:  # a new deployment: nothing spent, nothing to warn of
+            log.info("created the spend journal %s (README, Backups)", journal.path)
+            return 0
         log.warning(
             "no spend journal in the data directory: wrote %s from the database's ledger "
             "(%d spends); it must never be restored from a backup nor removed (README, "

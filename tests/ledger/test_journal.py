@@ -93,6 +93,30 @@ def test_a_missing_journal_is_written_from_the_ledger(services: Services) -> Non
     assert len(_lines(services)) == 1
 
 
+def test_a_new_deployment_creates_its_journal_without_a_warning(
+    services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first start of a new deployment (an empty ledger) creates an empty journal and
+    says so at INFO; a missing journal beside a ledger that holds spends (a database
+    restored onto a new DATA_DIR, an upgrade) is the WARNING."""
+    with caplog.at_level(logging.INFO, logger="curator"):
+        _check(services)
+    assert services.settings.spend_journal_path.read_text() == ""
+    created = [r for r in caplog.records if "spend journal" in r.getMessage()]
+    assert [r.levelno for r in created] == [logging.INFO]
+
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    _spend(services, dataset_id, release_id, 1.0)
+    services.settings.spend_journal_path.unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="curator"):
+        _check(services)
+    written = [r for r in caplog.records if "spend journal" in r.getMessage()]
+    assert [r.levelno for r in written] == [logging.WARNING]
+    assert "(1 spends)" in written[0].getMessage()
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_database_restored_from_before_a_spend_is_refused_until_recharged(
     settings: Settings, tmp_path: Path
