@@ -475,20 +475,20 @@ def cmd_backup(args: argparse.Namespace) -> int:
         sqlite_path(settings)  # PostgreSQL is refused before anything is read or written
     except BackupError as exc:
         return _fail(str(exc))
-    key_file = settings.data_dir / KEY_FILE_NAME
-    if settings.data_key is None and not key_file.exists():
+    if settings.existing_key() is None:
         # prepare() would generate a new key here: every file would then fail the check as
         # if a rotation had run, and DATA_DIR would keep a key that opens none of them
         return _fail(
-            f"no data key: CURATOR_DATA_KEY is not set and there is no {key_file}; run "
-            "curator backup with the service's environment (its CURATOR_DATA_KEY)"
+            "no data key: CURATOR_DATA_KEY is not set and there is no "
+            f"{settings.data_dir / KEY_FILE_NAME}; run curator backup with the service's "
+            "environment (its CURATOR_DATA_KEY)"
         )
-    settings.prepare()
+    current = settings.prepare()
     _warn_if_shared(settings.data_dir)
     refused = _check_schema(settings, migrate=False)
     if refused is not None:
         return refused
-    ring = key_ring(settings.prepare(), settings.previous_keys())
+    ring = key_ring(current, settings.previous_keys())
     try:
         report = backup(settings, ring, args.directory, with_key=args.with_key)
     except BackupError as exc:

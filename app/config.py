@@ -222,22 +222,31 @@ class Settings(BaseSettings):
             keys.append(key)
         return keys
 
-    def _load_key(self) -> bytes:
+    def existing_key(self) -> bytes | None:
+        """The data key the service has (``CURATOR_DATA_KEY``, or ``<DATA_DIR>/data.key``),
+        checked; ``None`` when it has none yet (:meth:`prepare` would generate one)."""
         if self.data_key is not None:
             key = self.data_key.get_secret_value().encode()
             _check_fernet_key(key, "CURATOR_DATA_KEY")
             return key
         key_file = self.data_dir / KEY_FILE_NAME
-        if key_file.exists():
-            mode = stat.S_IMODE(key_file.stat().st_mode)
-            if mode & 0o077:
-                raise ConfigError(
-                    f"{key_file} is readable by other users (mode {oct(mode)}); "
-                    f"run: chmod 600 {key_file}"
-                )
-            key = key_file.read_bytes().strip()
-            _check_fernet_key(key, str(key_file))
+        if not key_file.exists():
+            return None
+        mode = stat.S_IMODE(key_file.stat().st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"{key_file} is readable by other users (mode {oct(mode)}); "
+                f"run: chmod 600 {key_file}"
+            )
+        key = key_file.read_bytes().strip()
+        _check_fernet_key(key, str(key_file))
+        return key
+
+    def _load_key(self) -> bytes:
+        key = self.existing_key()
+        if key is not None:
             return key
+        key_file = self.data_dir / KEY_FILE_NAME
         # Written whole beside it, then published with a hard link, which fails if the
         # name exists: processes starting at once on a new directory (two APIs, an API
         # and a worker) all end with the first key published, and none reads a file

@@ -116,15 +116,9 @@ def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> 
         single.execute("PRAGMA journal_mode=DELETE")
     single.close()
 
-    key: bytes | None = None
-    if with_key:
-        key_file = settings.data_dir / KEY_FILE_NAME
-        if settings.data_key is not None:
-            key = settings.data_key.get_secret_value().encode()
-        elif key_file.exists():
-            key = key_file.read_bytes().strip()
-        else:  # pragma: no cover - prepare() has written it
-            raise BackupError(f"no data key to include ({key_file} is missing)")
+    key = settings.existing_key() if with_key else None
+    if with_key and key is None:  # pragma: no cover - the command refuses before
+        raise BackupError(f"no data key to include ({settings.data_dir / KEY_FILE_NAME})")
 
     datasets_dir = target / "datasets"
     datasets_dir.mkdir(mode=0o700)
