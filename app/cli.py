@@ -69,7 +69,11 @@ UMASK_OTHERS = 0o007
 def _settings() -> Settings:
     settings = load_settings()
     configure_logging(settings.log_level)
-    settings.prepare()
+    # a key the service has is checked, none is generated here: a command that needs one
+    # gets it from Services.build, which refuses to generate one for a database holding
+    # stored datasets (curator migrate needs none)
+    settings.prepare_directories()
+    settings.existing_key()
     _warn_if_shared(settings.data_dir)
     return settings
 

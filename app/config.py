@@ -11,7 +11,9 @@
   may take to open, and a command to be answered, before it fails as Redis unreachable
   (:class:`app.worker.queue.Queue`): a Redis host that drops packets made an enqueue, a
   worker's read or ``/readyz`` wait for the kernel's TCP timeouts (minutes).
-- ``CURATOR_DATA_KEY`` (default: generated once into ``<DATA_DIR>/data.key``, mode 0600):
+- ``CURATOR_DATA_KEY`` (default: generated once into ``<DATA_DIR>/data.key``, mode 0600,
+  by the first process that builds the services while the database holds no stored
+  dataset; with stored datasets a missing key is refused, :meth:`app.core.services.Services.build`):
   the Fernet key that protects raw files at rest; the key that signs the queue's messages
   is derived from it (:class:`app.worker.queue.AuthenticatedSerializer`).
 - ``CURATOR_PREVIOUS_DATA_KEYS`` (default unset): comma-separated Fernet keys that still
@@ -190,10 +192,17 @@ class Settings(BaseSettings):
         return self.data_dir / "queue.db"
 
     def prepare(self) -> bytes:
-        """Create the data directories and return the Fernet key (bytes) for raw files.
+        """Create the data directories and return the Fernet key (bytes) for raw files,
+        generated into ``<DATA_DIR>/data.key`` when the service has none.
 
         Raises :class:`ConfigError` with a message that says what to fix.
         """
+        self.prepare_directories()
+        return self._load_key()
+
+    def prepare_directories(self) -> None:
+        """Create the data directories (no key: :meth:`prepare`). Raises
+        :class:`ConfigError` with a message that says what to fix."""
         try:
             # owner-only (0700) where we create them: raw tables are encrypted, but the
             # database, the queue and the release artifacts are not, and the default key
@@ -208,7 +217,6 @@ class Settings(BaseSettings):
             ) from exc
         if not os.access(self.data_dir, os.W_OK):
             raise ConfigError(f"CURATOR_DATA_DIR ({self.data_dir}) is not writable")
-        return self._load_key()
 
     def previous_keys(self) -> list[bytes]:
         """``CURATOR_PREVIOUS_DATA_KEYS`` as Fernet keys (each checked), in order."""

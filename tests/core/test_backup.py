@@ -184,6 +184,51 @@ def test_a_start_without_the_data_key_says_so(
     assert "put the key back" in caplog.text
 
 
+def test_no_key_is_generated_for_a_database_holding_stored_datasets(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A DATA_DIR restored without data.key (or a command run without CURATOR_DATA_KEY)
+    got a new key generated into data.key by whichever command ran first (curator
+    migrate, create-user, serve), which opens none of the stored files; files uploaded
+    under it were then lost to a later start with the real key."""
+    from cryptography.fernet import Fernet
+
+    from app.config import ConfigError
+    from app.core.services import Services
+
+    dataset_id = dataset(client, curator)
+    key_file = settings.data_dir / KEY_FILE_NAME
+    key = key_file.read_bytes()
+    key_file.unlink()
+    with pytest.raises(ConfigError, match=r"holds 1 dataset\(s\) whose files were sealed"):
+        Services.build(settings)
+    assert not key_file.exists()
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
+    monkeypatch.delenv("CURATOR_DATA_KEY", raising=False)
+    for argv in (["create-user", "--name", "a", "--role", "admin"], ["migrate"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert not key_file.exists(), argv
+    assert exited.value.code == 0  # migrate needs no key
+    assert "no new key was generated" in capsys.readouterr().err
+    # a key set explicitly, even another one, is the operator's choice
+    other = settings.model_copy(update={"data_key": SecretStr(Fernet.generate_key().decode())})
+    Services.build(other).close()
+    # with the stored data deleted, a new key seals nothing that exists
+    key_file.write_bytes(key)
+    key_file.chmod(0o600)
+    deleted = client.delete(f"/v1/datasets/{dataset_id}/data", headers=curator.headers)
+    assert deleted.status_code == 200
+    key_file.unlink()
+    Services.build(settings).close()
+    assert key_file.exists()
+
+
 def test_a_version_removed_while_it_is_copied_is_reported(
     client: TestClient,
     curator: Caller,
