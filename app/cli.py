@@ -178,7 +178,7 @@ def _check_spends(services: Services) -> int | None:
     spend_journal = journal.SpendJournal(services.settings.spend_journal_path)
     try:
         journal.check(services.db, spend_journal)
-    except journal.LostSpends as exc:
+    except (journal.LostSpends, journal.JournalCorrupt) as exc:
         return _fail(str(exc), code=1)
     with services.db.transaction(read_only=True) as session:
         unopened = sealed_with_another_key(session, services.data_key)
@@ -450,7 +450,7 @@ def cmd_reconcile_ledger(args: argparse.Namespace) -> int:
                     )
                 return 1
             done = journal.recharge(session, spend_journal, lost)
-    except ValueError as exc:  # rolled back: nothing charged
+    except (ValueError, journal.JournalCorrupt) as exc:  # rolled back: nothing charged
         return _fail(str(exc), code=1)
     finally:
         services.close()

@@ -18,7 +18,9 @@ did not commit would read as lost. A journal missing altogether (a deployment ol
 it, or a new ``DATA_DIR``) is written from the ledger as it is (:func:`ensure_journal`):
 it then knows what the database knows, so a database and a ``DATA_DIR`` both restored from
 one old backup lose spends that nothing here can tell; the README's "Backups" says what
-to keep.
+to keep. A line cut short is skipped (its spend, which the ledger holds, is appended again
+at the next start); a whole line that is not a record written here refuses the start
+(:class:`JournalCorrupt`): it may record a spend.
 """
 
 from __future__ import annotations
@@ -63,37 +65,111 @@ class SpendJournal:
 
     def append(self, *records: dict[str, Any]) -> None:
         """Append ``records``, one JSON line each, in one write (``O_APPEND``: lines of
-        concurrent processes never interleave on a local filesystem), synced to disk."""
+        concurrent processes never interleave on a local filesystem), synced to disk.
+        After a line cut short (a write a full disk refused in part), the records start
+        on a line of their own: glued to its fragment, the first would be unreadable."""
         if not records:
             return
         data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
         # 0660 less the umask, as the service's other files: an API and workers running as
         # two users of one group (README, CURATOR_DATA_DIR) both append to it
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o660)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o660)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                # every whole line ends so: two processes that both see the fragment
+                # leave an empty line, which reading skips
+                data = b"\n" + data
             os.write(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def read(self) -> tuple[dict[str, dict[str, Any]], set[str]]:
-        """The spends by release id, and the ids of releases whose loss an operator
-        accepted. A line cut short (a process killed in its write) is skipped."""
-        spends: dict[str, dict[str, Any]] = {}
-        accepted: set[str] = set()
-        with self.path.open(encoding="utf-8") as handle:
-            for line in handle:
+    def read(self) -> JournalContents:
+        """The spends by release id, the ids of releases whose loss an operator accepted,
+        and the numbers of lines cut short (a write a full disk or a kill interrupted:
+        skipped). Raises :class:`JournalCorrupt` for a whole JSON line that is not a
+        record this module writes (the journal edited by hand): it could be a spend."""
+        contents = JournalContents(spends={}, accepted=set(), cut_short=[])
+        with self.path.open(encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
                 try:
                     record = json.loads(line)
                 except ValueError:
+                    # a fragment is never valid JSON: an object's text ends with its "}"
+                    contents.cut_short.append(number)
                     continue
-                if not isinstance(record, dict):
-                    continue
+                problem = _record_problem(record)
+                if problem is not None:
+                    raise JournalCorrupt(self, number, problem)
                 if "accepted" in record:
-                    accepted.add(str(record["accepted"]))
-                elif "release" in record:
-                    spends[str(record["release"])] = record
-        return spends, accepted
+                    contents.accepted.add(record["accepted"])
+                else:
+                    contents.spends[record["release"]] = record
+        return contents
+
+
+@dataclass(frozen=True)
+class JournalContents:
+    """What :meth:`SpendJournal.read` found."""
+
+    #: the spend records by release id
+    spends: dict[str, dict[str, Any]]
+    #: release ids whose loss an operator accepted (a dataset the database does not know)
+    accepted: set[str]
+    #: line numbers of lines cut short, skipped
+    cut_short: list[int]
+
+
+class JournalCorrupt(Exception):
+    """A line of the journal is whole JSON but not a record the service writes."""
+
+    def __init__(self, journal: SpendJournal, line: int, problem: str) -> None:
+        self.line = line
+        super().__init__(
+            f"line {line} of {journal.path} is not a record the service writes ({problem}); "
+            "the journal is never edited by hand: put the line back as it was written, or "
+            "remove it if it records no spend (a spend removed from the journal is not "
+            "protected against a restored database)"
+        )
+
+
+def _is_id(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_amount(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _record_problem(record: object) -> str | None:
+    """Why ``record`` is not a line :func:`spend_record` or :func:`recharge` writes, or
+    ``None`` (the problem names fields, never a value)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if "accepted" in record:
+        return None if _is_id(record["accepted"]) else "'accepted' is not a release id"
+    if "release" not in record:
+        return "neither 'release' nor 'accepted'"
+    for field in ("release", "dataset"):
+        if not _is_id(record.get(field)):
+            return f"'{field}' is not an id"
+    if record.get("kind") not in SPEND_KINDS:
+        return f"'kind' is not one of {', '.join(SPEND_KINDS)}"
+    for field in ("epsilon", "delta"):
+        if not _is_amount(record.get(field)):
+            return f"'{field}' is not a whole number of ledger units"
+    if not isinstance(record.get("mechanism", ""), str):
+        return "'mechanism' is not a string"
+    return None
 
 
 def spend_record(entry: LedgerEntry, mechanism: str) -> dict[str, Any]:
@@ -151,7 +227,15 @@ def ensure_journal(session: Session, journal: SpendJournal) -> int:
     never learnt, a line a full disk refused) is caught up here, at the next start,
     before a restore can lose the spend unseen. Returns how many spends it wrote."""
     existed = journal.path.exists()
-    journalled = set(journal.read()[0]) if existed else set()  # read before the ledger
+    read = journal.read() if existed else None  # before the ledger
+    journalled = set() if read is None else set(read.spends)
+    if read is not None and read.cut_short:
+        log.warning(
+            "%s: line(s) %s cut short (a write a full disk or a kill interrupted), skipped; "
+            "a spend of them that the ledger holds is appended again",
+            journal.path,
+            ", ".join(map(str, read.cut_short[:20])) + (", ..." * (len(read.cut_short) > 20)),
+        )
     entries = session.execute(
         select(LedgerEntry, Release.mechanism)
         .join(Release, Release.id == LedgerEntry.release_id)
@@ -209,24 +293,38 @@ class LostSpend:
     epsilon: int
     delta: int
     mechanism: str
+    #: whether the database knows the spend's dataset (a database older than the dataset's
+    #: upload, or another deployment's database, does not)
+    dataset_known: bool = True
 
 
 def lost_spends(session: Session, journal: SpendJournal) -> list[LostSpend]:
     """The spends the journal holds that the ledger lost (a restored database), but for
     those whose loss an operator accepted."""
-    spends, accepted = journal.read()
+    read = journal.read()
     known = _ledger_spends(session)
+    lost = {
+        release_id: record
+        for release_id, record in read.spends.items()
+        if release_id not in known and release_id not in read.accepted
+    }
+    datasets = {uuid.UUID(record["dataset"]) for record in lost.values()}
+    known_datasets = (
+        {str(d) for d in session.scalars(select(Dataset.id).where(Dataset.id.in_(datasets)))}
+        if datasets
+        else set()
+    )
     return [
         LostSpend(
             release_id=release_id,
-            dataset_id=str(record.get("dataset", "")),
-            kind=str(record.get("kind", "commit")),
-            epsilon=int(record.get("epsilon", 0)),
-            delta=int(record.get("delta", 0)),
-            mechanism=str(record.get("mechanism", "")),
+            dataset_id=record["dataset"],
+            kind=record["kind"],
+            epsilon=record["epsilon"],
+            delta=record["delta"],
+            mechanism=record.get("mechanism", ""),
+            dataset_known=str(uuid.UUID(record["dataset"])) in known_datasets,
         )
-        for release_id, record in spends.items()
-        if release_id not in known and release_id not in accepted
+        for release_id, record in lost.items()
     ]
 
 
@@ -244,12 +342,24 @@ class LostSpends(Exception):
             f"dataset {dataset}: epsilon {eps:g}, delta {dlt:g}"
             for dataset, (eps, dlt) in sorted(per_dataset.items())
         )
+        unknown = sorted({spend.dataset_id for spend in lost if not spend.dataset_known})
+        cause = (
+            "the database was restored from a backup older than releases already published, "
+            "and their budget would be spent again"
+        )
+        if unknown:
+            cause += (
+                f"; {len(unknown)} of these dataset(s) are not in the database at all: it is "
+                "older than their upload, or it is not the database this data directory was "
+                "used with (a CURATOR_DATA_DIR reused with a new database: give each "
+                "deployment its own)"
+            )
         super().__init__(
             f"the database's ledger lacks {len(lost)} spend(s) that {journal.path} records "
-            f"({datasets}): the database was restored from a backup older than releases "
-            "already published, and their budget would be spent again. Restore a newer "
-            "backup, or run: curator reconcile-ledger --recharge (charges them to the "
-            "ledger again and records it in the audit log)"
+            f"({datasets}): {cause}. Restore a newer backup, or run: curator "
+            "reconcile-ledger --recharge (charges them to the ledger again and records it in "
+            "the audit log; the loss of spends of datasets the database does not know is "
+            "accepted, since no budget of its holds them)"
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -191,8 +192,9 @@ def test_a_release_the_backup_caught_measuring_is_settled_and_ended(services: Se
             "mechanism": "test",
         }
     )
-    with pytest.raises(journal.LostSpends):
+    with pytest.raises(journal.LostSpends) as refused:
         _check(services)
+    assert "not in the database at all" not in str(refused.value)  # it knows the dataset
     with services.db.transaction() as session:
         done = journal.recharge(
             session, _journal(services), journal.lost_spends(session, _journal(services))
@@ -225,7 +227,9 @@ def test_a_lost_spend_of_a_dataset_the_database_does_not_know_is_accepted(
             "mechanism": "test",
         }
     )
-    with pytest.raises(journal.LostSpends):
+    with pytest.raises(
+        journal.LostSpends, match=r"1 of these dataset\(s\) are not in the database"
+    ):
         _check(services)
     with services.db.transaction() as session:
         done = journal.recharge(
@@ -274,6 +278,7 @@ def test_serve_and_worker_refuse_to_start_on_lost_spends_and_reconcile_recharges
         refused = _cli(data_dir, *command)
         assert refused.returncode == 1, (command, refused.stderr)
         assert f"dataset {dataset_id}: epsilon 1.5, delta 0" in refused.stderr
+        assert "not in the database at all" not in refused.stderr  # it knows the dataset
     recharged = _cli(data_dir, "reconcile-ledger", "--recharge")
     assert recharged.returncode == 0, recharged.stderr
     assert "charged 1 lost spend(s)" in recharged.stdout
@@ -461,3 +466,53 @@ def test_a_start_on_a_full_disk_is_not_refused_for_the_journal(
         journal.check(services.db, Full(services.settings.spend_journal_path))
     assert "1 spend(s) of the ledger could not be written" in caplog.text
     assert "No space left on device" in caplog.text
+
+
+def test_a_line_cut_short_leaves_the_next_spend_readable(
+    services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write a full disk refused in part leaves a fragment without its newline: the
+    next spend's line was glued to it, unreadable, so a restore losing that spend went
+    unseen until a start caught it up."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    first, second = _releases(services, dataset_id, 2)
+    _spend(services, dataset_id, first, 1.0)
+    path = services.settings.spend_journal_path
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write('{"release":"' + str(uuid.uuid4())[:9])
+    _spend(services, dataset_id, second, 1.0)
+    read = _journal(services).read()
+    assert set(read.spends) == {str(first), str(second)}
+    assert read.cut_short == [2]
+    with caplog.at_level(logging.WARNING, logger="curator"):
+        _check(services)
+    assert "line(s) 2 cut short" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("epsilon", "1.5", "'epsilon' is not a whole number of ledger units"),
+        ("epsilon", -3, "'epsilon' is not a whole number of ledger units"),
+        ("delta", True, "'delta' is not a whole number of ledger units"),
+        ("release", "r-1", "'release' is not an id"),
+        ("kind", "refund", "'kind' is not one of commit, non_dp"),
+    ],
+)
+def test_a_hand_edited_line_refuses_the_start_naming_the_line(
+    services: Services, field: str, value: object, problem: str
+) -> None:
+    """A whole JSON line that is not a record the service writes (an amount edited into a
+    string) crashed the start check with a traceback (int('1.5')), or was read as a spend
+    of another amount; it may record a spend, so the start is refused, naming the line."""
+    from app.cli import _check_spends
+
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    _spend(services, dataset_id, release_id, 1.0)
+    record = {**_lines(services)[0], "release": str(uuid.uuid4()), field: value}
+    path = services.settings.spend_journal_path
+    path.write_text(path.read_text() + json.dumps(record) + "\n")
+    with pytest.raises(journal.JournalCorrupt, match=f"line 2 of .*{re.escape(problem)}"):
+        _check(services)
+    assert _check_spends(services) == 1
