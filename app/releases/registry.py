@@ -27,6 +27,21 @@ from app.storage.source import EncryptedTableSource
 ProgressFn = Callable[[float], None]
 
 
+def _within_bounds(
+    original: NDArray[np.float64],
+    lower: float | NDArray[np.float64],
+    upper: float | NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """``original`` clipped to ``[lower, upper]``. The map back from ``[-1, 1]`` rounds:
+    ``lower + 2 (upper - lower) / 2`` is one or a few units in the last place past
+    ``upper`` for many bounds (``-5 + 5.2 = 0.20000000000000018`` for ``[-5, 0.2]``), and
+    a released point at exactly 1 (a histogram's atom at the bound, the moment LP's grid)
+    was a value outside the declared domain. Clipping moves nothing else: every released
+    normalised value lies in ``[-1, 1]``."""
+    clipped: NDArray[np.float64] = np.clip(original, lower, upper)
+    return clipped
+
+
 @dataclass(frozen=True)
 class ColumnInfo:
     """A released column as declared by the curator (public)."""
@@ -38,12 +53,14 @@ class ColumnInfo:
     categories: tuple[str, ...] | None = None
 
     def to_original(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Undo the normalisation of a continuous column: ``lower + (x' + 1)(upper - lower)/2``."""
+        """Undo the normalisation of a continuous column: ``lower + (x' + 1)(upper - lower)/2``
+        for ``x'`` in ``[-1, 1]``, held inside ``[lower, upper]`` (:func:`_within_bounds`)."""
         if self.lower is None or self.upper is None:
             raise ValueError(f"column {self.name!r} has no declared bounds")
-        return (
+        original = (
             self.lower + (np.asarray(x, dtype=np.float64) + 1.0) * (self.upper - self.lower) / 2.0
         )
+        return _within_bounds(original, self.lower, self.upper)
 
     @classmethod
     def from_declared(cls, spec: Mapping[str, Any]) -> ColumnInfo:
@@ -81,9 +98,11 @@ class DatasetInfo:
         return lower, upper
 
     def to_original(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Undo the normalisation: ``x = lower + (x' + 1) (upper - lower) / 2``."""
+        """Undo the normalisation: ``x = lower + (x' + 1) (upper - lower) / 2`` for ``x'`` in
+        ``[-1, 1]``, held inside the declared bounds (:func:`_within_bounds`)."""
         lower, upper = self.bounds()
-        return lower + (np.asarray(X, dtype=np.float64) + 1.0) * (upper - lower) / 2.0
+        original = lower + (np.asarray(X, dtype=np.float64) + 1.0) * (upper - lower) / 2.0
+        return _within_bounds(original, lower, upper)
 
     def to_normalised(self, X: NDArray[np.float64]) -> NDArray[np.float64]:
         lower, upper = self.bounds()
