@@ -90,3 +90,37 @@ def test_synthetic_values_at_the_bounds_stay_inside_the_declared_bounds(
             # the atoms are there: values at the bounds themselves
             assert (values == column["upper"]).any()
             assert (values == column["lower"]).any()
+
+
+def test_randomized_response_files_keep_the_release_column_order(
+    client: TestClient, curator: Caller
+) -> None:
+    """The sample's columns are the release's ``columns`` in their order, in the CSV and
+    the Parquet file alike: the public column came last wherever it stood."""
+    rng = np.random.default_rng(5)
+    n = 200
+    columns = [
+        {"name": "id", "kind": "public"},
+        {"name": "blood", "kind": "categorical", "categories": ["A", "B"]},
+        {"name": "smoker", "kind": "binary"},
+        {"name": "age", "kind": "continuous", "lower": 0, "upper": 100},
+    ]
+    data = {
+        "id": [f"p{i % 7}" for i in range(n)],
+        "blood": rng.choice(["A", "B"], n),
+        "smoker": rng.integers(0, 2, n),
+        "age": rng.uniform(0, 100, n),
+    }
+    schema = {"name": "people", "columns": columns, "budget": {"epsilon": 10, "delta": 0}}
+    sink = io.BytesIO()
+    pq.write_table(pa.table(data), sink)
+    response = upload(client, curator, sink.getvalue(), schema, filename="people.parquet")
+    assert response.status_code == 201, response.text
+    dataset_id = response.json()["id"]
+    for order in (["id", "blood", "smoker", "age"], ["age", "id", "smoker"]):
+        body = {"mechanism": "randomized_response", "epsilon": 2.0, "columns": order}
+        release = finished_release(client, curator, dataset_id, body)
+        assert release["columns"] == order
+        csv_table, parquet_table = _downloads(client, curator, release["id"], "sample")
+        assert csv_table.column_names == order
+        assert parquet_table.column_names == order

@@ -409,7 +409,8 @@ class RandomizedResponse(registry.Mechanism):
         self, loaded: Mapping[str, Any], info: DatasetInfo, start: int = 0, stop: int | None = None
     ) -> pa.Table:
         """The released rows ``start:stop`` (default: all) in original units, with the
-        public column."""
+        public column, in the release's column order (the request's ``columns``, or the
+        declared order): the public column used to come last wherever it stood."""
         release: rr.RRRelease = loaded["release"]
         domain = release.domain
         assert domain is not None
@@ -429,7 +430,7 @@ class RandomizedResponse(registry.Mechanism):
         if public is not None and release.public is not None:
             names = np.asarray(loaded["public_values"], dtype=object)
             columns[public.name] = pa.array(names[release.public[start:stop]])
-        return pa.table(columns)
+        return pa.table({name: columns[name] for name in info.names if name in columns})
 
     def synthesize(
         self,
