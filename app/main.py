@@ -252,6 +252,42 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+class EncodedValidators:
+    """Around the gzip middleware: a response it compressed gets a weak ``ETag`` and no
+    ``Last-Modified``. A download's validators are the stored file's (Starlette's
+    :class:`~starlette.responses.FileResponse`), and ``If-Range`` with either asks for a
+    206 of the file's plain bytes, which the gzip middleware leaves uncompressed: a
+    client resuming a compressed download with them appended plain bytes to its
+    compressed part. The compressed body is the same content in another encoding, which
+    a weak validator may name (RFC 9110, section 8.8.1) and ``If-Range`` never matches
+    (section 13.1.5: the whole file again); a plain response keeps both and resumes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def weakened(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if any(name.lower() == b"content-encoding" for name, _ in headers):
+                    kept = []
+                    for name, value in headers:
+                        lowered = name.lower()
+                        if lowered == b"last-modified":
+                            continue
+                        if lowered == b"etag" and not value.startswith(b"W/"):
+                            value = b"W/" + value
+                        kept.append((name, value))
+                    message = {**message, "headers": kept}
+            await send(message)
+
+        await self.app(scope, receive, weakened)
+
+
 def operation_id(route: APIRoute) -> str:
     """A route's OpenAPI ``operationId``: its function's name (``create_release``), which
     generated clients name their methods after; FastAPI's default appends the path and
@@ -390,6 +426,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
         compresslevel=GZIP_LEVEL,
         exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, *GZIP_EXCLUDED),
     )
+    app.add_middleware(EncodedValidators)
     app.add_middleware(ErrorBarrier)
     app.add_middleware(SecurityHeaders)  # last added, so outermost
     return app

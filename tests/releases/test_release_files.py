@@ -124,3 +124,43 @@ def test_randomized_response_files_keep_the_release_column_order(
         csv_table, parquet_table = _downloads(client, curator, release["id"], "sample")
         assert csv_table.column_names == order
         assert parquet_table.column_names == order
+
+
+def test_a_compressed_download_gives_no_validator_that_resumes_it_with_plain_bytes(
+    client: TestClient, curator: Caller
+) -> None:
+    """A CSV served gzip-compressed carried the strong ETag and the Last-Modified of the
+    file; a client resuming it (``Range`` with ``If-Range`` naming either) got a 206 of
+    the plain file's bytes from that offset and appended them to its compressed part: a
+    corrupt download. A compressed response's ETag is weak (the same content, another
+    encoding: RFC 9110, section 8.8.1) and it carries no Last-Modified, so ``If-Range``
+    with it gets the whole file; the plain response keeps both and resumes."""
+    rng = np.random.default_rng(11)
+    n = 400
+    columns = [{"name": "x", "kind": "continuous", "lower": 0, "upper": 1}]
+    schema = {"name": "plain", "columns": columns, "budget": {"epsilon": 10, "delta": 0}}
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"x": rng.uniform(0, 1, n)}), sink)
+    response = upload(client, curator, sink.getvalue(), schema, filename="plain.parquet")
+    assert response.status_code == 201, response.text
+    body = {"mechanism": "smooth_synthetic", "epsilon": 5.0}
+    release = finished_release(client, curator, response.json()["id"], body)
+    url = f"/v1/releases/{release['id']}/synthetic"
+    plain = client.get(url, headers={**curator.headers, "Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers
+    assert len(plain.content) > 4096  # compressed when the client accepts gzip
+    packed = client.get(url, headers={**curator.headers, "Accept-Encoding": "gzip"})
+    assert packed.headers["content-encoding"] == "gzip"
+    assert packed.content == plain.content  # as decoded by the client
+    assert packed.headers["etag"] == f"W/{plain.headers['etag']}"
+    assert "last-modified" not in packed.headers
+    resume = {**curator.headers, "Accept-Encoding": "gzip", "Range": "bytes=100-"}
+    again = client.get(url, headers={**resume, "If-Range": packed.headers["etag"]})
+    assert again.status_code == 200
+    assert again.content == plain.content
+    # the plain download resumes as before
+    for validator in (plain.headers["etag"], plain.headers["last-modified"]):
+        part = client.get(url, headers={**resume, "If-Range": validator})
+        assert part.status_code == 206
+        assert "content-encoding" not in part.headers
+        assert part.content == plain.content[100:]
