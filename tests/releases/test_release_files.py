@@ -4,6 +4,7 @@ domain, in original units, the same in the CSV and the Parquet file."""
 from __future__ import annotations
 
 import io
+import uuid
 from typing import Any
 
 import numpy as np
@@ -13,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
+from app.models import ReleaseMeasurement
 from app.releases.registry import ColumnInfo, DatasetInfo
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
-from tests.releases.helpers import finished_release
+from tests.releases.helpers import budget, finished_release, run_all, services_of
 
 #: Declared bounds whose width, added back to the lower bound, rounds past the upper one:
 #: -5 + (0.2 - -5) = 0.20000000000000018, -5 + (-0.1 - -5) = -0.09999999999999964.
@@ -164,3 +166,60 @@ def test_a_compressed_download_gives_no_validator_that_resumes_it_with_plain_byt
         assert part.status_code == 206
         assert "content-encoding" not in part.headers
         assert part.content == plain.content[100:]
+
+
+def test_a_resynthesis_with_the_same_params_draws_a_new_sample_from_the_same_measurements(
+    client: TestClient, curator: Caller
+) -> None:
+    """Each synthesis version draws from a generator seeded by the release and the
+    version: a re-synthesis with unchanged parameters publishes another sample and
+    support (post-processing, no budget), from the measurements stored at the request,
+    which it leaves as they were."""
+    rng = np.random.default_rng(13)
+    n = 300
+    columns = [
+        {"name": "x", "kind": "continuous", "lower": 0, "upper": 1},
+        {"name": "y", "kind": "continuous", "lower": -1, "upper": 1},
+    ]
+    schema = {"name": "twice", "columns": columns, "budget": {"epsilon": 10, "delta": 0}}
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"x": rng.uniform(0, 1, n), "y": rng.uniform(-1, 1, n)}), sink)
+    response = upload(client, curator, sink.getvalue(), schema, filename="twice.parquet")
+    assert response.status_code == 201, response.text
+    dataset_id = response.json()["id"]
+    body = {"mechanism": "smooth_synthetic", "epsilon": 5.0}
+    release = finished_release(client, curator, dataset_id, body)
+    release_id = release["id"]
+
+    def measurements() -> Any:
+        with services_of(client).db.transaction(read_only=True) as session:
+            row = session.get(ReleaseMeasurement, uuid.UUID(release_id))
+            assert row is not None
+            return row.payload
+
+    def downloads() -> list[bytes]:
+        return [
+            client.get(
+                f"/v1/releases/{release_id}/synthetic",
+                params={"format": form, "kind": kind},
+                headers=curator.headers,
+            ).content
+            for form in ("csv", "parquet")
+            for kind in ("sample", "support")
+        ]
+
+    stored, first, spent = measurements(), downloads(), budget(client, curator, dataset_id)
+    response = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {}},
+    )
+    assert response.status_code == 202, response.text
+    run_all(client, release_id)
+    again = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert again["status"] == "succeeded"
+    assert again["params"] == release["params"]
+    second = downloads()
+    assert all(a != b for a, b in zip(first, second, strict=True))
+    assert measurements() == stored
+    assert budget(client, curator, dataset_id) == spent
