@@ -92,6 +92,10 @@ def test_synthetic_values_at_the_bounds_stay_inside_the_declared_bounds(
             # the atoms are there: values at the bounds themselves
             assert (values == column["upper"]).any()
             assert (values == column["lower"]).any()
+        if kind == "support":
+            weights = parquet_table.column("weight").to_numpy()
+            assert (weights >= 0).all()
+            assert abs(weights.sum() - 1.0) < 1e-9
 
 
 def test_randomized_response_files_keep_the_release_column_order(
