@@ -185,7 +185,15 @@ def _preview(plan: tuple[IndexSet, sy.BasisChoice, float], epsilon: float) -> di
             "predicted_truncation": chosen.predicted_truncation,
             "predicted_halfwidth_95": chosen.predicted_halfwidth,
             "note": "for a representative query of the declared smoothness: one Gaussian "
-            "kernel of width sqrt(K) with a uniform random centre (normalised scale)",
+            "kernel of width sqrt(K) with a uniform random centre (normalised scale). "
+            "predicted_stderr is the noise standard error of the plain answer "
+            "c_0 + <c, moments> (paper 001, Algorithm 2), root mean square over centres; "
+            "answers add by default the independence extrapolation (and the co-spread "
+            "correction), whose stderr depends on the data and was 1 to 2.3 times this "
+            "one on WDBC and CTG (bench/results/preview_calibration.md). "
+            "predicted_halfwidth_95 is the predicted half-width of a 95 % interval for "
+            "that query; predicted_truncation is the worst-case truncation bound over "
+            "every dataset (mean over centres), not a predicted error",
         },
     }
 
