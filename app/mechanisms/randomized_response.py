@@ -82,8 +82,9 @@ MAX_DOMAIN_SIZE = 1 << 62
 #: Precision (significant digits) of the threshold computation.
 _DIGITS = 60
 
-#: The bound (20) on the RMS error of a query with range 1 above which a release is
-#: useless: answering 1/2 without looking at the data is never off by more.
+#: The largest RMS error of a query with range 1 above which a release is useless:
+#: answering 1/2 without looking at the data is never off by more. Compared with the
+#: largest RMS error the estimate (17) can have, half of bound (20) (:func:`preview`).
 USELESS_RMSE = 0.5
 
 StderrKind = Literal["worst_case", "plug_in", "bound", "bound_proper"]
@@ -1034,8 +1035,12 @@ class RRPreview:
     """Predicted accuracy of a release, from public parameters only (no budget spent).
 
     ``rmse_bound`` is the square root of bound (20) on the mean scale for a row function
-    with range ``b - a = 1``: ``g / ((1 - e^-eps) sqrt(n))``. ``warning`` says when the
-    bound is useless (>= 0.5: answering 1/2 without data is never worse) or weak.
+    with range ``b - a = 1``: ``g / ((1 - e^-eps) sqrt(n))``. It bounds each row's
+    variance by ``(b - a)^2``; a variable in ``[a, b]`` has variance at most
+    ``(b - a)^2 / 4`` (Popoviciu), so the RMS error of the estimate (17) is at most
+    ``rmse_worst_case = rmse_bound / 2`` for every database. ``warning`` says when the
+    release is useless (``rmse_worst_case >= 0.5``: answering 1/2 without data is never
+    worse) or the bound is weak (``rmse_bound >= 0.1``).
     """
 
     n: int
@@ -1053,8 +1058,14 @@ class RRPreview:
             raise MechanismError("n must be >= 1 and domain_size >= 2")
 
     @property
+    def rmse_worst_case(self) -> float:
+        """The largest RMS error of the estimate (17) of a query with range 1, over every
+        database: half of bound (20) (class docstring)."""
+        return self.rmse_bound / 2.0
+
+    @property
     def useful(self) -> bool:
-        return self.rmse_bound < USELESS_RMSE
+        return self.rmse_worst_case < USELESS_RMSE
 
 
 def preview(n: int, domain_size: int, epsilon: float) -> RRPreview:
@@ -1072,12 +1083,13 @@ def preview(n: int, domain_size: int, epsilon: float) -> RRPreview:
     rmse = per_row / math.sqrt(n)
     rows_needed = math.ceil((per_row / 0.1) ** 2)
     warning = None
-    if rmse >= USELESS_RMSE:
+    if rmse / 2.0 >= USELESS_RMSE:
         warning = (
-            f"useless: bound (20) on the RMS error of a query with range 1 is {rmse:.3g} "
-            f"(>= {USELESS_RMSE}), worse than answering 1/2 without data. |D| = {size} is "
-            f"too large for n = {n} at epsilon = {epsilon:g}; about {rows_needed} rows "
-            "would reach 0.1. Use fewer columns, categories or bits, or a larger epsilon."
+            f"useless: the RMS error of a query with range 1 can reach {rmse / 2.0:.3g} "
+            f"(>= {USELESS_RMSE}; half of bound (20), {rmse:.3g}), worse than answering 1/2 "
+            f"without data. |D| = {size} is too large for n = {n} at epsilon = {epsilon:g}; "
+            f"about {rows_needed} rows would bring bound (20) to 0.1. Use fewer columns, "
+            "categories or bits, or a larger epsilon."
         )
     elif rmse >= 0.1:
         warning = (

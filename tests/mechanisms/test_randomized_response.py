@@ -309,6 +309,33 @@ def test_preview_gives_bound_20_and_warns() -> None:
     assert weak.rows_for_rmse_0_1 == math.ceil(((1 + 3 * e) / (1 - e) / 0.1) ** 2)
 
 
+def test_preview_calls_useless_only_a_release_worse_than_answering_one_half() -> None:
+    """Bound (20) bounds a row's variance by ``(b - a)^2``; it is at most ``(b - a)^2 / 4``,
+    so no database and no query with range 1 gives the estimate (17) an RMS error above
+    half of it. With n = 569 and |D| = 32 at epsilon 1 (WDBC's diagnosis and two columns
+    of 16 cells) the bound is 0.82, but the largest RMS error the release can have is
+    0.41 < 0.5: a weak release, not a useless one (it was called useless, "worse than
+    answering 1/2 without data"). Checked against the release's exact worst-case stderr
+    (the maximum over databases) of every indicator query of the first k cells."""
+    n, size, epsilon = 569, 32, 1.0
+    preview = rr.preview(n, size, epsilon)
+    assert 0.5 <= preview.rmse_bound < 1.0
+    assert preview.rmse_worst_case == preview.rmse_bound / 2
+    assert preview.useful
+    assert preview.warning is not None
+    assert preview.warning.startswith("weak")
+    codes = np.random.default_rng(3).integers(0, size, n)
+    release = rr.release(codes, size, epsilon)
+    worst = [release.stderr(rr.Table((np.arange(size) < k).astype(float))) for k in range(1, size)]
+    assert max(worst) <= preview.rmse_worst_case * (1 + 1e-9)
+    assert max(worst) >= 0.99 * preview.rmse_worst_case  # attained up to rho's rounding
+    useless = rr.preview(n, size, 0.1)
+    assert useless.rmse_worst_case >= 0.5
+    assert not useless.useful
+    assert useless.warning is not None
+    assert useless.warning.startswith("useless")
+
+
 # ----------------------------------------------------------------- helpers
 
 

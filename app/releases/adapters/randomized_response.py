@@ -330,8 +330,11 @@ class RandomizedResponse(registry.Mechanism):
             },
             "accuracy": {
                 "rmse_bound": summary.rmse_bound,
+                "rmse_worst_case": summary.rmse_worst_case,
                 "note": "bound (20) of paper 004 on the RMS error of a statistical query "
-                "whose row function has range 1",
+                "whose row function has range 1; the unbiased estimate's RMS error is at "
+                "most rmse_worst_case, half of it, for every database (a row's variance is "
+                "at most 1/4), and the proper estimate's at most rmse_bound",
                 "useful": summary.useful,
                 "warning": summary.warning,
             },
