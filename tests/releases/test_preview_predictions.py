@@ -20,7 +20,7 @@ def test_synopsis_preview_stderr_is_the_plain_answers_and_says_so() -> None:
     """The preview's ``predicted_stderr`` is the RMS (over the representative query's
     centre) of the plain Algorithm-2 answer's noise stderr; the answers the service gives
     (independence extrapolation, the default) report a larger one on data concentrated
-    inside the bounds, as real tables are (1 to 2.3 times on WDBC and CTG). The note says
+    inside the bounds, as real tables are (1 to 2.1 times on WDBC and CTG). The note says
     which answer it is, and that ``predicted_truncation`` is a worst-case bound.
 
     Deterministic: the synopsis holds the exact moments (no noise drawn) with the

@@ -189,7 +189,7 @@ def _preview(plan: tuple[IndexSet, sy.BasisChoice, float], epsilon: float) -> di
             "predicted_stderr is the noise standard error of the plain answer "
             "c_0 + <c, moments> (paper 001, Algorithm 2), root mean square over centres; "
             "answers add by default the independence extrapolation (and the co-spread "
-            "correction), whose stderr depends on the data and was 1 to 2.3 times this "
+            "correction), whose stderr depends on the data and was 1 to 2.1 times this "
             "one on WDBC and CTG (bench/results/preview_calibration.md). "
             "predicted_halfwidth_95 is the predicted half-width of a 95 % interval for "
             "that query; predicted_truncation is the worst-case truncation bound over "
