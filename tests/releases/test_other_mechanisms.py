@@ -102,6 +102,8 @@ def test_randomized_response_end_to_end(client: TestClient, curator: Caller) -> 
     assert preview["resolved"]["domain_size"] == 8
     assert preview["resolved"]["public_column"] == "movie"
     assert preview["accuracy"]["rmse_bound"] > 0
+    # the largest RMS error of the unbiased estimate: half of bound (20)
+    assert preview["accuracy"]["rmse_worst_case"] == preview["accuracy"]["rmse_bound"] / 2
     done = finished_release(client, curator, dataset_id, body)
     release_id = done["id"]
     assert done["privacy_cost"]["epsilon"] <= 2.0
