@@ -1035,12 +1035,15 @@ class RRPreview:
     """Predicted accuracy of a release, from public parameters only (no budget spent).
 
     ``rmse_bound`` is the square root of bound (20) on the mean scale for a row function
-    with range ``b - a = 1``: ``g / ((1 - e^-eps) sqrt(n))``. It bounds each row's
-    variance by ``(b - a)^2``; a variable in ``[a, b]`` has variance at most
-    ``(b - a)^2 / 4`` (Popoviciu), so the RMS error of the estimate (17) is at most
-    ``rmse_worst_case = rmse_bound / 2`` for every database. ``warning`` says when the
-    release is useless (``rmse_worst_case >= 0.5``: answering 1/2 without data is never
-    worse) or the bound is weak (``rmse_bound >= 0.1``).
+    with range ``b - a = 1``: ``g / ((1 - e^-eps) sqrt(n))``. It bounds each row's term
+    of the exact variance (module docstring), ``rho [(1 - rho) (phi_i(x_i) - mu_i)^2 +
+    s_i^2]``, by ``(b - a)^2``. With ``u = |phi_i(x_i) - mu_i| / (b - a)``, the uniform
+    draw's variance is ``s_i^2 <= u (1 - u) (b - a)^2`` (Bhatia-Davis: its mean ``mu_i``
+    lies ``u`` from one end of ``[a, b]``), so the term is at most
+    ``rho u (1 - rho u) (b - a)^2 <= (b - a)^2 / 4``: the RMS error of the estimate (17)
+    is at most ``rmse_worst_case = rmse_bound / 2`` for every database and query.
+    ``warning`` says when the release is useless (``rmse_worst_case >= 0.5``: answering
+    1/2 without data is never worse) or the bound is weak (``rmse_bound >= 0.1``).
     """
 
     n: int

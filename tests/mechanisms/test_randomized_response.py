@@ -310,9 +310,9 @@ def test_preview_gives_bound_20_and_warns() -> None:
 
 
 def test_preview_calls_useless_only_a_release_worse_than_answering_one_half() -> None:
-    """Bound (20) bounds a row's variance by ``(b - a)^2``; it is at most ``(b - a)^2 / 4``,
-    so no database and no query with range 1 gives the estimate (17) an RMS error above
-    half of it. With n = 569 and |D| = 32 at epsilon 1 (WDBC's diagnosis and two columns
+    """Bound (20) bounds a row's term of the exact variance by ``(b - a)^2``; it is at most
+    ``(b - a)^2 / 4`` (``RRPreview``'s docstring), so no database and no query with range
+    1 gives the estimate (17) an RMS error above half of it. With n = 569 and |D| = 32 at epsilon 1 (WDBC's diagnosis and two columns
     of 16 cells) the bound is 0.82, but the largest RMS error the release can have is
     0.41 < 0.5: a weak release, not a useless one (it was called useless, "worse than
     answering 1/2 without data"). Checked against the release's exact worst-case stderr
