@@ -60,15 +60,21 @@ def _refuse_a_new_key_for_stored_data(db: Database, settings: Settings) -> None:
     command run from another environment). A generated key opens none of them, and a
     later start with the real key would not open files uploaded under the generated one.
     A key set explicitly, even a new one, is the operator's choice and is not refused
-    (``curator serve`` then logs how many datasets it does not open)."""
+    (``curator serve`` then logs how many datasets it does not open).
+
+    Every dataset whose data were not deleted counts, whether or not it has file keys of
+    its own: a file stored before revision 0012 (``file_keys`` null) has its data keys
+    wrapped with the service key directly. A database of a revision before 0009 (no
+    ``data_deleted_at``: no data were ever deleted) counts all its datasets."""
     with db.engine.connect() as connection:
-        if not inspect(connection).has_table(Dataset.__tablename__):
+        inspector = inspect(connection)
+        if not inspector.has_table(Dataset.__tablename__):
             return  # a database not migrated yet holds no dataset
-        stored = connection.scalar(
-            select(func.count())
-            .select_from(Dataset)
-            .where(Dataset.data_deleted_at.is_(None), Dataset.file_keys.is_not(None))
-        )
+        columns = {column["name"] for column in inspector.get_columns(Dataset.__tablename__)}
+        query = select(func.count()).select_from(Dataset.__table__)
+        if Dataset.data_deleted_at.key in columns:
+            query = query.where(Dataset.__table__.c.data_deleted_at.is_(None))
+        stored = connection.scalar(query)
     if stored:
         raise ConfigError(
             f"no data key: CURATOR_DATA_KEY is not set and {settings.data_dir / KEY_FILE_NAME} "

@@ -229,6 +229,36 @@ def test_no_key_is_generated_for_a_database_holding_stored_datasets(
     assert key_file.exists()
 
 
+def test_no_key_is_generated_for_a_database_holding_files_stored_before_file_keys(
+    client: TestClient, curator: Caller, settings: Settings
+) -> None:
+    """A file stored before revision 0012 has its data keys wrapped with the service key
+    directly (``file_keys`` null): the refusal counted only datasets with file keys of
+    their own, so a deployment upgraded from before 0012 and started without its key got
+    a new one generated, which opens none of those files."""
+    from sqlalchemy import text
+
+    from app.config import ConfigError
+    from app.core.services import Services
+
+    dataset(client, curator)
+    with services_of(client).db.engine.begin() as connection:
+        connection.execute(text("UPDATE datasets SET file_keys = NULL"))  # as stored before 0012
+    key_file = settings.data_dir / KEY_FILE_NAME
+    key_file.unlink()
+    with pytest.raises(ConfigError, match=r"holds 1 dataset\(s\) whose files were sealed"):
+        Services.build(settings)
+    assert not key_file.exists()
+    # a database not yet migrated past 0008 (create_app checks no schema: it failed on the
+    # missing column) has no data_deleted_at, as no data were ever deleted: all count
+    with services_of(client).db.engine.begin() as connection:
+        for column in ("file_keys", "data_deleted_at"):
+            connection.execute(text(f"ALTER TABLE datasets DROP COLUMN {column}"))
+    with pytest.raises(ConfigError, match=r"holds 1 dataset\(s\) whose files were sealed"):
+        Services.build(settings)
+    assert not key_file.exists()
+
+
 def test_a_version_removed_while_it_is_copied_is_reported(
     client: TestClient,
     curator: Caller,
