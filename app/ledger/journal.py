@@ -80,7 +80,12 @@ class SpendJournal:
                 # every whole line ends so: two processes that both see the fragment
                 # leave an empty line, which reading skips
                 data = b"\n" + data
-            os.write(fd, data)
+            # a write a full disk refuses in part returns its count, not an error: the
+            # rest is written on (a line whole if room was made meanwhile), or that next
+            # write raises, and the caller logs the spend as not written
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

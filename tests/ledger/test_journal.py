@@ -516,3 +516,37 @@ def test_a_hand_edited_line_refuses_the_start_naming_the_line(
     with pytest.raises(journal.JournalCorrupt, match=f"line 2 of .*{re.escape(problem)}"):
         _check(services)
     assert _check_spends(services) == 1
+
+
+def test_a_spend_line_a_full_disk_writes_in_part_is_logged_as_not_written(
+    services: Services, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write a full disk refuses in part returns the count written, not an error: the
+    rest of the line was dropped silently, and the spend, left out of the journal, was
+    never logged as not written (README: 'a line a full or read-only disk refused,
+    logged as an error naming the release')."""
+    dataset_id = _dataset(services, 5.0, 0.0)
+    (release_id,) = _releases(services, dataset_id, 1)
+    path = services.settings.spend_journal_path
+    path.touch()
+    write = os.write
+    calls: list[int] = []
+
+    def is_journal(fd: int) -> bool:
+        return os.path.realpath(f"/proc/self/fd/{fd}") == str(path.resolve())
+
+    def full(fd: int, data: bytes) -> int:
+        if not is_journal(fd):
+            return write(fd, data)
+        calls.append(len(data))
+        if len(calls) == 1:
+            return write(fd, bytes(data)[:10])  # the room left on the disk
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal.os, "write", full)
+    with caplog.at_level(logging.ERROR, logger="curator"):
+        _spend(services, dataset_id, release_id, 1.0)
+    monkeypatch.undo()
+    assert len(calls) == 2
+    assert f"release {release_id}: its spend is committed but could not be written" in (caplog.text)
+    assert "No space left on device" in caplog.text
