@@ -10,10 +10,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.core import migrations
 from app.demo.runner import run, serving
+from tests.conftest import Caller
 
 
 @pytest.mark.slow
@@ -128,3 +130,35 @@ def test_a_demo_server_that_does_not_start_is_reported_at_once(
     assert time.monotonic() - began < 10
     assert _server_threads() == []
     assert len(closed) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_demo_generates_no_key_for_a_data_dir_holding_stored_datasets(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """curator demo --data-dir on a directory whose data.key is gone (and no
+    CURATOR_DATA_KEY) generated a new key before anything else (Settings.prepare), past
+    the services' refusal to do so while the database holds stored datasets."""
+    import sqlite3
+
+    from app.config import KEY_FILE_NAME, ConfigError
+    from app.demo import runner
+    from tests.releases.helpers import dataset
+
+    dataset(client, curator)
+    data_dir = tmp_path / "demo"
+    data_dir.mkdir(mode=0o700)
+    source = sqlite3.connect(settings.resolved_database_url.removeprefix("sqlite:///"))
+    with sqlite3.connect(data_dir / "curator.db") as copy:
+        source.backup(copy)  # the demo's database: DATA_DIR/curator.db
+    source.close()
+    copy.close()
+    monkeypatch.delenv("CURATOR_DATA_KEY", raising=False)
+    monkeypatch.setattr(runner, "_flow", lambda *_: {})
+    with pytest.raises(ConfigError, match="no data key"):
+        run(data_dir, io.StringIO())
+    assert not (data_dir / KEY_FILE_NAME).exists()

@@ -126,7 +126,9 @@ def run(data_dir: Path | None = None, out: TextIO = sys.stdout) -> dict[str, Any
         temporary = tempfile.TemporaryDirectory(prefix="curator-demo-")
         data_dir = Path(temporary.name)
     settings = Settings(data_dir=data_dir, database_url=None, redis_url=None, lease_seconds=10)
-    settings.prepare()
+    # no key here: the server's services get it, and refuse to generate one for a database
+    # holding stored datasets (a --data-dir reused without its data.key)
+    settings.prepare_directories()
     migrations.upgrade(settings.resolved_database_url)
     try:
         return _run(settings, out)
