@@ -187,7 +187,7 @@ def _check_spends(services: Services) -> int | None:
         log.error(
             "%d dataset(s) hold file keys that CURATOR_DATA_KEY (or %s) does not open: "
             "their releases will fail. Was the data directory restored, or the service "
-            "started, without its data key (a new one is generated when there is none)? "
+            "started, with another CURATOR_DATA_KEY? "
             "Stop, put the key back (CURATOR_DATA_KEY, or the old data.key) and restart",
             unopened,
             services.settings.data_dir / KEY_FILE_NAME,
@@ -473,15 +473,16 @@ def cmd_backup(args: argparse.Namespace) -> int:
     consistent (it is left without its manifest), 2 if it cannot be made here."""
     from app.core.backup import BackupError, backup, sqlite_path
 
-    settings = load_settings()  # not _settings(): its prepare() generates a missing key
+    settings = load_settings()  # not _settings(): nothing is created before the checks
     configure_logging(settings.log_level)
     try:
         sqlite_path(settings)  # PostgreSQL is refused before anything is read or written
     except BackupError as exc:
         return _fail(str(exc))
     if settings.existing_key() is None:
-        # prepare() would generate a new key here: every file would then fail the check as
-        # if a rotation had run, and DATA_DIR would keep a key that opens none of them
+        # prepare() would generate a new key here (for a database without stored data):
+        # every file would fail the check as if a rotation had run, and DATA_DIR would keep
+        # a key that opens none of them
         return _fail(
             "no data key: CURATOR_DATA_KEY is not set and there is no "
             f"{settings.data_dir / KEY_FILE_NAME}; run curator backup with the service's "

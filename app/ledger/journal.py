@@ -47,6 +47,8 @@ log = logging.getLogger("curator.ledger")
 
 #: Where a session finds the journal its spends are appended to (``Session.info``).
 SESSION_KEY = "curator_spend_journal"
+#: Ids per ``IN (...)`` list (SQLite allows 32,766 variables in a statement).
+_IN_CHUNK = 500
 #: The ledger kinds that are spends: the data were read for an output.
 SPEND_KINDS = ("commit", "non_dp")
 #: The message of a release that the re-charge ends (it was measured, published, then
@@ -313,12 +315,13 @@ def lost_spends(session: Session, journal: SpendJournal) -> list[LostSpend]:
         for release_id, record in read.spends.items()
         if release_id not in known and release_id not in read.accepted
     }
-    datasets = {uuid.UUID(record["dataset"]) for record in lost.values()}
-    known_datasets = (
-        {str(d) for d in session.scalars(select(Dataset.id).where(Dataset.id.in_(datasets)))}
-        if datasets
-        else set()
-    )
+    datasets = sorted({uuid.UUID(record["dataset"]) for record in lost.values()})
+    known_datasets: set[str] = set()
+    for start in range(0, len(datasets), _IN_CHUNK):  # SQLite's bound on a statement's variables
+        chunk = datasets[start : start + _IN_CHUNK]
+        known_datasets.update(
+            str(d) for d in session.scalars(select(Dataset.id).where(Dataset.id.in_(chunk)))
+        )
     return [
         LostSpend(
             release_id=release_id,

@@ -550,3 +550,31 @@ def test_a_spend_line_a_full_disk_writes_in_part_is_logged_as_not_written(
     assert len(calls) == 2
     assert f"release {release_id}: its spend is committed but could not be written" in (caplog.text)
     assert "No space left on device" in caplog.text
+
+
+def test_lost_spends_tell_known_from_unknown_datasets_in_chunks(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The datasets of lost spends are looked up in chunks (one IN list of every id
+    failed past SQLite's 32,766 variables); each chunk's answer counts."""
+    monkeypatch.setattr(journal, "_IN_CHUNK", 2)
+    known = [_dataset(services, 5.0, 0.0) for _ in range(3)]
+    unknown = [uuid.uuid4() for _ in range(2)]
+    _check(services)
+    _journal(services).append(
+        *(
+            {
+                "release": str(uuid.uuid4()),
+                "dataset": str(dataset_id),
+                "kind": "commit",
+                "epsilon": 5,
+                "delta": 0,
+                "mechanism": "test",
+            }
+            for dataset_id in [*known, *unknown]
+        )
+    )
+    with services.db.transaction(read_only=True) as session:
+        lost = journal.lost_spends(session, _journal(services))
+    assert {s.dataset_id for s in lost if s.dataset_known} == {str(d) for d in known}
+    assert {s.dataset_id for s in lost if not s.dataset_known} == {str(d) for d in unknown}
