@@ -204,6 +204,14 @@ class Settings(BaseSettings):
         """Create the data directories (no key: :meth:`prepare`). Raises
         :class:`ConfigError` with a message that says what to fix."""
         try:
+            os.fsencode(self.data_dir).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"CURATOR_DATA_DIR ({self.data_dir}) is not a UTF-8 path: the dataset and "
+                "release files are written by pyarrow, which names files in UTF-8 only; "
+                "rename the directory or choose another"
+            ) from None
+        try:
             # owner-only (0700) where we create them: raw tables are encrypted, but the
             # database, the queue and the release artifacts are not, and the default key
             # file sits here too. An existing directory keeps the mode it was given (the

@@ -30,7 +30,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from app.core.types import PLAIN_NUMBER
-from app.storage.tables import batch_rows
+from app.storage.tables import arrow_path, batch_rows
 
 
 def sample_chunk_rows(width: int) -> int:
@@ -97,9 +97,9 @@ def write_csv_and_parquet(
     try:
         for table in tables:
             if csv_writer is None or parquet_writer is None:
-                csv_writer = pacsv.CSVWriter(str(csv_path), table.schema)
+                csv_writer = pacsv.CSVWriter(arrow_path(csv_path), table.schema)
                 parquet_writer = pq.ParquetWriter(
-                    str(parquet_path), table.schema, **parquet_options
+                    arrow_path(parquet_path), table.schema, **parquet_options
                 )
             csv_writer.write_table(spreadsheet_safe(table))
             parquet_writer.write_table(table)

@@ -176,6 +176,18 @@ def _decryption(key: bytes) -> pe.FileDecryptionProperties:
     )
 
 
+def arrow_path(path: Path) -> str:
+    """``path`` as pyarrow takes a file name: text that pyarrow encodes in UTF-8, strictly,
+    to get the bytes it asks the system for. Python decodes a name's bytes with the file
+    system's encoding, which is ASCII in the C locale (``LC_ALL=C`` without UTF-8 mode):
+    the non-ASCII bytes of a DATA_DIR such as ``/srv/données`` are then surrogates, which
+    pyarrow refused (an upload was a 500); in a Latin-1 locale the text would name another
+    file. Decoding the name's own bytes as UTF-8 gives text that pyarrow turns back into
+    them. Raises ``UnicodeDecodeError`` for bytes that are not UTF-8, which pyarrow cannot
+    name at all: :meth:`app.config.Settings.prepare` refuses such a DATA_DIR."""
+    return os.fsencode(path).decode("utf-8")
+
+
 class EncryptedTableWriter:
     """Write record batches to an encrypted Parquet file (row groups of at most
     :func:`batch_rows` of the schema's columns)."""
@@ -186,7 +198,7 @@ class EncryptedTableWriter:
         self.rows = 0
         self.row_group_rows = batch_rows(len(schema))
         self._writer = pq.ParquetWriter(
-            str(path), schema, encryption_properties=_encryption(key), compression="zstd"
+            arrow_path(path), schema, encryption_properties=_encryption(key), compression="zstd"
         )
 
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
@@ -201,7 +213,9 @@ class EncryptedTableWriter:
 
 def open_table(path: Path, key: bytes) -> pq.ParquetFile:
     """The encrypted table, read one row group at a time (no ``pre_buffer``: module doc)."""
-    return pq.ParquetFile(str(path), decryption_properties=_decryption(key), pre_buffer=False)
+    return pq.ParquetFile(
+        arrow_path(path), decryption_properties=_decryption(key), pre_buffer=False
+    )
 
 
 def opens_with(path: Path, key: bytes) -> bool:

@@ -35,6 +35,7 @@ from app.releases import registry
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
 from app.storage.source import EncryptedTableSource
+from app.storage.tables import arrow_path
 
 
 class CompressedParams(BaseModel):
@@ -222,7 +223,7 @@ class Compressed(registry.Mechanism):
     ) -> Synthesized:
         release = self.load(payload, info, workdir)
         table = pa.table({name: release.matrix[:, j] for j, name in enumerate(info.names)})
-        pq.write_table(table, workdir / "compressed.parquet")
+        pq.write_table(table, arrow_path(workdir / "compressed.parquet"))
         (workdir / "release.json").write_text(
             json.dumps(
                 {

@@ -35,6 +35,7 @@ from app.releases import registry
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
 from app.storage.source import EncryptedTableSource
+from app.storage.tables import arrow_path
 
 #: Work one answers request may ask for, in bytes of the noisy adjacency's bit matrix read
 #: (a cut reads ``min(|S|, |T|)`` rows of ``ceil(|V|/8)`` bytes, twice: value and interval)
@@ -187,7 +188,7 @@ class GraphCuts(registry.Mechanism):
         schema = pa.schema([("u", pa.int32()), ("v", pa.int32())])
         noisy_edges = 0
         blocks = gc.pair_block_count(n)
-        with pq.ParquetWriter(workdir / "edges.parquet", schema) as writer:
+        with pq.ParquetWriter(arrow_path(workdir / "edges.parquet"), schema) as writer:
             for done, block in enumerate(gc.pair_bits_to_edges(data["pairs"], n), 1):
                 noisy_edges += block.shape[0]
                 writer.write_table(pa.table({"u": block[:, 0], "v": block[:, 1]}, schema=schema))
