@@ -4,6 +4,8 @@ rotate-data-key, reconcile-ledger, backup."""
 from __future__ import annotations
 
 import argparse
+import codecs
+import io
 import json
 import logging
 import os
@@ -51,6 +53,43 @@ def configure_logging(level: str) -> None:
     migration_log = logging.getLogger("alembic.runtime.migration")
     if not any(isinstance(f, _AlembicPreamble) for f in migration_log.filters):
         migration_log.addFilter(_AlembicPreamble())
+
+
+def _printable(error: UnicodeError) -> tuple[str | bytes, int]:
+    """Codec error handler of ``curator``'s standard output (:func:`_output_never_fails`):
+    the bytes Python read from the system and could not decode (a path, an argument) are
+    written back as they were (``surrogateescape``), any other character the output's
+    encoding lacks is written as a ``\\N`` escape (``backslashreplace``)."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    chunk = error.object[error.start : error.end]
+    if all("\udc80" <= c <= "\udcff" for c in chunk):
+        return bytes(ord(c) - 0xDC00 for c in chunk), error.end
+    return codecs.backslashreplace_errors(error)
+
+
+codecs.register_error("curator-printable", _printable)
+
+
+def _output_never_fails() -> None:
+    """Standard output in the C locale without UTF-8 mode (``LC_ALL=C PYTHONUTF8=0``) is
+    ASCII, strictly but for ``surrogateescape``: a command that printed a non-ASCII name
+    (``create-user``) raised after its transaction had committed, and the API key that
+    is shown once was lost. Standard error already escapes (``backslashreplace``)."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="curator-printable")
+
+
+def _argument_text(value: str) -> str | None:
+    """A command-line argument as the text the operator typed: in the C locale Python
+    decodes the arguments as ASCII (non-ASCII bytes become surrogates), whereas terminals
+    send UTF-8. ``None`` for bytes that are not UTF-8 either."""
+    if not any("\udc80" <= c <= "\udcff" for c in value):
+        return value
+    try:
+        return os.fsencode(value).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -318,8 +357,11 @@ def cmd_create_user(args: argparse.Namespace) -> int:
     from app.core.types import Name
     from app.users import service
 
+    text = _argument_text(args.name)
+    if text is None:
+        return _fail("--name is not UTF-8 text")
     try:
-        name = TypeAdapter(Name).validate_python(args.name)
+        name = TypeAdapter(Name).validate_python(text)
     except ValidationError:
         return _fail("--name must be 1 to 200 characters, without control characters")
     settings = _settings()
@@ -656,6 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     # before any command creates a file: the operator's umask, closed to others
     os.umask(os.umask(0) | UMASK_OTHERS)
+    _output_never_fails()
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)

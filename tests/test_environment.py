@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from app.config import ConfigError, Settings
 
@@ -107,3 +108,35 @@ def test_a_data_dir_that_is_not_utf8_is_refused_with_a_message(tmp_path: Path) -
     with pytest.raises(ConfigError, match="not a UTF-8 path"):
         Settings(data_dir=data_dir, redis_url=None).prepare()
     assert not data_dir.exists()
+
+
+def curator_in_c_locale(tmp_path: Path, *args: str | bytes) -> subprocess.CompletedProcess[str]:
+    env = c_locale_env(CURATOR_DATA_DIR=str(tmp_path / "data"))
+    env = {k: v for k, v in env.items() if not k.startswith("CURATOR_") or k.endswith("DATA_DIR")}
+    return run_python("from app.cli import main; main()", env, *args)
+
+
+def test_create_user_with_a_non_ascii_name_in_the_c_locale_shows_its_key(
+    tmp_path: Path,
+) -> None:
+    """The C locale decodes arguments and encodes standard output as ASCII: the name
+    typed (UTF-8) was refused as "control characters", and had it passed, printing it
+    raised after the user was committed, losing the API key shown once."""
+    assert curator_in_c_locale(tmp_path, "migrate").returncode == 0
+    typed = "Zoë Ωmega".encode()
+    result = curator_in_c_locale(tmp_path, "create-user", "--name", typed, "--role", "admin")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("created admin Zo\\xeb \\u03a9mega ("), lines
+    assert lines[1].startswith("API key (shown once): "), lines
+    engine = create_engine(f"sqlite:///{tmp_path / 'data' / 'curator.db'}")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT name FROM users")).scalars().all() == ["Zoë Ωmega"]
+    engine.dispose()
+
+
+def test_create_user_refuses_a_name_that_is_not_utf8(tmp_path: Path) -> None:
+    assert curator_in_c_locale(tmp_path, "migrate").returncode == 0
+    result = curator_in_c_locale(tmp_path, "create-user", "--name", b"Zo\xeb", "--role", "admin")
+    assert result.returncode == 2
+    assert "--name is not UTF-8 text" in result.stderr
