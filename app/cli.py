@@ -13,6 +13,7 @@ import re
 import socket
 import stat
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,12 +45,20 @@ class _AlembicPreamble(logging.Filter):
         return not str(record.msg).startswith(("Context impl", "Will assume"))
 
 
+class UTCFormatter(logging.Formatter):
+    """Log times in UTC, ISO 8601 with milliseconds and ``Z`` (``2026-11-29T13:14:04.512Z``),
+    as the API's timestamps are: they were the host's local time without an offset, which
+    matched no API timestamp on a host not set to UTC, nor another host's lines."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{stamp}.{int(record.msecs):03d}Z"
+
+
 def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(UTCFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     migration_log = logging.getLogger("alembic.runtime.migration")
     if not any(isinstance(f, _AlembicPreamble) for f in migration_log.filters):
         migration_log.addFilter(_AlembicPreamble())

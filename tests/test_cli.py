@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import logging
 import os
@@ -522,3 +523,23 @@ def test_serve_help_states_the_defaults_the_readme_names(
         "port to listen on, 0-65535; 0 takes a free one the system picks (default: 8000)" in usage
     )
     assert "--port-file PORT_FILE once the server listens, write its port to this file" in usage
+
+
+def test_log_lines_carry_utc_times_whatever_the_hosts_zone(tmp_path: Path) -> None:
+    """Log times were the host's local time without an offset (``2026-11-29 18:44:04,512``
+    in Asia/Kolkata for an API timestamp of 13:14:04Z)."""
+    code = (
+        "import logging; from app.cli import configure_logging; configure_logging('INFO'); "
+        "logging.getLogger('curator').info('hello')"
+    )
+    env = {**os.environ, "TZ": "Asia/Kolkata"}
+    before = time.time()
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    match = re.fullmatch(
+        r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z INFO curator: hello\n", done.stderr
+    )
+    assert match is not None, done.stderr
+    logged = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S"))
+    assert before - 2 <= logged <= time.time() + 1
