@@ -89,6 +89,12 @@ def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> 
     that must not exist or be empty. ``ring`` is the service's key ring, to check that
     each copied dataset file opens with the keys its backed-up row holds."""
     source = sqlite_path(settings)
+    try:
+        tables.arrow_path(target)
+    except UnicodeDecodeError:
+        # each copied dataset file is opened by pyarrow, which names files in UTF-8 only
+        # (tables.arrow_path): refused before anything is written, not a traceback halfway
+        raise BackupError(f"{target} is not a UTF-8 path: choose another directory") from None
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise BackupError(f"{target} exists and is not an empty directory")
     target.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import sqlite3
 import stat
@@ -128,6 +129,18 @@ def test_a_backup_refuses_a_used_directory_and_postgresql(
     elsewhere = settings.model_copy(update={"database_url": "postgresql+psycopg://u@h/db"})
     with pytest.raises(BackupError, match="pg_dump"):
         backup(elsewhere, b"", tmp_path / "pg", with_key=False)
+
+
+def test_a_backup_refuses_a_directory_that_is_not_utf8_before_writing(
+    client: TestClient, curator: Caller, settings: Settings, tmp_path: Path
+) -> None:
+    """pyarrow opens each copied dataset file and names files in UTF-8 only: a target of
+    Latin-1 bytes raised UnicodeDecodeError halfway, the database and files copied."""
+    dataset(client, curator)
+    target = Path(os.fsdecode(os.fsencode(tmp_path) + b"/b\xe0ckup"))
+    with pytest.raises(BackupError, match="not a UTF-8 path"):
+        backup(settings, services_of(client).data_key, target, with_key=False)
+    assert not target.exists()
 
 
 def test_the_command_backs_up_and_says_where_the_key_is(
