@@ -110,6 +110,34 @@ def test_a_data_dir_that_is_not_utf8_is_refused_with_a_message(tmp_path: Path) -
     assert not data_dir.exists()
 
 
+READ_BACK = """
+    import sys
+    from pathlib import Path
+    import pyarrow as pa
+    from app.storage import tables
+
+    assert sys.getfilesystemencoding() == "ascii", sys.getfilesystemencoding()
+    path = Path(sys.argv[1]) / "datasets" / "d.parquet"
+    key = tables.new_file_key()
+    writer = tables.EncryptedTableWriter(path, pa.schema([("x", pa.float64())]), key)
+    writer.write(pa.table({"x": [1.0, 2.0]}))
+    writer.close()
+    print(tables.open_table(path, key).read().column("x").to_pylist())
+    print(tables.opens_with(path, key))
+"""
+
+
+def test_a_dataset_file_under_a_non_ascii_data_dir_opens_in_the_c_locale(
+    tmp_path: Path,
+) -> None:
+    """Every release reads its dataset with open_table: the upload's write alone was not
+    enough (the read of a measure is pyarrow's too)."""
+    data_dir = tmp_path / "dàta dir"
+    result = run_python(READ_BACK, c_locale_env(), os.fsencode(data_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["[1.0, 2.0]", "True"], result.stderr[-3000:]
+
+
 def curator_in_c_locale(tmp_path: Path, *args: str | bytes) -> subprocess.CompletedProcess[str]:
     env = c_locale_env(CURATOR_DATA_DIR=str(tmp_path / "data"))
     env = {k: v for k, v in env.items() if not k.startswith("CURATOR_") or k.endswith("DATA_DIR")}
