@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, func, make_url, select, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -266,6 +266,20 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+_T = TypeVar("_T")
+
+#: Values per ``IN (...)`` list of a statement (:func:`in_chunks`): SQLite allows 32,766
+#: variables in a statement.
+IN_CHUNK = 500
+
+
+def in_chunks(values: list[_T]) -> Iterator[list[_T]]:
+    """``values`` in lists of at most :data:`IN_CHUNK`, one ``IN (...)`` list each: one
+    list of every value failed past SQLite's bound on a statement's variables."""
+    for start in range(0, len(values), IN_CHUNK):
+        yield values[start : start + IN_CHUNK]
 
 
 def uses_row_locks(session: Session) -> bool:

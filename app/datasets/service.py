@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from app.config import KEY_FILE_NAME
 from app.core import pagination
 from app.core.audit import record
-from app.core.db import on_commit
+from app.core.db import in_chunks, on_commit
 from app.core.errors import (
     Conflict,
     Forbidden,
@@ -691,14 +691,15 @@ def rotate_data_key(services: Services) -> KeyRotation:
             rotated.append(name)
             log.info("data key rotation: %s re-encrypted", name)
     with services.db.transaction() as session:
-        deleted = set(
-            session.scalars(
+        deleted = {
+            name
+            for chunk in in_chunks(rotated + superseded)
+            for name in session.scalars(
                 select(Dataset.storage_name).where(
-                    Dataset.storage_name.in_(rotated + superseded),
-                    Dataset.data_deleted_at.is_not(None),
+                    Dataset.storage_name.in_(chunk), Dataset.data_deleted_at.is_not(None)
                 )
             )
-        )
+        }
         for name in deleted:  # deleted while re-encrypted: the rename put a file back
             (services.settings.datasets_dir / name).unlink(missing_ok=True)
         record(

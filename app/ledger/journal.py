@@ -38,7 +38,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core import audit
-from app.core.db import Database, on_commit
+from app.core.db import Database, in_chunks, on_commit
 from app.ledger.units import delta_value, epsilon_value
 from app.models import Dataset, LedgerEntry, Release
 from app.models.base import utcnow
@@ -47,8 +47,6 @@ log = logging.getLogger("curator.ledger")
 
 #: Where a session finds the journal its spends are appended to (``Session.info``).
 SESSION_KEY = "curator_spend_journal"
-#: Ids per ``IN (...)`` list (SQLite allows 32,766 variables in a statement).
-_IN_CHUNK = 500
 #: The ledger kinds that are spends: the data were read for an output.
 SPEND_KINDS = ("commit", "non_dp")
 #: The message of a release that the re-charge ends (it was measured, published, then
@@ -317,8 +315,7 @@ def lost_spends(session: Session, journal: SpendJournal) -> list[LostSpend]:
     }
     datasets = sorted({uuid.UUID(record["dataset"]) for record in lost.values()})
     known_datasets: set[str] = set()
-    for start in range(0, len(datasets), _IN_CHUNK):  # SQLite's bound on a statement's variables
-        chunk = datasets[start : start + _IN_CHUNK]
+    for chunk in in_chunks(datasets):
         known_datasets.update(
             str(d) for d in session.scalars(select(Dataset.id).where(Dataset.id.in_(chunk)))
         )

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select, text
 
 from app.config import Settings
+from app.core import db
 from app.core.errors import BudgetExhausted
 from app.core.services import Services
 from app.ledger import journal
@@ -557,7 +558,7 @@ def test_lost_spends_tell_known_from_unknown_datasets_in_chunks(
 ) -> None:
     """The datasets of lost spends are looked up in chunks (one IN list of every id
     failed past SQLite's 32,766 variables); each chunk's answer counts."""
-    monkeypatch.setattr(journal, "_IN_CHUNK", 2)
+    monkeypatch.setattr(db, "IN_CHUNK", 2)
     known = [_dataset(services, 5.0, 0.0) for _ in range(3)]
     unknown = [uuid.uuid4() for _ in range(2)]
     _check(services)
