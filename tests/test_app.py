@@ -714,7 +714,9 @@ def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
         "validation_error"
     )
     upload = paths["/v1/datasets"]["post"]["responses"]
-    assert upload["422"]["description"] == "invalid_request or invalid_upload"
+    # (its Idempotency-Key header is a parameter, as every parameter may be a validation_error)
+    assert upload["422"]["description"] == "invalid_request or invalid_upload or validation_error"
+    assert upload["409"]["description"] == "idempotency_key_reused"
     release = paths["/v1/datasets/{dataset_id}/releases"]["post"]["responses"]
     assert release["422"]["description"] == "invalid_request or validation_error"
     assert release["413"]["description"] == "payload_too_large"
@@ -727,13 +729,14 @@ def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
 
 
 def test_openapi_declares_the_body_of_a_repeated_request(client: TestClient) -> None:
-    """A grant that already existed and a release request replayed with its
+    """A grant that already existed and a release request or an upload replayed with its
     Idempotency-Key answer 200 with the same body as their 201 / 202: a client generated
     from the schema read a body-less 200 as no result (openapi-python-client: None)."""
     paths = client.get("/openapi.json").json()["paths"]
     for path, model, first in (
         ("/v1/datasets/{dataset_id}/grants", "GrantOut", "201"),
         ("/v1/datasets/{dataset_id}/releases", "ReleaseOut", "202"),
+        ("/v1/datasets", "DatasetOut", "201"),
     ):
         responses = paths[path]["post"]["responses"]
         for status in (first, "200"):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Header, Request, Response, status
+from starlette.concurrency import run_in_threadpool
 
 from app.core.deps import (
     CuratorUser,
@@ -44,7 +46,7 @@ from app.datasets.schemas import (
     GrantCreate,
     GrantOut,
 )
-from app.datasets.upload import receive_multipart, upload_checks
+from app.datasets.upload import fingerprint_keys, receive_multipart, upload_checks
 
 router = APIRouter(prefix="/v1", tags=["datasets"], responses=error_responses(Unauthorized))
 
@@ -88,23 +90,35 @@ _UPLOAD_BODY = {
     "/datasets",
     status_code=status.HTTP_201_CREATED,
     response_model=DatasetOut,
-    responses=error_responses(
-        Forbidden,
-        InvalidRequest,
-        InvalidUpload,
-        PayloadTooLarge,
-        UnsupportedMediaType,
-        ServiceUnavailable,
-    ),
+    responses={
+        200: {
+            "model": DatasetOut,
+            "description": "replay of an earlier upload with the same Idempotency-Key",
+        },
+        **error_responses(
+            Forbidden,
+            InvalidRequest,
+            InvalidUpload,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+            ServiceUnavailable,
+            service.IdempotencyConflict,
+        ),
+    },
     openapi_extra=_UPLOAD_BODY,
 )
 async def create_dataset(
     request: Request,
+    response: Response,
     curator: CuratorUser,
     services: ServicesDep,
     transaction: DeferredTransactionDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> DatasetOut:
-    """Upload a table with its declared schema and budget (multipart: ``file``, ``schema``)."""
+    """Upload a table with its declared schema and budget (multipart: ``file``, ``schema``).
+    With an ``Idempotency-Key``, a retry of the same upload (same declaration, same file)
+    returns the dataset the first created (200), and the key with another upload is 409."""
+    service.check_idempotency_key(idempotency_key)
     # No SessionDep: the body streams and the file is validated and stored for minutes,
     # holding no database resource; only the recording takes a (deferred) transaction.
     # before a byte is spooled: the spool and the stored table take about twice the
@@ -113,22 +127,44 @@ async def create_dataset(
     writes = 2 * int(length) if length.isdigit() else 0
     ensure_free_space(services.settings, "upload", writes)
     upload = await receive_multipart(
-        request, services.settings.tmp_dir, services.settings.max_upload_bytes
+        request,
+        services.settings.tmp_dir,
+        services.settings.max_upload_bytes,
+        fingerprint_keys(services.data_key),
     )
     try:
         declaration = service.parse_declaration(upload.fields.get("schema"))
+        replayed = await run_in_threadpool(
+            service.replayed_upload,
+            services,
+            curator,
+            idempotency_key,
+            declaration,
+            upload.fingerprints,
+        )
+        if replayed is not None:  # a retry: nothing validated or stored again
+            response.status_code = status.HTTP_200_OK
+            return replayed
         stored = await upload_checks.run(
             service.store_dataset, services, curator, declaration, upload
         )
     finally:
         upload.discard()
     try:
-        return await transaction.run(
-            service.record_dataset, curator, stored, request.state.api_key_id
+        out, created = await transaction.run(
+            service.record_dataset,
+            curator,
+            stored,
+            request.state.api_key_id,
+            idempotency_key,
         )
     except BaseException:
         stored.discard()  # not recorded: rolled back, or the transaction never began
         raise
+    if not created:  # a concurrent copy recorded it: this one's file is not needed
+        stored.discard()
+        response.status_code = status.HTTP_200_OK
+    return out
 
 
 @router.get("/datasets", response_model=list[DatasetOut], responses=NEXT_LINK)

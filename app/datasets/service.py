@@ -8,6 +8,7 @@ curator's action gets 403 (they already know it exists).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import uuid
@@ -21,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import ValidationError
 from sqlalchemy import ColumnElement, exists, false, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import KEY_FILE_NAME
@@ -60,6 +62,14 @@ log = logging.getLogger("curator.datasets")
 Declaration = DatasetDeclaration | GraphDeclaration
 
 
+class IdempotencyConflict(Conflict):
+    code = "idempotency_key_reused"
+
+
+#: Earlier datasets of the same file named in a new dataset's warnings, at most.
+MAX_SAME_FILE_WARNINGS = 5
+
+
 def parse_declaration(raw: str | None) -> Declaration:
     """Parse the ``schema`` form field (a table by default, ``"kind": "graph"`` for an
     edge list); 422 with every problem named."""
@@ -87,6 +97,8 @@ class StoredDataset:
     report: ValidationReport
     path: Path
     declaration: Declaration
+    #: the file's fingerprints (:attr:`ReceivedUpload.fingerprints`), the current key's first
+    fingerprints: list[str] = field(default_factory=list)
     recorded: bool = False  # set once the transaction that recorded it has committed
 
     def discard(self) -> None:
@@ -123,6 +135,7 @@ def store_dataset(
         "delta_total": delta_units(declaration.budget.delta, charge=False),
         "storage_name": storage_name,
         "file_keys": tables.seal_file_keys(services.data_key, [file_key]),
+        "fingerprint": upload.fingerprints[0] if upload.fingerprints else None,
     }
     try:
         with upload.file.open() as reader:
@@ -167,24 +180,134 @@ def store_dataset(
     except BaseException:
         destination.unlink(missing_ok=True)
         raise
-    return StoredDataset(dataset, report, destination, declaration)
+    return StoredDataset(dataset, report, destination, declaration, list(upload.fingerprints))
+
+
+def check_idempotency_key(key: str | None) -> None:
+    """The ``Idempotency-Key`` of an upload: 1 to 200 characters, as a release's."""
+    if key is not None and not 1 <= len(key) <= 200:
+        raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
+
+
+def declaration_hash(declaration: Declaration) -> str:
+    """SHA-256 of the declaration's canonical JSON (public parameters only)."""
+    canonical = json.dumps(declaration.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _existing(
+    session: Session,
+    curator: User,
+    key: str,
+    declaration: Declaration,
+    fingerprints: list[str],
+) -> Dataset | None:
+    """The curator's dataset uploaded with ``key``, if any; 409 if it was uploaded with
+    another declaration or another file (its fingerprint, under the current data key or a
+    previous one of the ring, is none of ``fingerprints``)."""
+    dataset = session.scalars(
+        select(Dataset).where(Dataset.owner_id == curator.id, Dataset.idempotency_key == key)
+    ).one_or_none()
+    if dataset is not None and (
+        dataset.request_hash != declaration_hash(declaration)
+        or dataset.fingerprint is None
+        or dataset.fingerprint not in fingerprints
+    ):
+        raise IdempotencyConflict(
+            "this Idempotency-Key was used for a different upload (another declaration or "
+            "another file); use a new key"
+        )
+    return dataset
+
+
+def replayed_upload(
+    services: Services,
+    curator: User,
+    key: str | None,
+    declaration: Declaration,
+    fingerprints: list[str],
+) -> DatasetOut | None:
+    """The dataset an earlier upload with this ``Idempotency-Key``, declaration and file
+    created (read in a short read-only transaction), before this one is validated and
+    stored: a retry then costs its transfer only. None without a key or such a dataset;
+    409 if the key was used for another upload. :func:`record_dataset` looks again, for a
+    copy that was still running then."""
+    if key is None or not fingerprints:  # no file part: store_dataset says so (422)
+        return None
+    with services.db.transaction(read_only=True) as session:
+        existing = _existing(session, curator, key, declaration, fingerprints)
+        return None if existing is None else to_out(session, existing, curator)
+
+
+def _same_file_warnings(session: Session, curator: User, stored: StoredDataset) -> list[str]:
+    """Warnings naming the curator's earlier datasets of the very same file (their data
+    kept): each has a budget of its own. Advice only: such an upload is not refused."""
+    if not stored.fingerprints:
+        return []
+    earlier = session.scalars(
+        select(Dataset)
+        .where(
+            Dataset.owner_id == curator.id,
+            Dataset.fingerprint.in_(stored.fingerprints),
+            Dataset.data_deleted_at.is_(None),
+            Dataset.id != stored.dataset.id,
+        )
+        .order_by(Dataset.created_at, Dataset.id)
+        .limit(MAX_SAME_FILE_WARNINGS)
+    )
+    return [
+        f"this file is the very file of your dataset {other.id}: the two datasets have "
+        "separate budgets, so releases of both can spend the same individuals' privacy "
+        "twice over; to retry an upload, send an Idempotency-Key"
+        for other in earlier
+    ]
 
 
 def record_dataset(
-    session: Session, curator: User, stored: StoredDataset, key_id: uuid.UUID | None = None
-) -> DatasetOut:
-    """Record a stored upload: the dataset row and its audit event.
+    session: Session,
+    curator: User,
+    stored: StoredDataset,
+    key_id: uuid.UUID | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[DatasetOut, bool]:
+    """Record a stored upload: the dataset row and its audit event. Returns
+    (dataset, created).
 
     With ``key_id`` (the request's API key), the key is checked again first: an upload
     streams and validates for minutes, and a key revoked meanwhile must not create a
-    dataset. Leaves the stored file to the caller if it raises or the transaction rolls
-    back (:func:`store_dataset`).
+    dataset. With an ``idempotency_key`` that an earlier upload of the same declaration
+    and file used, nothing is recorded and that dataset is returned (not created); the
+    same key with another upload is a 409 (:class:`IdempotencyConflict`). Two copies
+    racing insert one row (the unique index on the curator and key): the other returns
+    it. Leaves the stored file to the caller if it raises, the transaction rolls back, or
+    the dataset was not created (:func:`store_dataset`).
     """
     if key_id is not None:
         ensure_key_active(session, key_id)
     dataset = stored.dataset
-    session.add(dataset)
-    session.flush()
+    if idempotency_key is not None:
+        existing = _existing(
+            session, curator, idempotency_key, stored.declaration, stored.fingerprints
+        )
+        if existing is not None:
+            return to_out(session, existing, curator), False
+        dataset.idempotency_key = idempotency_key
+        dataset.request_hash = declaration_hash(stored.declaration)
+    try:
+        with session.begin_nested():
+            session.add(dataset)
+            session.flush()
+    except IntegrityError:
+        # a concurrent copy with the same key won the race (PostgreSQL: this insert waited
+        # for its commit)
+        if idempotency_key is None:
+            raise
+        existing = _existing(
+            session, curator, idempotency_key, stored.declaration, stored.fingerprints
+        )
+        if existing is None:
+            raise
+        return to_out(session, existing, curator), False
     on_commit(session, stored._mark_recorded)
     record(
         session,
@@ -201,7 +324,10 @@ def record_dataset(
     out = to_out(session, dataset, curator)
     if dataset.kind == "table":  # the clip counts go back with this response only
         out = out.model_copy(update={"validation": stored.report})
-    return out
+    same_file = _same_file_warnings(session, curator, stored)
+    if same_file:  # with this response only
+        out = out.model_copy(update={"warnings": [*out.warnings, *same_file]})
+    return out, True
 
 
 def update_dataset(

@@ -10,9 +10,15 @@ as a file (``curl -F schema=@schema.json``).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
@@ -21,6 +27,7 @@ from starlette.requests import Request
 from app.core.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from app.core.threads import ThreadLimit
 from app.storage.spool import EncryptedSpool
+from app.storage.tables import KEY_RING_SEPARATOR
 
 MAX_FIELD_BYTES = 1 << 20
 MAX_FIELDS = 8
@@ -34,11 +41,33 @@ MAX_CONCURRENT_UPLOAD_CHECKS = 4
 upload_checks = ThreadLimit("curator_upload_checks", MAX_CONCURRENT_UPLOAD_CHECKS)
 
 
+#: HKDF label of the key that fingerprints uploaded files (:func:`fingerprint_keys`): its
+#: own, so that the fingerprint key is no other key derived from the data key.
+FINGERPRINT_LABEL = b"curator upload fingerprint v1"
+
+
+def fingerprint_keys(data_key: bytes) -> list[bytes]:
+    """The keys that fingerprint an uploaded file, one per key of the data key ring
+    (:func:`app.storage.tables.key_ring`), the current key's first: HKDF-SHA256 of each
+    Fernet key's bytes with :data:`FINGERPRINT_LABEL`. A fingerprint is an HMAC-SHA256
+    of the file's bytes under such a key, never a plain hash: a plain hash stored in the
+    database would let anyone who reads it confirm a guessed table (DESIGN rule 5)."""
+    return [
+        HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=FINGERPRINT_LABEL).derive(
+            base64.urlsafe_b64decode(key)
+        )
+        for key in data_key.split(KEY_RING_SEPARATOR)
+    ]
+
+
 @dataclass
 class ReceivedUpload:
     fields: dict[str, str] = field(default_factory=dict)
     file: EncryptedSpool | None = None
     filename: str | None = None
+    #: HMAC-SHA256 (hex) of the file's bytes under each of :func:`fingerprint_keys`, in
+    #: its order, computed as the file was spooled; empty without a file part
+    fingerprints: list[str] = field(default_factory=list)
 
     def discard(self) -> None:
         if self.file is not None:
@@ -54,8 +83,11 @@ class _Part:
 
 
 class _Receiver:
-    def __init__(self, spool_dir: Path, max_file_bytes: int) -> None:
+    def __init__(
+        self, spool_dir: Path, max_file_bytes: int, fingerprint_keys: Sequence[bytes]
+    ) -> None:
         self.upload = ReceivedUpload()
+        self.macs = [hmac.new(key, digestmod=hashlib.sha256) for key in fingerprint_keys]
         self.spool_dir = spool_dir
         self.max_file_bytes = max_file_bytes
         self.part = _Part()
@@ -123,12 +155,24 @@ class _Receiver:
                 "(CURATOR_MAX_UPLOAD_BYTES)"
             )
         spool.write(data)
+        for mac in self.macs:
+            mac.update(data)
+
+    def finish(self) -> None:
+        if self.upload.file is not None:
+            self.upload.file.finish()
+            self.upload.fingerprints = [mac.hexdigest() for mac in self.macs]
 
 
 async def receive_multipart(
-    request: Request, spool_dir: Path, max_file_bytes: int
+    request: Request,
+    spool_dir: Path,
+    max_file_bytes: int,
+    fingerprint_keys: Sequence[bytes] = (),
 ) -> ReceivedUpload:
-    """Stream a ``multipart/form-data`` body into fields and one encrypted file spool."""
+    """Stream a ``multipart/form-data`` body into fields and one encrypted file spool,
+    fingerprinting the file's bytes as they are spooled (:attr:`ReceivedUpload.fingerprints`,
+    one per key of ``fingerprint_keys``): the file is not read again for it."""
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     if content_type != b"multipart/form-data" or b"boundary" not in params:
         raise UnsupportedMediaType(
@@ -144,7 +188,7 @@ async def receive_multipart(
             f"the request is larger than the upload limit of {max_file_bytes} bytes "
             "(CURATOR_MAX_UPLOAD_BYTES)"
         )
-    receiver = _Receiver(spool_dir, max_file_bytes)
+    receiver = _Receiver(spool_dir, max_file_bytes, fingerprint_keys)
     parser = MultipartParser(
         params[b"boundary"],
         {
@@ -163,8 +207,7 @@ async def receive_multipart(
             await run_in_threadpool(receiver.flush)
         parser.finalize()
         await run_in_threadpool(receiver.flush)
-        if receiver.upload.file is not None:
-            receiver.upload.file.finish()
+        receiver.finish()
     except FormParserError:
         receiver.upload.discard()
         raise InvalidRequest("the multipart body is malformed") from None

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -33,6 +34,17 @@ class Dataset(Base):
         CheckConstraint("delta_total >= 0", name="delta_total_nonnegative"),
         # a curator's dataset list in page order (app.core.pagination)
         Index("ix_datasets_owner_id_created_at_id", "owner_id", "created_at", "id"),
+        # a retried upload finds its dataset; two copies racing insert one
+        Index(
+            "uq_datasets_idempotency",
+            "owner_id",
+            "idempotency_key",
+            unique=True,
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+        # a curator's earlier upload of the same file (a warning, not a refusal)
+        Index("ix_datasets_owner_id_fingerprint", "owner_id", "fingerprint"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -61,6 +73,15 @@ class Dataset(Base):
     #: deleted, so that no copy of the file opens again; null too for a file stored
     #: before datasets had keys of their own (it opens with the service key).
     file_keys: Mapped[str | None] = mapped_column(Text, default=None)
+    #: The upload's ``Idempotency-Key`` (unique per curator), if it sent one.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    #: SHA-256 (hex) of the upload's declaration (public parameters), which a retry under
+    #: the same key must repeat; null for an upload without a key.
+    request_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    #: HMAC-SHA256 (hex) of the uploaded file's bytes under a key derived from the data
+    #: key (:func:`app.datasets.upload.fingerprint_keys`), never a plain hash of them;
+    #: null for a dataset uploaded before it was recorded.
+    fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class Grant(Base):

@@ -53,11 +53,14 @@ def upload(
     content: bytes,
     schema: dict[str, Any] | str | None = None,
     filename: str = "data.csv",
+    key: str | None = None,
 ) -> Response:
+    """``key``: the upload's ``Idempotency-Key``, if any."""
     files: dict[str, Any] = {"file": (filename, content, "application/octet-stream")}
     schema_value = SCHEMA if schema is None else schema
     data = {"schema": schema_value if isinstance(schema_value, str) else json.dumps(schema_value)}
-    return client.post("/v1/datasets", headers=caller.headers, files=files, data=data)
+    headers = caller.headers if key is None else {**caller.headers, "Idempotency-Key": key}
+    return client.post("/v1/datasets", headers=headers, files=files, data=data)
 
 
 def with_columns(*columns: dict[str, Any], **changes: Any) -> dict[str, Any]:
