@@ -190,8 +190,12 @@ def check_idempotency_key(key: str | None) -> None:
 
 
 def declaration_hash(declaration: Declaration) -> str:
-    """SHA-256 of the declaration's canonical JSON (public parameters only)."""
-    canonical = json.dumps(declaration.model_dump(mode="json"), sort_keys=True)
+    """SHA-256 of the declaration's canonical JSON (public parameters only): the fields
+    the upload set, as read, so that a field added since with its default (a release's
+    hash covered its defaults, and a retry after such an upgrade got 409) leaves the hash
+    of the very same upload as it was."""
+    fields = declaration.model_dump(mode="json", exclude_unset=True)
+    canonical = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -222,3 +222,27 @@ def test_an_upload_of_a_file_already_uploaded_is_warned_about(
     third = upload(client, curator, csv_bytes())
     assert not any("separate budgets" in w for w in third.json()["warnings"])
     assert uuid.UUID(third.json()["id"])
+
+
+def test_a_retry_after_a_field_was_added_to_the_declaration_is_still_a_retry(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The declaration's hash covers the fields the upload set: an upgrade that adds a
+    field with a default (here a subclass of the table declaration) leaves a retry of the
+    same upload a retry, not a 409; a field the retry sets differently is still a 409."""
+    from app.datasets.schemas import DatasetDeclaration
+
+    first = upload(client, curator, csv_bytes(), key="upload-1")
+    assert first.status_code == 201, first.text
+
+    class Later(DatasetDeclaration):
+        added_since: bool = False
+
+    monkeypatch.setattr(service, "DatasetDeclaration", Later)
+    again = upload(client, curator, csv_bytes(), key="upload-1")
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    other = upload(
+        client, curator, csv_bytes(), {**SCHEMA, "out_of_bounds": "reject"}, key="upload-1"
+    )
+    assert other.status_code == 409, other.text
