@@ -214,8 +214,9 @@ def _existing(
     ).one_or_none()
     if dataset is not None and (
         dataset.request_hash != declaration_hash(declaration)
-        or dataset.fingerprint is None
-        or dataset.fingerprint not in fingerprints
+        # once its data are deleted, the fingerprint is forgotten with them: the key and
+        # the declaration identify the upload
+        or (dataset.data_deleted_at is None and dataset.fingerprint not in fingerprints)
     ):
         raise IdempotencyConflict(
             "this Idempotency-Key was used for a different upload (another declaration or "
@@ -606,6 +607,9 @@ def delete_data(
             )
         dataset.data_deleted_at = utcnow()
         dataset.file_keys = None  # no copy of the file, or block of it, opens again
+        # the file's keyed fingerprint would still confirm a guessed file to whoever holds
+        # the database and the data key: forgotten with the file
+        dataset.fingerprint = None
         session.flush()
         record(session, user.id, "dataset.delete_data", "dataset", dataset.id)
         path = services.settings.datasets_dir / dataset.storage_name

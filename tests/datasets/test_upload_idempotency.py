@@ -246,3 +246,23 @@ def test_a_retry_after_a_field_was_added_to_the_declaration_is_still_a_retry(
         client, curator, csv_bytes(), {**SCHEMA, "out_of_bounds": "reject"}, key="upload-1"
     )
     assert other.status_code == 409, other.text
+
+
+def test_deleting_the_data_forgets_the_fingerprint_and_a_retry_still_replays(
+    client: TestClient, curator: Caller
+) -> None:
+    """With the data deleted (crypto-shredding), the file's keyed fingerprint would still
+    confirm a guessed file to whoever holds the database and the data key: it is forgotten
+    with the file. A retry with the key and the declaration then still finds its dataset."""
+    first = upload(client, curator, csv_bytes(), key="upload-1")
+    assert first.status_code == 201, first.text
+    dataset_id = first.json()["id"]
+    deleted = client.delete(f"/v1/datasets/{dataset_id}/data", headers=curator.headers)
+    assert deleted.status_code == 200, deleted.text
+    (dataset,) = _datasets(client)
+    assert dataset.fingerprint is None
+    again = upload(client, curator, csv_bytes(), key="upload-1")
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == dataset_id
+    other = upload(client, curator, csv_bytes(), {**SCHEMA, "name": "other"}, key="upload-1")
+    assert other.status_code == 409, other.text
