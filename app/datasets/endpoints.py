@@ -141,6 +141,7 @@ async def create_dataset(
             idempotency_key,
             declaration,
             upload.fingerprints,
+            request.state.api_key_id,
         )
         if replayed is not None:  # a retry: nothing validated or stored again
             response.status_code = status.HTTP_200_OK

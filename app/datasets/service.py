@@ -231,15 +231,22 @@ def replayed_upload(
     key: str | None,
     declaration: Declaration,
     fingerprints: list[str],
+    key_id: uuid.UUID | None = None,
 ) -> DatasetOut | None:
     """The dataset an earlier upload with this ``Idempotency-Key``, declaration and file
     created (read in a short read-only transaction), before this one is validated and
     stored: a retry then costs its transfer only. None without a key or such a dataset;
     409 if the key was used for another upload. :func:`record_dataset` looks again, for a
-    copy that was still running then."""
+    copy that was still running then. With ``key_id`` (the request's API key), the key is
+    checked again first, as :func:`record_dataset` does: the file streamed for minutes, and
+    a key revoked meanwhile must get neither the dataset nor a 409 (401)."""
     if key is None or not fingerprints:  # no file part: store_dataset says so (422)
         return None
-    with services.db.transaction(read_only=True) as session:
+    with services.db.transaction(
+        read_only=True, lock_timeout=services.settings.lock_timeout
+    ) as session:
+        if key_id is not None:
+            ensure_key_active(session, key_id)
         existing = _existing(session, curator, key, declaration, fingerprints)
         return None if existing is None else to_out(session, existing, curator)
 

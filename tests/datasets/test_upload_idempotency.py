@@ -266,3 +266,37 @@ def test_deleting_the_data_forgets_the_fingerprint_and_a_retry_still_replays(
     assert again.json()["id"] == dataset_id
     other = upload(client, curator, csv_bytes(), {**SCHEMA, "name": "other"}, key="upload-1")
     assert other.status_code == 409, other.text
+
+
+def test_a_retry_whose_key_is_revoked_while_it_streams_gets_no_dataset(
+    client: TestClient, curator: Caller
+) -> None:
+    """The replay checks the API key again, as the recording does: a key revoked while a
+    retry's file streamed gets 401, not the dataset (nor its id and parameters)."""
+    from tests.datasets.test_upload import revoke_key
+
+    assert upload(client, curator, csv_bytes(), key="upload-1").status_code == 201
+    boundary = "b0undary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="schema"\r\n\r\n'
+        f"{json.dumps(SCHEMA)}\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="d.csv"\r\n\r\n'
+    ).encode()
+
+    def chunks() -> Any:
+        yield head
+        revoke_key(client, curator)
+        yield csv_bytes() + f"\r\n--{boundary}--\r\n".encode()
+
+    response = client.post(
+        "/v1/datasets",
+        headers={
+            **curator.headers,
+            "Idempotency-Key": "upload-1",
+            "Content-Type": f"multipart/form-data; boundary={boundary}",
+        },
+        content=chunks(),
+    )
+    assert response.status_code == 401, response.text
+    assert "patients" not in response.text
+    assert len(_datasets(client)) == 1
