@@ -69,6 +69,13 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
+class IdempotencyConflict(Conflict):
+    """An ``Idempotency-Key`` the caller used for another request (a release's, an
+    upload's)."""
+
+    code = "idempotency_key_reused"
+
+
 class BudgetExhausted(ServiceError):
     status_code = 409
     code = "budget_exhausted"

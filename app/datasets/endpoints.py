@@ -19,6 +19,7 @@ from app.core.disk import ensure_free_space
 from app.core.errors import (
     Conflict,
     Forbidden,
+    IdempotencyConflict,
     InvalidRequest,
     InvalidUpload,
     NotFound,
@@ -102,7 +103,7 @@ _UPLOAD_BODY = {
             PayloadTooLarge,
             UnsupportedMediaType,
             ServiceUnavailable,
-            service.IdempotencyConflict,
+            IdempotencyConflict,
         ),
     },
     openapi_extra=_UPLOAD_BODY,

@@ -32,6 +32,7 @@ from app.core.db import in_chunks, on_commit
 from app.core.errors import (
     Conflict,
     Forbidden,
+    IdempotencyConflict,
     InvalidRequest,
     NotFound,
     describe_errors,
@@ -60,10 +61,6 @@ from app.storage import tables
 log = logging.getLogger("curator.datasets")
 
 Declaration = DatasetDeclaration | GraphDeclaration
-
-
-class IdempotencyConflict(Conflict):
-    code = "idempotency_key_reused"
 
 
 #: Earlier datasets of the same file named in a new dataset's warnings, at most.

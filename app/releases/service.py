@@ -20,7 +20,7 @@ from app.core import pagination
 from app.core.audit import record
 from app.core.db import db_now, on_commit, uses_row_locks
 from app.core.disk import ensure_free_space
-from app.core.errors import Conflict, InvalidRequest, NotFound
+from app.core.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
 from app.core.pagination import Page
 from app.core.security import ensure_key_active
 from app.core.services import Services
@@ -90,10 +90,6 @@ def end_synthesis_run(release: Release, status: str, message: str) -> None:
 
 #: The stored columns of a graph dataset (see :mod:`app.datasets.graphs`).
 GRAPH_COLUMNS = (ColumnInfo("u", "vertex"), ColumnInfo("v", "vertex"))
-
-
-class IdempotencyConflict(Conflict):
-    code = "idempotency_key_reused"
 
 
 def dataset_info(dataset: Dataset, mechanism: Mechanism, columns: list[str] | None) -> DatasetInfo:
