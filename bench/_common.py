@@ -79,6 +79,16 @@ class Run:
         print(markdown)
         print(self.machine_md(machine))
 
+    def finish(self, markdown: str, payload: dict[str, Any], *, quick: bool) -> None:
+        """End a run: a quick one prints its results and the machine (no file is written);
+        a full one writes ``<name>.json`` and ``<name>.md`` (:meth:`write`)."""
+        if quick:
+            print(markdown)
+            print(json.dumps(self.machine()))
+            return
+        self.write(markdown, payload)
+        print(f"wrote {RESULTS / self.name}.json and .md")
+
 
 def loglog_slope(x: list[float], y: list[float]) -> float:
     """Least-squares slope of log y against log x."""

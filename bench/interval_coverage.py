@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import time
 from pathlib import Path
@@ -65,7 +64,7 @@ from app.mechanisms import randomized_response as rr
 from app.mechanisms import smooth_synopsis
 from app.mechanisms.basis import moments
 from app.mechanisms.queries import GaussianMixtureBatch
-from bench._common import DATASETS, RESULTS, Run
+from bench._common import DATASETS, Run
 from bench.smooth_synopsis import answer_rounds
 from bench.smooth_synthetic import QUERY_SEED, load_datasets
 
@@ -534,12 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     stem = "interval_coverage" + ("_quick" if args.quick else "")
     recorder = Run(stem, command)
     result = run(args)
-    if args.quick:
-        print(render_markdown(result))
-        print(json.dumps(recorder.machine()))
-        return
-    recorder.write(render_markdown(result), result)
-    print(f"wrote {RESULTS / stem}.json and .md")
+    recorder.finish(render_markdown(result), result, quick=args.quick)
 
 
 if __name__ == "__main__":

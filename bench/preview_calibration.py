@@ -65,7 +65,6 @@ with its relative standard error where it is a standard deviation over ``k`` dra
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -82,7 +81,7 @@ from app.mechanisms.chebyshev import query_coefficients
 from app.mechanisms.data import as_source
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import GaussianMixtureBatch
-from bench._common import DATASETS, RESULTS, Run
+from bench._common import DATASETS, Run
 from bench.interval_coverage import GRAPH_VERTICES, _adult, _graph, _wdbc, rr_queries
 from bench.smooth_synthetic import QUERY_SEED, load_datasets
 
@@ -538,12 +537,7 @@ def main(argv: list[str] | None = None) -> None:
     stem = "preview_calibration" + ("_quick" if args.quick else "")
     recorder = Run(stem, command)
     result = run(args)
-    if args.quick:
-        print(render_markdown(result))
-        print(json.dumps(recorder.machine()))
-        return
-    recorder.write(render_markdown(result), result)
-    print(f"wrote {RESULTS / stem}.json and .md")
+    recorder.finish(render_markdown(result), result, quick=args.quick)
 
 
 if __name__ == "__main__":

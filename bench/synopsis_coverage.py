@@ -23,7 +23,6 @@ Data: the paper-000 protocol's (``bench.smooth_synthetic.load_datasets``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 from app.mechanisms import smooth_synopsis
 from app.mechanisms.basis import moments
 from app.mechanisms.queries import GaussianMixtureBatch
-from bench._common import RESULTS, Run
+from bench._common import Run
 from bench.smooth_synopsis import answer_rounds
 from bench.smooth_synthetic import DATA_DIR, QUERY_SEED, SIGMAS, load_datasets
 
@@ -164,12 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         args.delta,
         args.data_dir,
     )
-    if args.quick:
-        print(render_markdown(result))
-        print(json.dumps(recorder.machine()))
-        return
-    recorder.write(render_markdown(result), result)
-    print(f"wrote {RESULTS / stem}.json and .md")
+    recorder.finish(render_markdown(result), result, quick=args.quick)
 
 
 if __name__ == "__main__":
