@@ -33,6 +33,17 @@ def _published(client: TestClient, curator: Caller) -> tuple[str, str]:
     return dataset_id, release["id"]
 
 
+def _command(settings: Settings, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    """``curator <argv>`` against the test service's data directory and database (without
+    a ``CURATOR_DATA_KEY``: the key is ``data.key``'s); its exit code."""
+    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
+    monkeypatch.delenv("CURATOR_DATA_KEY", raising=False)
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    return int(done.value.code or 0)
+
+
 def test_a_backup_of_a_running_service_restores_into_a_fresh_data_dir(
     client: TestClient, curator: Caller, settings: Settings, tmp_path: Path
 ) -> None:
@@ -152,11 +163,7 @@ def test_the_command_backs_up_and_says_where_the_key_is(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _published(client, curator)
-    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
-    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
-    with pytest.raises(SystemExit) as done:
-        main(["backup", str(tmp_path / "b")])
-    assert done.value.code == 0
+    assert _command(settings, monkeypatch, "backup", str(tmp_path / "b")) == 0
     out = capsys.readouterr()
     assert "1 dataset file(s) and 1 published release(s)" in out.out
     assert "the data key is not in the backup" in out.err
@@ -220,14 +227,10 @@ def test_no_key_is_generated_for_a_database_holding_stored_datasets(
     with pytest.raises(ConfigError, match=r"holds 1 dataset\(s\) whose files were sealed"):
         Services.build(settings)
     assert not key_file.exists()
-    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
-    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
-    monkeypatch.delenv("CURATOR_DATA_KEY", raising=False)
     for argv in (["create-user", "--name", "a", "--role", "admin"], ["migrate"]):
-        with pytest.raises(SystemExit) as exited:
-            main(argv)
+        code = _command(settings, monkeypatch, *argv)
         assert not key_file.exists(), argv
-    assert exited.value.code == 0  # migrate needs no key
+    assert code == 0  # migrate needs no key
     assert "no new key was generated" in capsys.readouterr().err
     # a key set explicitly, even another one, is the operator's choice
     other = settings.model_copy(update={"data_key": SecretStr(Fernet.generate_key().decode())})
@@ -308,11 +311,7 @@ def test_the_command_warns_when_the_key_is_in_the_backup(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _published(client, curator)
-    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
-    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
-    with pytest.raises(SystemExit) as done:
-        main(["backup", "--with-key", str(tmp_path / "b")])
-    assert done.value.code == 0
+    assert _command(settings, monkeypatch, "backup", "--with-key", str(tmp_path / "b")) == 0
     err = capsys.readouterr().err
     assert "the data key is in the backup" in err
     assert "opens every dataset file" in err
@@ -355,11 +354,6 @@ def test_the_command_without_the_service_s_key_refuses_and_writes_no_key(
     'a key rotation ran during the backup?'."""
     _published(client, curator)
     (settings.data_dir / KEY_FILE_NAME).unlink()  # the service's key is in its environment
-    monkeypatch.delenv("CURATOR_DATA_KEY", raising=False)
-    monkeypatch.setenv("CURATOR_DATA_DIR", str(settings.data_dir))
-    monkeypatch.setenv("CURATOR_DATABASE_URL", settings.resolved_database_url)
-    with pytest.raises(SystemExit) as done:
-        main(["backup", str(tmp_path / "b")])
-    assert done.value.code == 2
+    assert _command(settings, monkeypatch, "backup", str(tmp_path / "b")) == 2
     assert "no data key" in capsys.readouterr().err
     assert not (settings.data_dir / KEY_FILE_NAME).exists()
