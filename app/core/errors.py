@@ -69,13 +69,6 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
-class IdempotencyConflict(Conflict):
-    """An ``Idempotency-Key`` the caller used for another request (a release's, an
-    upload's)."""
-
-    code = "idempotency_key_reused"
-
-
 class BudgetExhausted(ServiceError):
     status_code = 409
     code = "budget_exhausted"
@@ -96,6 +89,19 @@ class InvalidRequest(ServiceError):
 
     status_code = 422
     code = "invalid_request"
+
+
+class IdempotencyConflict(Conflict):
+    """An ``Idempotency-Key`` the caller used for another request (a release's, an
+    upload's)."""
+
+    code = "idempotency_key_reused"
+
+
+def check_idempotency_key(key: str | None) -> None:
+    """An ``Idempotency-Key`` (a release request's, an upload's): 1 to 200 characters."""
+    if key is not None and not 1 <= len(key) <= 200:
+        raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
 
 
 class ServiceUnavailable(ServiceError):

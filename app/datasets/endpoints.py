@@ -27,6 +27,7 @@ from app.core.errors import (
     ServiceUnavailable,
     Unauthorized,
     UnsupportedMediaType,
+    check_idempotency_key,
     error_responses,
 )
 from app.core.pagination import (
@@ -119,7 +120,7 @@ async def create_dataset(
     """Upload a table with its declared schema and budget (multipart: ``file``, ``schema``).
     With an ``Idempotency-Key``, a retry of the same upload (same declaration, same file)
     returns the dataset the first created (200), and the key with another upload is 409."""
-    service.check_idempotency_key(idempotency_key)
+    check_idempotency_key(idempotency_key)
     # No SessionDep: the body streams and the file is validated and stored for minutes,
     # holding no database resource; only the recording takes a (deferred) transaction.
     # before a byte is spooled: the spool and the stored table take about twice the

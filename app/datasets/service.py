@@ -180,12 +180,6 @@ def store_dataset(
     return StoredDataset(dataset, report, destination, declaration, list(upload.fingerprints))
 
 
-def check_idempotency_key(key: str | None) -> None:
-    """The ``Idempotency-Key`` of an upload: 1 to 200 characters, as a release's."""
-    if key is not None and not 1 <= len(key) <= 200:
-        raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
-
-
 def declaration_hash(declaration: Declaration) -> str:
     """SHA-256 of the declaration's canonical JSON (public parameters only): the fields
     the upload set, as read, so that a field added since with its default (a release's

@@ -20,7 +20,13 @@ from app.core import pagination
 from app.core.audit import record
 from app.core.db import db_now, on_commit, uses_row_locks
 from app.core.disk import ensure_free_space
-from app.core.errors import Conflict, IdempotencyConflict, InvalidRequest, NotFound
+from app.core.errors import (
+    Conflict,
+    IdempotencyConflict,
+    InvalidRequest,
+    NotFound,
+    check_idempotency_key,
+)
 from app.core.pagination import Page
 from app.core.security import ensure_key_active
 from app.core.services import Services
@@ -296,8 +302,7 @@ def validate_release(
     (a tree's noise calibration at extreme budgets, ~12 s), and inside the write
     transaction they held SQLite's write lock from every other writer meanwhile.
     :func:`create_release` then records what was checked."""
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
-        raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
+    check_idempotency_key(idempotency_key)
     with services.db.transaction(read_only=True) as session:
         dataset = owned_dataset(session, user, dataset_id)
     try:
