@@ -225,34 +225,47 @@ SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"),)
 API_CACHE_CONTROL = (b"cache-control", b"no-store")
 
 
-class SecurityHeaders:
-    """Adds :data:`SECURITY_HEADERS` to every HTTP response and :data:`API_CACHE_CONTROL` to
-    those under ``/v1`` (also under a proxy's path prefix), leaving a header the response
-    set itself as it is. Added outermost, so the generic 500 gets them too."""
+Headers = list[tuple[bytes, bytes]]
+
+
+class ResponseHeaders:
+    """ASGI middleware that rewrites the headers of each HTTP response
+    (:meth:`rewrite`, given the request's scope) as it starts; the body passes as it is."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+
+    def rewrite(self, scope: Scope, headers: Headers) -> Headers:
+        raise NotImplementedError
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        extra = list(SECURITY_HEADERS)
-        if "/v1/" in f"{scope.get('path', '')}/":
-            extra.append(API_CACHE_CONTROL)
 
-        async def with_headers(message: Message) -> None:
+        async def rewritten(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                present = {name.lower() for name, _ in headers}
-                headers.extend((name, value) for name, value in extra if name not in present)
+                headers = self.rewrite(scope, list(message.get("headers", [])))
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.app(scope, receive, with_headers)
+        await self.app(scope, receive, rewritten)
 
 
-class EncodedValidators:
+class SecurityHeaders(ResponseHeaders):
+    """Adds :data:`SECURITY_HEADERS` to every HTTP response and :data:`API_CACHE_CONTROL` to
+    those under ``/v1`` (also under a proxy's path prefix), leaving a header the response
+    set itself as it is. Added outermost, so the generic 500 gets them too."""
+
+    def rewrite(self, scope: Scope, headers: Headers) -> Headers:
+        extra = list(SECURITY_HEADERS)
+        if "/v1/" in f"{scope.get('path', '')}/":
+            extra.append(API_CACHE_CONTROL)
+        present = {name.lower() for name, _ in headers}
+        return headers + [(name, value) for name, value in extra if name not in present]
+
+
+class EncodedValidators(ResponseHeaders):
     """Around the gzip middleware: a response it compressed gets a weak ``ETag`` and no
     ``Last-Modified``. A download's validators are the stored file's (Starlette's
     :class:`~starlette.responses.FileResponse`), and ``If-Range`` with either asks for a
@@ -262,30 +275,18 @@ class EncodedValidators:
     a weak validator may name (RFC 9110, section 8.8.1) and ``If-Range`` never matches
     (section 13.1.5: the whole file again); a plain response keeps both and resumes."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def weakened(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                if any(name.lower() == b"content-encoding" for name, _ in headers):
-                    kept = []
-                    for name, value in headers:
-                        lowered = name.lower()
-                        if lowered == b"last-modified":
-                            continue
-                        if lowered == b"etag" and not value.startswith(b"W/"):
-                            value = b"W/" + value
-                        kept.append((name, value))
-                    message = {**message, "headers": kept}
-            await send(message)
-
-        await self.app(scope, receive, weakened)
+    def rewrite(self, scope: Scope, headers: Headers) -> Headers:
+        if not any(name.lower() == b"content-encoding" for name, _ in headers):
+            return headers
+        kept = []
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered == b"last-modified":
+                continue
+            if lowered == b"etag" and not value.startswith(b"W/"):
+                value = b"W/" + value
+            kept.append((name, value))
+        return kept
 
 
 def operation_id(route: APIRoute) -> str:
