@@ -198,7 +198,7 @@ class Settings(BaseSettings):
         Raises :class:`ConfigError` with a message that says what to fix.
         """
         self.prepare_directories()
-        return self._load_key()
+        return self.load_key()
 
     def prepare_directories(self) -> None:
         """Create the data directories (no key: :meth:`prepare`). Raises
@@ -258,7 +258,9 @@ class Settings(BaseSettings):
         _check_fernet_key(key, str(key_file))
         return key
 
-    def _load_key(self) -> bytes:
+    def load_key(self) -> bytes:
+        """The data key the service has (:meth:`existing_key`), else one generated once
+        into ``<DATA_DIR>/data.key`` (directories first: :meth:`prepare_directories`)."""
         key = self.existing_key()
         if key is not None:
             return key
@@ -276,7 +278,7 @@ class Settings(BaseSettings):
             try:
                 os.link(written, key_file)
             except FileExistsError:
-                return self._load_key()  # another process published its key first
+                return self.load_key()  # another process published its key first
             except OSError:
                 # no hard links on this filesystem (vfat, some SMB and FUSE mounts): the
                 # name is created exclusively and then written, as before the link; a
@@ -290,7 +292,7 @@ class Settings(BaseSettings):
         try:
             fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            return self._load_key()  # another process created it first
+            return self.load_key()  # another process created it first
         with os.fdopen(fd, "wb") as handle:
             handle.write(key + b"\n")
         return key

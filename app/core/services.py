@@ -35,7 +35,7 @@ class Services:
         try:
             if settings.existing_key() is None:
                 _refuse_a_new_key_for_stored_data(db, settings)
-            key = key_ring(settings.prepare(), settings.previous_keys())
+            key = key_ring(settings.load_key(), settings.previous_keys())
         except BaseException:
             db.dispose()
             raise

@@ -653,7 +653,7 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     # every stored file, whatever its age: a deleted dataset's goes at once
     files = [p for p in services.settings.datasets_dir.glob("*.parquet") if p.is_file()]
     # the temporary copy of a generated data key, left by a process killed while it
-    # published it (Settings._load_key): a key never used, or a second name of data.key
+    # published it (Settings.load_key): a key never used, or a second name of data.key
     keys = old(services.settings.data_dir, f".{KEY_FILE_NAME}.*")
     recorded = _recorded_files(session, [p.name for p in files], Dataset.id)
     unmatched: list[Path] = []
