@@ -530,16 +530,17 @@ def cmd_backup(args: argparse.Namespace) -> int:
         sqlite_path(settings)  # PostgreSQL is refused before anything is read or written
     except BackupError as exc:
         return _fail(str(exc))
-    if settings.existing_key() is None:
-        # prepare() would generate a new key here (for a database without stored data):
-        # every file would fail the check as if a rotation had run, and DATA_DIR would keep
-        # a key that opens none of them
+    current = settings.existing_key()
+    if current is None:
+        # never generated here (load_key would, for a database without stored data): every
+        # file would fail the check as if a rotation had run, and DATA_DIR would keep a key
+        # that opens none of them
         return _fail(
             "no data key: CURATOR_DATA_KEY is not set and there is no "
             f"{settings.data_dir / KEY_FILE_NAME}; run curator backup with the service's "
             "environment (its CURATOR_DATA_KEY)"
         )
-    current = settings.prepare()
+    settings.prepare_directories()
     _warn_if_shared(settings.data_dir)
     refused = _check_schema(settings, migrate=False)
     if refused is not None:
