@@ -153,7 +153,9 @@ def answer_rounds(
         estimate = truncation_estimate(expansion, index_set, coef.coefficients, first.centred_mu)
         plain_half = first._noise_halfwidth(coef.coefficients, LEVEL)  # same in every round
         for r, syn in enumerate(releases):
-            extrapolation = independence_extrapolation(expansion, index_set, syn.moments)
+            extrapolation = independence_extrapolation(
+                expansion, index_set, syn.moments, syn.calibration.stddev**2
+            )
             answers = syn._answers(
                 coef, LEVEL, estimate, extrapolation, plain_half, expansion=expansion
             )

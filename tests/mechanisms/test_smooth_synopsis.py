@@ -6,6 +6,7 @@ OpenDP call at the synopsis' own scale (the Laplace scale ``Delta_1 / epsilon`` 
 Gaussian scale do not depend on the vector's length), reshaped to 2,000 draws of ``R``.
 """
 
+import dataclasses
 import itertools
 import json
 import math
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from scipy import stats
+from scipy.special import ndtr, ndtri
 
 from app.mechanisms import noise
 from app.mechanisms import smooth_synopsis as ss
@@ -783,3 +785,44 @@ def test_the_moment_noise_is_calibrated_before_a_row_is_read(
     R = released.index_set.size
     assert events.index("read") == len(events) - 1, events
     assert events[-2] == R, events
+
+
+def test_product_of_ten_noisy_factors_gets_a_covering_noise_interval_and_stderr() -> None:
+    """A D = 1 synopsis answers prod_i x_i^2 (d = 10) as the product of ten noisy
+    one-column sums F_i = (1 + b_hat_{2 e_i}) / 2: relative sd 0.64 at epsilon 0.5,
+    skewed. Over 1000 seeded Gaussian noise draws (numpy, test only; binomial se 0.007)
+    the noise half-width must cover the noise-free answer in 93-99.5 % of draws and the
+    stderr be within 8 % of the answers' spread. The delta method alone (before the
+    second-order variance and the log-normal factor) covered 85.0 % with stderr 0.87 of
+    the spread; now 97.7 % and 0.96."""
+    rng = np.random.default_rng(7)
+    d = 10
+    X = rng.uniform(-1, 1, (600, d))
+    syn = exact_synopsis(X, axis_total_degree(d, 1, 2), delta=1e-6, epsilon=0.5)
+    q = Polynomial(np.full((1, d), 2), np.array([1.0]))
+    target = syn.evaluate(q).value
+    s = syn.calibration.stddev
+    values, halves, stderrs = [], [], []
+    for _ in range(1000):
+        noisy = dataclasses.replace(syn, moments=syn.moments + rng.normal(0.0, s, syn.size))
+        out = noisy.evaluate(q)
+        values.append(out.value)
+        halves.append(out.noise_halfwidth)
+        stderrs.append(out.stderr)
+    v = np.array(values)
+    coverage = float(np.mean(np.abs(v - target) <= np.array(halves)))
+    assert 0.93 <= coverage <= 0.995
+    assert float(np.median(stderrs)) == pytest.approx(float(v.std(ddof=1)), rel=0.08)
+
+
+def test_product_skew_factor_is_one_for_linear_answers_and_solves_the_log_normal_level() -> None:
+    s = np.array([0.0, 1e-9, 0.1, 0.5, 1.0])
+    m = ss.product_skew_factor(np.ones(5), s, 0.95)
+    assert m[0] == 1.0
+    assert m[1] == pytest.approx(1.0, abs=1e-6)
+    assert np.all(np.diff(m) >= 0)
+    z = float(ndtri(0.975))
+    x = m[2:] * z * s[2:]  # half-width over |value|; log(truth / value) ~ N(s^2 / 2, s^2)
+    shift = s[2:] ** 2 / 2
+    lower = np.where(x < 1, ndtr((np.log1p(-np.minimum(x, 0.999999)) - shift) / s[2:]), 0.0)
+    assert ndtr((np.log1p(x) - shift) / s[2:]) - lower == pytest.approx(0.95, abs=1e-9)
