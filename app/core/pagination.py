@@ -9,7 +9,12 @@ offsets: a page costs the same however deep it is, and items added meanwhile nei
 shift nor repeat the pages still to come.
 
 A page is read with one row more than ``limit``; that row is never returned, it only
-tells whether another page exists. Then the response carries an RFC 8288 header
+tells whether another page exists. Lists whose items carry declared JSON of their own (a
+dataset's columns, a release's columns and parameters: up to about a MiB each) also end a
+page once its items weigh :data:`MAX_PAGE_BYTES` (``weigh``: their JSON's length), rows
+read a few at a time: a page of 100 datasets declared with 1 MiB of categories each took
+12 s and 1 GB of the API's memory, and a page of 1000 would have taken about 10 GB.
+While another page exists the response carries an RFC 8288 header
 ``Link: <url of the next page>; rel="next"``, and the last page has none. The bodies
 are unchanged (a bare list stays a bare list), so existing clients keep working.
 
@@ -23,8 +28,9 @@ need no lookup: any id is a bound, as ``before_id`` always was for the audit log
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -39,6 +45,12 @@ U = TypeVar("U")
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+#: The JSON a page of weighed items (``by_time``'s ``weigh``) holds before it ends early
+#: (it holds at least one item, however heavy): the page's cost in the API process,
+#: about 10 times this in memory while its items are validated and rendered.
+MAX_PAGE_BYTES = 8 << 20
+#: Rows fetched from the database at once while a weighed page is read.
+WEIGHED_FETCH_ROWS = 16
 #: The largest id a 64-bit key holds (the audit log's and the ledger's).
 MAX_INT_ID = 2**63 - 1
 
@@ -89,6 +101,11 @@ class Page(Generic[T]):
         return Page([convert(item) for item in self.items], self.next_cursor)
 
 
+def json_size(*values: Any) -> int:
+    """The length of ``values`` written as compact JSON: an item's weight for a page."""
+    return sum(len(json.dumps(value, separators=(",", ":"), default=str)) for value in values)
+
+
 def _cut(rows: list[T], limit: int, key: Callable[[T], uuid.UUID | int]) -> Page[T]:
     """The first ``limit`` of ``limit + 1`` rows, and the next cursor if the extra row
     exists."""
@@ -105,9 +122,12 @@ def by_time(
     limit: int,
     after: uuid.UUID | None,
     key_of: Callable[[T], uuid.UUID],
+    weigh: Callable[[T], int] | None = None,
 ) -> Page[T]:
     """A page of ``stmt`` (one entity, already filtered to what the caller may see),
     oldest first by ``(created_at, key)``, starting past the item whose key is ``after``.
+    With ``weigh`` the page also ends once its items weigh :data:`MAX_PAGE_BYTES` (at
+    least one item), its rows read a few at a time, not all ``limit`` at once.
 
     ``after`` is looked up with ``stmt`` itself, so an id outside the caller's list is a
     422 whatever the reason (see the module docstring)."""
@@ -125,8 +145,30 @@ def by_time(
             tuple_(created_at, key)
             > tuple_(literal(position[0], created_at.type), literal(position[1], key.type))
         )
-    rows: list[T] = list(session.scalars(stmt.order_by(created_at, key).limit(limit + 1)))
-    return _cut(rows, limit, key_of)
+    ordered = stmt.order_by(created_at, key).limit(limit + 1)
+    if weigh is None:
+        rows: list[T] = list(session.scalars(ordered))
+        return _cut(rows, limit, key_of)
+    result = session.scalars(ordered.execution_options(yield_per=WEIGHED_FETCH_ROWS))
+    try:
+        return _weighed(result, limit, key_of, weigh)
+    finally:
+        result.close()  # the rows past the page are not read
+
+
+def _weighed(
+    result: Iterable[T], limit: int, key_of: Callable[[T], uuid.UUID], weigh: Callable[[T], int]
+) -> Page[T]:
+    """The rows of ``result`` up to ``limit`` or until they weigh :data:`MAX_PAGE_BYTES`;
+    a row read past them is not kept, and says that another page follows."""
+    rows: list[T] = []
+    weight = 0
+    for row in result:
+        if len(rows) == limit or weight >= MAX_PAGE_BYTES:
+            return Page(rows, key_of(rows[-1]))
+        rows.append(row)
+        weight += weigh(row)
+    return Page(rows, None)
 
 
 def by_id(

@@ -449,7 +449,14 @@ def list_datasets(
     none for an admin), oldest first; ``after_id`` must be one of them."""
     stmt = select(Dataset).where(visible_to(user))
     page: Page[Dataset] = pagination.by_time(
-        session, stmt, Dataset.created_at, Dataset.id, limit, after_id, lambda d: d.id
+        session,
+        stmt,
+        Dataset.created_at,
+        Dataset.id,
+        limit,
+        after_id,
+        lambda d: d.id,
+        weigh=lambda d: pagination.json_size(d.columns),
     )
     balances = ledger.balances(session, page.items)  # one query for the page
     return page.map(lambda d: to_out(session, d, user, balances[d.id]))

@@ -559,8 +559,24 @@ def list_releases(
         limit,
         after_id,
         lambda r: r.id,
+        weigh=_weight,
     )
     return page.map(lambda r: to_out(session, r))
+
+
+def _weight(release: Release) -> int:
+    """A release's weight in a page of the list (``pagination.MAX_PAGE_BYTES``): its
+    stored JSON (columns, up to 2000 declared names, and parameters, a ``reference``
+    matrix among them)."""
+    return pagination.json_size(
+        release.columns,
+        release.params,
+        release.synthesis_params,
+        release.resolved,
+        release.accuracy,
+        release.privacy_cost,
+        release.artifacts,
+    )
 
 
 def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> ReleaseOut:
