@@ -27,6 +27,11 @@
   one over 64 KiB is read only from a caller with an active key (``app.main.BodyLimit``).
 - ``CURATOR_ANSWER_CACHE_BYTES`` (default 2 GiB): memory each API process keeps of decoded
   releases for answers.
+- ``CURATOR_MAX_ACTIVE_RELEASES`` (default 16; 0: no limit): releases a curator may have
+  queued or running (measuring, synthesising, a re-synthesis among them) at once; a request
+  past it is a 429 before anything is reserved (``app.releases.service``). The queue is
+  first come, first served: without a limit one curator's flood of cheap requests (epsilon
+  1e-12 each) held every worker for hours while other curators' releases waited.
 - ``CURATOR_LOG_LEVEL`` (default ``INFO``).
 - ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
 - ``CURATOR_BLAS_THREADS`` (default 1): threads each BLAS library (OpenBLAS under numpy and
@@ -99,6 +104,8 @@ class Settings(BaseSettings):
     min_free_bytes: int = Field(default=128 << 20, ge=0)
     #: Largest body of every request but the dataset upload (JSON: releases, answers).
     max_json_bytes: int = Field(default=64 << 20, gt=0)
+    #: Releases a curator may have queued or running at once (0: no limit).
+    max_active_releases: int = Field(default=16, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     worker_threads: int = Field(default=1, ge=1, le=64)
     #: Threads per BLAS library for one matrix product; 0: the libraries' default.

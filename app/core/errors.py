@@ -104,6 +104,14 @@ def check_idempotency_key(key: str | None) -> None:
         raise InvalidRequest("Idempotency-Key must be 1 to 200 characters")
 
 
+class TooManyActiveReleases(ServiceError):
+    """The caller has as many releases queued or running as
+    ``CURATOR_MAX_ACTIVE_RELEASES`` allows: retry once one has ended (``Retry-After``)."""
+
+    status_code = 429
+    code = "too_many_active_releases"
+
+
 class ServiceUnavailable(ServiceError):
     """The service cannot do it now, through no fault of the request: its database cannot
     be reached or its disk takes no more files. Answered with ``Retry-After``."""
@@ -325,7 +333,7 @@ def error_response(exc: ServiceError) -> JSONResponse:
     headers: dict[str, str] | None = None
     if exc.status_code == 401:
         headers = {"WWW-Authenticate": "Bearer"}
-    elif exc.status_code == 503:
+    elif exc.status_code in (429, 503):
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 

@@ -23,6 +23,7 @@ from app.core.errors import (
     InvalidRequest,
     NotFound,
     ServiceUnavailable,
+    TooManyActiveReleases,
     Unauthorized,
     error_responses,
 )
@@ -75,6 +76,7 @@ def _download(description: str, content: dict[str, Any]) -> dict[int | str, dict
             BudgetExhausted,
             Conflict,
             IdempotencyConflict,
+            TooManyActiveReleases,
             ServiceUnavailable,
         ),
     },
@@ -168,7 +170,7 @@ def cancel_release(release_id: uuid.UUID, user: CurrentUser, session: SessionDep
     "/releases/{release_id}/resynthesize",
     response_model=ReleaseOut,
     status_code=status.HTTP_202_ACCEPTED,
-    responses=error_responses(NotFound, Forbidden, Conflict, InvalidRequest),
+    responses=error_responses(NotFound, Forbidden, Conflict, InvalidRequest, TooManyActiveReleases),
 )
 def resynthesize(
     release_id: uuid.UUID,

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,6 +25,7 @@ from app.core.errors import (
     IdempotencyConflict,
     InvalidRequest,
     NotFound,
+    TooManyActiveReleases,
     check_idempotency_key,
 )
 from app.core.pagination import Page
@@ -355,6 +356,31 @@ def _check_single_release(session: Session, dataset_id: uuid.UUID, mechanism: Me
             )
 
 
+def check_active_releases(session: Session, services: Services, user: User) -> None:
+    """Refuse (429) a release request or a re-synthesis from a curator who already has
+    ``CURATOR_MAX_ACTIVE_RELEASES`` releases queued or running (0: no limit), before
+    anything is reserved or changed. Workers take jobs first come, first served: 300
+    requests at epsilon 1e-12 (a minute of requests, no budget to speak of) held the
+    worker for over an hour while another curator's release stayed queued, and requests
+    that each measure for the 10-27 minutes the work bounds allow would hold it for days.
+    Counted under the request's own lock (the dataset's, the release's): concurrent
+    requests on several datasets may pass the limit by their number."""
+    limit = services.settings.max_active_releases
+    if limit == 0:
+        return
+    active = session.scalar(
+        select(func.count())
+        .select_from(Release)
+        .where(Release.created_by == user.id, Release.status.in_(ACTIVE_STATUSES))
+    )
+    if active is not None and active >= limit:
+        raise TooManyActiveReleases(
+            f"you have {active} releases queued or running, the limit "
+            f"(CURATOR_MAX_ACTIVE_RELEASES = {limit}); wait for one to finish, or cancel one, "
+            "and send this again"
+        )
+
+
 def create_release(
     session: Session,
     services: Services,
@@ -404,6 +430,7 @@ def create_release(
     # this request waited for the lock was not seen (PostgreSQL; tests/test_two_processes.py)
     _check_opt_in(locked, checked.mechanism)
     _check_single_release(session, dataset.id, checked.mechanism)
+    check_active_releases(session, services, user)
     release = Release(
         dataset_id=dataset.id,
         mechanism=body.mechanism,
@@ -656,6 +683,7 @@ def resynthesize(
         raise Conflict("the release has no measurements yet; nothing to re-synthesise")
     if release.status not in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the release is {release.status}; wait for it to finish")
+    check_active_releases(session, services, user)
     merged = {**release.params, **release.synthesis_params, **raw_params}
     params = mechanism.parse_params(merged)
     # the checks a new request gets (e.g. a synthetic sample that cannot fit in memory):

@@ -1,0 +1,88 @@
+"""``CURATOR_MAX_ACTIVE_RELEASES``: a curator's releases queued or running at once.
+
+Workers take jobs first come, first served, and a release request costs its curator as
+little as epsilon 1e-12: 300 requests in a minute held the worker of ``curator serve``
+for over an hour while another curator's release stayed queued. Past the limit a request
+or a re-synthesis is a 429 before anything is reserved, recorded or changed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app.models import LedgerEntry, Release
+from tests.conftest import Caller, make_user
+from tests.releases.helpers import budget, dataset, request_release, run_all, services_of
+
+
+def _count(client: TestClient, model: Any, dataset_id: str) -> int:
+    with services_of(client).db.transaction(read_only=True) as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(model)
+                .where(model.dataset_id == uuid.UUID(dataset_id))
+            )
+            or 0
+        )
+
+
+def test_a_curator_past_the_active_release_limit_gets_429_with_nothing_reserved(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(services_of(client).settings, "max_active_releases", 2)
+    first, second = dataset(client, curator, epsilon=10.0), dataset(client, curator, epsilon=10.0)
+    done = request_release(client, curator, first).json()["id"]
+    run_all(client, done)  # ended: not counted
+    accepted = [request_release(client, curator, first, key=f"k{i}") for i in range(2)]
+    assert [r.status_code for r in accepted] == [202, 202]
+
+    # on another of the curator's datasets too: the limit is the curator's
+    refused = request_release(client, curator, second)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "too_many_active_releases"
+    assert "CURATOR_MAX_ACTIVE_RELEASES = 2" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == "30"
+    assert budget(client, curator, second)["epsilon_reserved"] == 0
+    assert _count(client, Release, second) == 0
+    assert _count(client, LedgerEntry, second) == 0
+
+    # a retry of an accepted request is still its replay, not a 429
+    replay = request_release(client, curator, first, key="k0")
+    assert replay.status_code == 200, replay.text
+    assert replay.json()["id"] == accepted[0].json()["id"]
+
+    # a re-synthesis is a run of the worker too: refused, the release left as it was
+    url = f"/v1/releases/{done}/resynthesize"
+    before = client.get(f"/v1/releases/{done}", headers=curator.headers).json()
+    again = client.post(url, headers=curator.headers, json={"params": {}})
+    assert again.status_code == 429, again.text
+    shown = client.get(f"/v1/releases/{done}", headers=curator.headers).json()
+    assert shown["status"] == "succeeded"
+    assert shown["synthesis_version"] == before["synthesis_version"]
+
+    # another curator is not held back
+    other = make_user(client, "curator")
+    assert request_release(client, other, dataset(client, other)).status_code == 202
+
+    # once one has ended, the curator may ask again; a cancelled one ends at once
+    run_all(client, accepted[0].json()["id"])
+    assert request_release(client, curator, second).status_code == 202
+    cancelled = client.delete(f"/v1/releases/{accepted[1].json()['id']}", headers=curator.headers)
+    assert cancelled.json()["status"] == "cancelled"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+
+
+def test_no_active_release_limit_at_zero(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(services_of(client).settings, "max_active_releases", 0)
+    dataset_id = dataset(client, curator, epsilon=10.0)
+    codes = [request_release(client, curator, dataset_id).status_code for _ in range(20)]
+    assert codes == [202] * 20
