@@ -6,7 +6,6 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from app.core.deps import (
@@ -95,7 +94,7 @@ async def create_release(
     not fit) and a worker measures and synthesises in the background."""
     # No SessionDep: the checks may take seconds and must hold no write lock meanwhile;
     # only the recording takes a (deferred) write transaction.
-    checked = await run_in_threadpool(
+    checked = await service.release_checks.run(
         service.validate_release, services, user, dataset_id, body, idempotency_key
     )
     release, created = await transaction.run(
@@ -139,14 +138,15 @@ def list_releases(
     response_model=PreviewOut,
     responses=error_responses(NotFound, Forbidden, InvalidRequest, Conflict),
 )
-def preview(
+async def preview(
     dataset_id: uuid.UUID, body: ReleaseCreate, user: CurrentUser, services: ServicesDep
 ) -> PreviewOut:
     """What a release request would resolve to, cost and achieve; no data is read and no
     budget is spent."""
     # No ReadSessionDep: the checks may take seconds; the service reads in its own short
-    # transaction and holds no session slot while it computes.
-    return service.preview(services, user, dataset_id, body)
+    # transaction and holds no session slot while it computes, on one of the few threads
+    # of ``release_checks``.
+    return await service.release_checks.run(service.preview, services, user, dataset_id, body)
 
 
 @router.get(
