@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.core.types import Integer
+from app.datasets.schemas import MAX_COLUMNS
 from tests.conftest import Caller
 from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.datasets.test_graphs import upload_graph
@@ -401,3 +402,21 @@ def test_a_negative_zero_delta_is_zero(client: TestClient, curator: Caller) -> N
     )
     assert replayed.status_code in (200, 202), replayed.text
     assert replayed.json()["id"] == created.json()["id"]
+
+
+def test_a_columns_list_longer_than_any_declaration_is_refused_unread(
+    client: TestClient, curator: Caller
+) -> None:
+    """``columns`` holds distinct declared names, so never more than ``MAX_COLUMNS``: a
+    longer list is a 422 naming the limit. Before, every name was checked and the unknown
+    ones quoted back whole (tens of MB for a body at ``CURATOR_MAX_JSON_BYTES``)."""
+    dataset_id = dataset(client, curator)
+    names = [f"unknown-{j}" for j in range(MAX_COLUMNS + 1)]
+    body = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "columns": names}
+    for path in ("releases", "preview"):
+        response = client.post(
+            f"/v1/datasets/{dataset_id}/{path}", headers=curator.headers, json=body
+        )
+        assert response.status_code == 422, response.text
+        assert f"at most {MAX_COLUMNS} items" in response.text
+        assert "unknown-1999" not in response.text  # not quoted back
