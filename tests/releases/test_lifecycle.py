@@ -2114,10 +2114,17 @@ def test_previews_in_progress_leave_sessions_to_other_requests(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A preview's checks and prediction (seconds at extreme budgets) hold no session (it
-    used to hold a read session throughout)."""
-    from app.releases import registry
+    used to hold a read session throughout). Previews run a few at a time
+    (``release_checks``, fewer than the session slots): widened here, so that more
+    previews than session slots are in progress at once."""
+    from app.core.deps import MAX_CONCURRENT_TRANSACTIONS
+    from app.core.threads import ThreadLimit
+    from app.releases import registry, service
     from tests.releases.helpers import assert_sessions_free_while_held
 
+    assert service.MAX_CONCURRENT_RELEASE_CHECKS < MAX_CONCURRENT_TRANSACTIONS
+    wide = ThreadLimit("test_wide_release_checks", MAX_CONCURRENT_TRANSACTIONS + 1)
+    monkeypatch.setattr(service, "release_checks", wide)
     dataset_id = dataset(client, curator)
     assert_sessions_free_while_held(
         client,
