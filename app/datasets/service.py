@@ -620,8 +620,9 @@ def delete_data(
         path = services.settings.datasets_dir / dataset.storage_name
         on_commit(session, lambda: path.unlink(missing_ok=True))
         # the sealed keys this overwrote stay in SQLite's write-ahead log until a
-        # checkpoint copies it over them; one is run now, in the background (it may wait
-        # for readers of the log)
+        # checkpoint copies it over them, and in PostgreSQL's pages (the row's old version
+        # and the fingerprint's index entry) until a VACUUM prunes them; one is run now, in
+        # the background (it may wait for readers of the log)
         on_commit(session, services.db.request_checkpoint)
     return to_out(session, dataset, user)
 

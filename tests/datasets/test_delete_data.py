@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
@@ -137,6 +137,75 @@ def test_on_sqlite_the_forgotten_key_leaves_neither_the_database_file_nor_its_lo
     while any(token in f.read_bytes() for f in files if f.exists()):
         assert time.monotonic() < deadline, "the sealed key is still in the database's files"
         time.sleep(0.05)
+
+
+def _pages_holding(connection: Any, relation: str, token: bytes) -> int:
+    """How many pages of ``relation`` hold ``token`` anywhere in their bytes, free space
+    included (pageinspect's ``get_raw_page``: the page as PostgreSQL holds it)."""
+    blocks = connection.exec_driver_sql(
+        f"SELECT pg_relation_size('{relation}') / current_setting('block_size')::int"
+    ).scalar()
+    return sum(
+        1
+        for block in range(int(blocks))
+        if connection.exec_driver_sql(
+            "SELECT position(%(t)s::bytea in get_raw_page(%(r)s, %(b)s)) > 0",
+            {"t": token, "r": relation, "b": block},
+        ).scalar()
+    )
+
+
+def test_on_postgresql_the_forgotten_key_leaves_no_page_of_the_table_or_its_indexes(
+    client: TestClient, curator: Caller
+) -> None:
+    """An UPDATE leaves the row's old version in its page until a VACUUM prunes it, and
+    autovacuum waits for a fifth of the table to change: a canary audit found a deleted
+    dataset's sealed file key and its fingerprint, in the datasets table's heap file and
+    the fingerprint's index, minutes after the deletion (``bench/canary_audit.py``). The
+    service vacuums the table once a deletion commits (its WAL and archives are the
+    server's: README)."""
+    services = services_of(client)
+    if services.db.is_sqlite:
+        pytest.skip("PostgreSQL only (SQLite: the test above)")
+    with services.db.engine.connect() as connection:
+        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            connection.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        except Exception as exc:  # not a superuser, or no contrib package
+            pytest.skip(f"pageinspect is not available: {type(exc).__name__}")
+    dataset_id = dataset(client, curator)
+    with services.db.transaction(read_only=True) as session:
+        found = session.get(Dataset, uuid.UUID(dataset_id))
+        assert found is not None
+        assert found.file_keys is not None
+        assert found.fingerprint
+        sealed, fingerprint = found.file_keys.encode(), found.fingerprint.encode()
+    with services.db.engine.connect() as connection:
+        relations = ["datasets"] + [
+            name
+            for (name,) in connection.execute(
+                text(
+                    "SELECT indexname FROM pg_indexes WHERE tablename = 'datasets' "
+                    "AND strpos(indexdef, 'fingerprint') > 0"
+                )
+            )
+        ]
+    assert len(relations) > 1, relations
+    with services.db.engine.connect() as connection:
+        assert _pages_holding(connection, "datasets", sealed) == 1
+    assert _delete(client, curator, dataset_id).status_code == 200
+    deadline = time.monotonic() + 30
+    while True:
+        with services.db.engine.connect() as connection:
+            left = {
+                (relation, name): _pages_holding(connection, relation, token)
+                for relation in relations
+                for name, token in (("sealed key", sealed), ("fingerprint", fingerprint))
+            }
+        if not any(left.values()):
+            break
+        assert time.monotonic() < deadline, f"still in the database's pages: {left}"
+        time.sleep(0.2)
 
 
 def test_deleting_the_data_waits_for_releases_that_have_yet_to_read_them(
