@@ -272,6 +272,10 @@ class Database:
         try:
             with self.engine.connect() as connection:
                 connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+                # closed when done rather than returned to the pool: one returned after
+                # the engine was disposed meanwhile (the process or a test stopping) was
+                # left open in the old pool (a ResourceWarning in a later test)
+                connection.detach()
                 connection.exec_driver_sql("VACUUM datasets")
         except Exception as exc:
             log.warning("the datasets table was not vacuumed (%s)", type(exc).__name__)
