@@ -118,7 +118,10 @@ def _errors(answers: np.ndarray, truth: np.ndarray) -> dict[str, float]:
 
 
 def answer_rounds(
-    releases: list[smooth_synopsis.Synopsis], batch: GaussianMixtureBatch, exact: np.ndarray
+    releases: list[smooth_synopsis.Synopsis],
+    batch: GaussianMixtureBatch,
+    exact: np.ndarray,
+    second_order: bool = True,
 ) -> dict[str, np.ndarray]:
     """What :meth:`Synopsis.answer_many` returns, for every release of one configuration.
 
@@ -154,7 +157,10 @@ def answer_rounds(
         plain_half = first._noise_halfwidth(coef.coefficients, LEVEL)  # same in every round
         for r, syn in enumerate(releases):
             extrapolation = independence_extrapolation(
-                expansion, index_set, syn.moments, syn.calibration.stddev**2
+                expansion,
+                index_set,
+                syn.moments,
+                syn.calibration.stddev**2 if second_order else 0.0,
             )
             answers = syn._answers(
                 coef, LEVEL, estimate, extrapolation, plain_half, expansion=expansion
