@@ -97,7 +97,12 @@ the data-free magnitude ``u`` of the answer (the query's expectation under the u
 law), is below the uncorrected one's: ``e^{2 lambda} se^2 + (u lambda' sd_A)^2 <= se^2 +
 ((e^lambda - 1) u)^2`` (``lambda' = lambda / A_hat``); where it is not (noise-dominated
 answers, which scaling would only amplify), the answer stays uncorrected and its interval
-is widened by the estimated bias ``|e^lambda - 1| |answer|``. Where it is kept, the
+is widened by the estimated bias ``|e^lambda - 1| |answer|``. ``se`` there is the answer's
+``stderr``, which for synopses without pair moments includes the product's second-order
+variance (section "Independence extrapolation"): since c118fd3 more of their
+noise-dominated answers stay uncorrected, so their *value* changed too (CRM, epsilon 1,
+width 2: 3-4 % of answers, root mean squared error on those 0.00086 -> 0.00050; WDBC
+0.1 %). Where it is kept, the
 correction is itself uncertain -- the expansion is cut after the centre-free part of its
 second cumulant, leaving the centre-dependent covariances (``Cov(x_i, x_j) c_i c_j``,
 ``Cov(x_i^2, x_j) c_j``) and the higher cumulants, the latter one power of ``k`` smaller
@@ -108,7 +113,11 @@ small, lambda ~0.11) the corrected answers overshot the truth in 85 % of queries
 to 3 of their spread and the intervals covered 0.82-0.91 (one query in 10 % of
 releases); the constant was chosen there, so it is a calibration on WDBC, checked on a
 one-factor synthetic case (coverage 0.21 -> 1.00, tests) and on CTG, PKS and CRM at
-epsilon 1 (within their Monte Carlo error). ``Answer.dependence`` is the
+epsilon 1 (within their Monte Carlo error) and epsilon 10
+(``bench/results/smooth_synopsis_coverage*_eps10.md``: 0.94-1.00 in every cell; CRM width
+2 0.83 -> 1.00 Laplace, 0.58 -> 1.00 Gaussian, half / q95 ~1.8). On CRM ``c = 2`` would
+leave single queries at 0.20-0.65 (``bench/results/co_spread_model_error_sensitivity.md``):
+4 is about what it needs too, with little margin. ``Answer.dependence`` is the
 ``lambda`` applied (0 when none). Kernels narrower than 1.5 vary too much over the cube for
 a second-order term (measured: at width 1 it overshoots) and are left alone. Measured on
 the paper-000 protocol, eps = 1, 1000 queries, 20 paired rounds (the same moments answered
