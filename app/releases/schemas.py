@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, WrapValidator
 
 from app.core.types import UnsignedZeroFloat, validated_as_declared
-from app.datasets.schemas import MAX_COLUMNS
+from app.datasets.schemas import MAX_COLUMNS, ColumnName
 from app.releases import adapters, registry
 
 #: ``params`` as the body carries it: any JSON object, validated by the release type
@@ -59,9 +59,10 @@ class ReleaseCreate(BaseModel):
     # strict: a privacy parameter is a JSON number, never true or "1" (lax mode read both)
     epsilon: float | None = Field(default=None, strict=True)
     delta: UnsignedZeroFloat = Field(default=0.0, strict=True)
-    # no dataset declares more (distinct names are required): a longer list of unknown
-    # names was read whole and quoted back whole in the 422 (tens of MB)
-    columns: list[str] | None = Field(default=None, min_length=1, max_length=MAX_COLUMNS)
+    # no dataset declares more names, nor longer ones (distinct names of at most 200
+    # characters): a longer list, or 2000 names of 30 000 characters, was read whole and
+    # quoted back whole in the 422 (tens of MB)
+    columns: list[ColumnName] | None = Field(default=None, min_length=1, max_length=MAX_COLUMNS)
     params: Params = Field(
         default_factory=dict,
         description="the mechanism's own parameters (README, Releases), one of the "
