@@ -104,7 +104,7 @@ ReadSessionDep = Annotated[
 #: transactions are short (a few inserts: the dataset or release, ledger and audit rows).
 MAX_CONCURRENT_DEFERRED_TRANSACTIONS = 4
 _deferred_transactions = ThreadLimit(
-    "curator_deferred_transactions", MAX_CONCURRENT_DEFERRED_TRANSACTIONS
+    "curator_deferred_transactions", MAX_CONCURRENT_DEFERRED_TRANSACTIONS, connections=1
 )
 
 
@@ -120,11 +120,15 @@ def request_connections() -> int:
     from before the endpoint until its commit, also while it waits for a thread to commit
     in: no thread of its own then), every thread of the request threadpool (each can be in
     a short transaction of its own at the same time: the caller's lookup, a read of
-    answers or a preview, ``/readyz``), and the deferred transactions' threads (counted
-    apart from the threadpool). No code opens a second transaction in a thread that is in
-    one. Upload checks hold none (:data:`app.datasets.upload.upload_checks`)."""
+    answers, ``/readyz``), and the threads counted apart from the threadpool whose calls
+    hold connections (:attr:`ThreadLimit.holding_connections`: the deferred transactions',
+    and release requests' checks and previews, each reading in a short transaction of its
+    own: :data:`app.releases.service.release_checks`). No code opens a second transaction
+    in a thread that is in one. Upload checks hold none
+    (:data:`app.datasets.upload.upload_checks`)."""
     held = sum(_max_concurrency(alias) for alias in SESSION_DEPENDENCIES)
-    return held + REQUEST_THREADS + _deferred_transactions.total
+    apart = sum(limit.total * limit.connections for limit in ThreadLimit.holding_connections)
+    return held + REQUEST_THREADS + apart
 
 
 def _max_concurrency(alias: Any) -> int:

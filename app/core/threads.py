@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import ParamSpec, TypeVar
+from typing import ClassVar, ParamSpec, TypeVar
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -35,10 +35,19 @@ def limit_request_threads() -> None:
 
 
 class ThreadLimit:
-    """At most ``total`` calls at once, each in a worker thread."""
+    """At most ``total`` calls at once, each in a worker thread. ``connections``: the
+    database connections one call may hold at once (a short transaction of its own: 1);
+    the API's pool counts those of every such limit
+    (:func:`app.core.deps.request_connections`, :attr:`holding_connections`)."""
 
-    def __init__(self, name: str, total: int) -> None:
+    #: The limits whose calls hold database connections, in the order they were made.
+    holding_connections: ClassVar[list[ThreadLimit]] = []
+
+    def __init__(self, name: str, total: int, *, connections: int = 0) -> None:
         self.total = total
+        self.connections = connections
+        if connections:
+            ThreadLimit.holding_connections.append(self)
         # An anyio limiter belongs to the event loop that first uses it (a process serving
         # requests has one; the tests start one per client): one limiter per loop.
         self._limiters: RunVar[CapacityLimiter] = RunVar(name)

@@ -62,7 +62,9 @@ SYNTHESIZE_TASK = "release.synthesize"
 #: would have let one curator's concurrent previews take about 10 GB. Requests beyond it
 #: wait, holding their parsed body and no thread.
 MAX_CONCURRENT_RELEASE_CHECKS = 4
-release_checks = ThreadLimit("curator_release_checks", MAX_CONCURRENT_RELEASE_CHECKS)
+#: Each reads in a short transaction of its own, which the API's pool counts
+#: (``connections=1``; :func:`app.core.deps.request_connections`).
+release_checks = ThreadLimit("curator_release_checks", MAX_CONCURRENT_RELEASE_CHECKS, connections=1)
 
 #: ``lease_owner`` of a stage that is enqueued but not yet claimed by a worker.
 QUEUED = "queued"

@@ -21,6 +21,7 @@ from app.core import deps
 from app.core.db import pool_capacity
 from app.core.services import Services
 from app.main import create_app
+from app.releases import service as releases
 from app.releases.stages import worker_connections
 
 
@@ -67,7 +68,7 @@ def test_the_pool_holds_what_the_api_can_hold_at_once(
     """The pool was 10 + 20 = 30 connections, fewer than the API's requests could hold at
     once: 16 + 16 + 4 sessions of its dependencies (held also while they wait for a thread
     to commit in), one short transaction in each of the request threadpool's 40 threads,
-    the 4 deferred transactions, and an embedded worker's stages, heartbeats and sweeper.
+    the 4 deferred transactions, the 4 release checks' and previews' reads, and an embedded worker's stages, heartbeats and sweeper.
     A request beyond the pool waited 30 s (``pool_timeout``) and failed."""
     settings = settings.model_copy(update={"worker_threads": 3})
     app = create_app(settings, embedded_worker=embedded_worker)
@@ -76,7 +77,12 @@ def test_the_pool_holds_what_the_api_can_hold_at_once(
             lambda: anyio.to_thread.current_default_thread_limiter().total_tokens
         )
         services: Services = app.state.services
-        needed = _held_sessions(app) + int(threads) + deps._deferred_transactions.total
+        needed = (
+            _held_sessions(app)
+            + int(threads)
+            + deps._deferred_transactions.total
+            + releases.release_checks.total
+        )
         if embedded_worker:
             needed += _worker_needs(settings.worker_threads)
         assert pool_capacity(services.db.engine) >= needed
@@ -86,6 +92,17 @@ def test_the_pool_holds_what_the_api_can_hold_at_once(
                 for _ in range(needed):
                     held.enter_context(services.db.engine.connect())
                 assert services.db.engine.pool.checkedout() == needed  # type: ignore[attr-defined]
+
+
+def test_the_pool_counts_the_threads_apart_that_read_the_database() -> None:
+    """Release requests' checks and previews read in short transactions of their own, on
+    threads apart from the request threadpool since they run a few at a time
+    (``release_checks``); the pool counted only the deferred transactions' threads among
+    those, 4 connections short (hidden while no route uses ``ReadSessionDep``, whose 16
+    are counted all the same)."""
+    apart = deps._deferred_transactions.total + releases.release_checks.total
+    sessions = sum(deps._max_concurrency(alias) for alias in deps.SESSION_DEPENDENCIES)
+    assert deps.request_connections() == sessions + deps.REQUEST_THREADS + apart
 
 
 @pytest.mark.parametrize("threads", [1, 4])
