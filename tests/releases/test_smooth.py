@@ -138,7 +138,10 @@ def test_smooth_synthetic_moments_end_to_end(client: TestClient, curator: Caller
     assert a["value"] == pytest.approx(b["value"], rel=1e-12)
     # the bootstrap's standard error, the same for the same function in either unit
     assert a["stderr"] == pytest.approx(b["stderr"], rel=1e-9)
-    assert 0 < a["stderr"] < 0.2
+    # a kernel's values lie in [0, 1], so any spread of them is at most 1/2 (Popoviciu);
+    # the noise is not seeded (OpenDP), and 30 runs spread 0.03-0.16 (one of 0.217 failed
+    # an earlier bound of 0.2)
+    assert 0 < a["stderr"] <= 0.5
     assert a["interval"] is None
     assert "parametric bootstrap" in a["note"]
     # a polynomial in original units is the weighted mean over the downloaded support
