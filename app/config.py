@@ -32,6 +32,11 @@
   past it is a 429 before anything is reserved (``app.releases.service``). The queue is
   first come, first served: without a limit one curator's flood of cheap requests (epsilon
   1e-12 each) held every worker for hours while other curators' releases waited.
+- ``CURATOR_MAX_RELEASE_BYTES`` (default 4 GiB; 0: no limit): the largest predicted size of
+  one release's files; a request, preview or re-synthesis predicted past it is a 422 before
+  anything is reserved (``app.releases.service.check_release_bytes``, the bounds in
+  ``app.storage.sizes``). The default is above the largest legitimate prediction, a
+  ``graph_cuts`` release at 20,000 vertices (about 3 GiB).
 - ``CURATOR_LOG_LEVEL`` (default ``INFO``).
 - ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
 - ``CURATOR_BLAS_THREADS`` (default 1): threads each BLAS library (OpenBLAS under numpy and
@@ -106,6 +111,10 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(default=64 << 20, gt=0)
     #: Releases a curator may have queued or running at once (0: no limit).
     max_active_releases: int = Field(default=16, ge=0)
+    #: Largest predicted size of one release's files (one synthesis version, every format),
+    #: checked before anything is reserved (0: no limit). The prediction is an upper bound
+    #: (:meth:`app.releases.registry.Mechanism.artifact_bytes`); see the README's limits.
+    max_release_bytes: int = Field(default=4 << 30, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     worker_threads: int = Field(default=1, ge=1, le=64)
     #: Threads per BLAS library for one matrix product; 0: the libraries' default.

@@ -235,6 +235,24 @@ class Mechanism(ABC):
         self.check(info, epsilon, delta, params)
         return self.preview(info, epsilon, delta, params)
 
+    @abstractmethod
+    def artifact_bytes(
+        self,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        resolved: Mapping[str, Any],
+    ) -> int:
+        """An upper bound on the bytes of the files :meth:`synthesize` writes for these
+        ``params`` (a request's resolved ones, or a re-synthesis's merged ones), from
+        public values only: the rows and columns of each file times its format's largest
+        cell (:mod:`app.storage.sizes`). ``resolved`` is what the mechanism resolved
+        without data: a request's :meth:`preview` ``resolved``, or a re-synthesis's stored
+        ``Release.resolved`` (the measure stage's). A request, or a re-synthesis, whose
+        bound exceeds ``CURATOR_MAX_RELEASE_BYTES`` is refused before anything is
+        reserved or changed (:func:`app.releases.service.check_release_bytes`)."""
+
     def measure_read_share(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel
     ) -> float:

@@ -142,6 +142,10 @@ class PreviewOut(BaseModel):
     resolved: dict[str, Any]
     accuracy: dict[str, Any]
     fits_budget: bool
+    artifact_bytes: int = Field(
+        description="an upper bound on the bytes of the release's files (every format), "
+        "predicted from public values; at most CURATOR_MAX_RELEASE_BYTES"
+    )
     remaining: dict[str, float]
     warnings: list[str] = Field(
         default_factory=list, description="advice on the request, e.g. a delta not below 1/n"

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.config import Settings
 from app.core import pagination
 from app.core.audit import record
 from app.core.db import db_now, on_commit, uses_row_locks
@@ -164,6 +165,8 @@ class Validated:
     #: True for a retry that today's checks refuse but that matches the release recorded
     #: under its Idempotency-Key (a check added since it was recorded): only replayed.
     replay_only: bool = False
+    #: :meth:`Mechanism.artifact_bytes` of the request: an upper bound on its files' size.
+    artifact_bytes: int = 0
 
 
 def _check_opt_in(dataset: Dataset, mechanism: Mechanism) -> None:
@@ -185,10 +188,43 @@ def _check_data_kept(dataset: Dataset) -> None:
         )
 
 
-def _validated(dataset: Dataset, body: ReleaseCreate, *, check: bool = True) -> Validated:
+def check_release_bytes(settings: Settings, predicted: int, advice: str) -> None:
+    """Refuse (422) a release, or a re-synthesis, whose files could take more than
+    ``CURATOR_MAX_RELEASE_BYTES`` (0: no limit): ``predicted`` is its mechanism's upper
+    bound (:meth:`Mechanism.artifact_bytes`), from public values, so nothing is reserved
+    or changed. Without it one curator's default ``smooth_synthetic`` releases of a
+    2000-column table wrote about 711 MB each (the memory bound on the synthesis allowed
+    about 20 GB), and the data directory filled for every user."""
+    limit = settings.max_release_bytes
+    if limit and predicted > limit:
+        raise InvalidRequest(
+            f"this release's files could take up to {_bytes_text(predicted)} ({predicted} "
+            f"bytes), more than one release may store: CURATOR_MAX_RELEASE_BYTES = "
+            f"{_bytes_text(limit)} ({limit} bytes); {advice}"
+        )
+
+
+def _bytes_text(count: int) -> str:
+    """``count`` bytes in the largest binary unit that keeps it at least 1 (``1.5 GiB``)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.1f} {unit}"
+    return f"{count} bytes"
+
+
+#: What a request refused by :func:`check_release_bytes` can change.
+SMALLER_RELEASE = (
+    "ask for fewer columns or rows (smooth_synthetic: a smaller sample_size or grid_size)"
+)
+
+
+def _validated(
+    dataset: Dataset, body: ReleaseCreate, settings: Settings, *, check: bool = True
+) -> Validated:
     """Everything about a request that can be checked without data, or 422/409; with
     ``check=False`` the request read and resolved but not checked by its mechanism (a
-    ``replay_only`` one: see :func:`validate_release`)."""
+    ``replay_only`` one: see :func:`validate_release`). Checked last: the predicted size
+    of its files (:func:`check_release_bytes`)."""
     mechanism = registry.get(body.mechanism)
     if mechanism.privacy_kind == "non_dp":
         if body.epsilon is not None or body.delta:
@@ -225,10 +261,21 @@ def _validated(dataset: Dataset, body: ReleaseCreate, *, check: bool = True) -> 
         )
     try:
         predicted = mechanism.checked_preview(info, epsilon, delta, params)
+        artifact_bytes = mechanism.artifact_bytes(
+            info, epsilon, delta, params, predicted.get("resolved", {})
+        )
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
+    check_release_bytes(settings, artifact_bytes, SMALLER_RELEASE)
     return Validated(
-        mechanism, info, params, params.model_dump(mode="json"), epsilon, delta, predicted
+        mechanism,
+        info,
+        params,
+        params.model_dump(mode="json"),
+        epsilon,
+        delta,
+        predicted,
+        artifact_bytes=artifact_bytes,
     )
 
 
@@ -319,14 +366,14 @@ def validate_release(
     with services.db.transaction(read_only=True) as session:
         dataset = owned_dataset(session, user, dataset_id)
     try:
-        return _validated(dataset, body)
+        return _validated(dataset, body, services.settings)
     except InvalidRequest:
         # A retry of a request recorded before a check that now refuses it (a release
         # that may already have spent its budget) is replayed, as any retry is: the
         # recorded release, not a 422.
         if idempotency_key is None:
             raise
-        unchecked = _validated(dataset, body, check=False)
+        unchecked = _validated(dataset, body, services.settings, check=False)
         with services.db.transaction(read_only=True) as session:
             recorded = session.scalars(
                 select(Release).where(
@@ -703,12 +750,15 @@ def resynthesize(
     dataset = session.get(Dataset, release.dataset_id)
     assert dataset is not None
     info = dataset_info(dataset, mechanism, release.columns or None)
+    epsilon, delta = epsilon_value(release.epsilon), delta_value(release.delta)
     try:
-        mechanism.check_synthesis(
-            info, epsilon_value(release.epsilon), delta_value(release.delta), params
-        )
+        mechanism.check_synthesis(info, epsilon, delta, params)
+        artifact_bytes = mechanism.artifact_bytes(info, epsilon, delta, params, release.resolved)
     except MechanismError as exc:
         raise InvalidRequest(str(exc)) from None
+    check_release_bytes(
+        services.settings, artifact_bytes, "re-synthesise with a smaller sample_size or grid_size"
+    )
     checked = params.model_dump(mode="json")
     release.synthesis_params = {k: checked[k] for k in mechanism.post_processing if k in checked}
     release.synthesis_version += 1
@@ -737,7 +787,7 @@ def preview(
         balance = ledger.balance(session, dataset)
         _check_data_kept(dataset)
         _check_single_release(session, dataset.id, registry.get(body.mechanism))
-    checked = _validated(dataset, body)
+    checked = _validated(dataset, body, services.settings)
     predicted = checked.predicted
     fits = (
         epsilon_units(checked.epsilon, charge=True) <= balance.epsilon_remaining
@@ -753,6 +803,7 @@ def preview(
         resolved=predicted.get("resolved", {}),
         accuracy=predicted.get("accuracy", {}),
         fits_budget=fits,
+        artifact_bytes=checked.artifact_bytes,
         remaining=balance.remaining(),
         warnings=delta_warnings(checked.delta, dataset, "the request's delta"),
     )

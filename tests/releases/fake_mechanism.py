@@ -24,6 +24,7 @@ from app.mechanisms.data import iter_checked
 from app.mechanisms.privacy import CostPart, PrivacyCost
 from app.releases import registry
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+from app.storage import sizes
 
 dp.enable_features("contrib")
 
@@ -60,6 +61,21 @@ class TestMeans(registry.Mechanism):
     ) -> dict[str, Any]:
         scale = 2 * info.d / (info.n_rows * epsilon)
         return {"resolved": {"d": info.d}, "accuracy": {"noise_scale": scale}}
+
+    def artifact_bytes(
+        self,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        resolved: Mapping[str, Any],
+    ) -> int:
+        assert isinstance(params, MeansParams)
+        return sizes.files(
+            sizes.csv_bytes(params.rows, [sizes.CSV_FLOAT_CELL] * info.d, info.names),
+            sizes.parquet_bytes(params.rows, [sizes.PARQUET_FLOAT_CELL] * info.d, info.names),
+            sizes.JSON_ALLOWANCE + 32 * info.d,
+        )
 
     def measure(
         self,

@@ -34,6 +34,7 @@ from app.mechanisms.errors import MechanismError
 from app.releases import registry
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+from app.storage import sizes
 from app.storage.source import EncryptedTableSource
 from app.storage.tables import arrow_path
 
@@ -171,6 +172,23 @@ class Compressed(registry.Mechanism):
                 "would be a statistic of the data)",
             },
         }
+
+    def artifact_bytes(
+        self,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        resolved: Mapping[str, Any],
+    ) -> int:
+        """``compressed.parquet`` (``m`` rows of ``d`` floats, one row group) and
+        ``release.json`` (which lists the column names), bounded by
+        :mod:`app.storage.sizes`."""
+        m, names = self._m(info, params), info.names
+        return sizes.files(
+            sizes.parquet_bytes(m, [sizes.PARQUET_FLOAT_CELL] * len(names), names),
+            sizes.JSON_ALLOWANCE + sum(2 * len(name.encode()) + 16 for name in names),
+        )
 
     def measure_read_share(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel

@@ -34,6 +34,7 @@ from app.mechanisms.errors import MechanismError
 from app.releases import registry
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+from app.storage import sizes
 from app.storage.source import EncryptedTableSource
 from app.storage.tables import arrow_path
 
@@ -114,6 +115,30 @@ class GraphCuts(registry.Mechanism):
                 "expected_noisy_edges_from_flips": p * n * (n - 1) / 2,
             },
         }
+
+    def artifact_bytes(
+        self,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        resolved: Mapping[str, Any],
+    ) -> int:
+        """``edges.parquet`` and ``release.json``. The noisy graph's edge count is a DP
+        output, not known before it is measured, so the bound is every one of the
+        ``|V| (|V| - 1) / 2`` vertex pairs an edge, two int32 values each (written a block
+        of pairs at a time: a row group a block; :mod:`app.storage.sizes`). At
+        ``MAX_VERTICES`` (20,000) it is about 3 GiB, the largest of any release type
+        and what ``CURATOR_MAX_RELEASE_BYTES``'s default (4 GiB) is set above."""
+        assert info.n_vertices is not None
+        n = info.n_vertices
+        pairs = n * (n - 1) // 2
+        groups = gc.pair_block_count(n)
+        return sizes.files(
+            sizes.parquet_bytes(pairs, [sizes.PARQUET_INT32_CELL] * 2, ["u", "v"])
+            + groups * 2 * sizes.PARQUET_CHUNK_OVERHEAD,
+            sizes.JSON_ALLOWANCE,
+        )
 
     def measure_read_share(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel

@@ -29,6 +29,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from app.core.errors import InvalidRequest
 from app.core.types import integral_number
+from app.datasets.validation import MAX_CELL_BYTES
 from app.mechanisms import randomized_response as rr
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -40,6 +41,7 @@ from app.releases.registry import (
     ProgressFn,
     Synthesized,
 )
+from app.storage import sizes
 from app.storage.artifacts import sample_chunk_rows, write_csv_and_parquet
 from app.storage.source import EncryptedTableSource
 
@@ -339,6 +341,43 @@ class RandomizedResponse(registry.Mechanism):
                 "warning": summary.warning,
             },
         }
+
+    def artifact_bytes(
+        self,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        resolved: Mapping[str, Any],
+    ) -> int:
+        """``sample.csv`` and ``sample.parquet`` (``n`` rows of the release's columns: a
+        category's text as declared, a binary's 0/1, a continuous cell's midpoint as a
+        float, a public cell's text of at most
+        :data:`app.datasets.validation.MAX_CELL_BYTES`) and ``release.json`` (its domain's
+        names and cardinalities), bounded by :mod:`app.storage.sizes`."""
+        csv_cells, parquet_cells = [], []
+        for column in info.columns:
+            if column.kind == "categorical":
+                assert column.categories is not None
+                longest = max(len(c.encode()) for c in column.categories)
+                csv_cells.append(sizes.csv_text_cell(longest))
+                parquet_cells.append(sizes.parquet_text_cell(longest))
+            elif column.kind == "public":
+                csv_cells.append(sizes.csv_text_cell(MAX_CELL_BYTES))
+                parquet_cells.append(sizes.parquet_text_cell(MAX_CELL_BYTES))
+            else:  # binary (an int8: "0" or "1"), continuous (a float)
+                binary = column.kind == "binary"
+                csv_cells.append(2 if binary else sizes.CSV_FLOAT_CELL)
+                parquet_cells.append(
+                    sizes.PARQUET_INT32_CELL if binary else sizes.PARQUET_FLOAT_CELL
+                )
+        n, names = info.n_rows, info.names
+        chunk = max(1, sample_chunk_rows(len(names)))
+        return sizes.files(
+            sizes.csv_bytes(n, csv_cells, names),
+            sizes.parquet_bytes(n, parquet_cells, names, chunk),
+            sizes.JSON_ALLOWANCE + sum(2 * len(name.encode()) + 32 for name in names),
+        )
 
     # -- measure: the only step that reads rows
 

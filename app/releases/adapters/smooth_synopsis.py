@@ -25,12 +25,18 @@ from app.core.errors import InvalidRequest
 from app.core.types import integral_number
 from app.mechanisms import chebyshev
 from app.mechanisms import smooth_synopsis as sy
-from app.mechanisms.basis import IndexSet, check_index_set_size
+from app.mechanisms.basis import (
+    MAX_INDEX_SET_ENTRIES,
+    MAX_INDEX_SET_SIZE,
+    IndexSet,
+    check_index_set_size,
+)
 from app.mechanisms.errors import MechanismError
 from app.mechanisms.queries import ProductQuery
 from app.releases import registry
 from app.releases.adapters import smooth_queries
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+from app.storage import sizes
 from app.storage.source import EncryptedTableSource
 
 
@@ -64,6 +70,9 @@ class SynopsisParams(BaseModel):
 #: 1.4 hours, and basis_size 10^6 on 10^5 rows for 2, holding a worker and every release
 #: queued behind it.
 MAX_MEASURE_WORK = 10**11
+#: Bytes of one ``[column, degree]`` term of an index set in ``synopsis.json``, with its
+#: separator (``[1999, 30], `` is 12).
+JSON_TERM_BYTES = 32
 MEASURE_WORK_SIZE = 10_000
 #: Work one answers request may do, queries x R: every answer expands its query over the
 #: whole index set. Measured in the API process (2 cores) on WDBC at R = 10^6, in blocks
@@ -229,6 +238,34 @@ class SmoothSynopsis(registry.Mechanism):
     ) -> dict[str, Any]:
         """The check's plan (the basis choice: 50-500 ms) is the preview's: made once."""
         return _preview(self._checked_plan(info, epsilon, delta, params), epsilon)
+
+    def artifact_bytes(
+        self,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        resolved: Mapping[str, Any],
+    ) -> int:
+        """``synopsis.json``: its ``R`` noisy moments (a float's JSON text and separator,
+        at most 26 bytes) and index set (at most ``R d`` ``[column, degree]`` terms of at
+        most :data:`JSON_TERM_BYTES` each, and a list of them per function), the
+        columns' names and bounds, and the fixed parts (:data:`app.storage.sizes.
+        JSON_ALLOWANCE`). ``R`` is the preview's ``basis_size`` (or the measure stage's);
+        without one, the largest index set (:data:`app.mechanisms.basis.
+        MAX_INDEX_SET_ENTRIES` entries)."""
+        size = resolved.get("basis_size")
+        if isinstance(size, int) and not isinstance(size, bool):
+            R, entries = size, size * info.d
+        else:
+            R, entries = MAX_INDEX_SET_SIZE, MAX_INDEX_SET_ENTRIES
+        return sizes.files(
+            sizes.JSON_ALLOWANCE
+            + 26 * R
+            + 4 * R
+            + JSON_TERM_BYTES * entries
+            + sum(2 * len(c.name.encode()) + 96 for c in info.columns)
+        )
 
     def measure_read_share(
         self, info: DatasetInfo, epsilon: float, delta: float, params: BaseModel

@@ -101,6 +101,7 @@ from app.releases import registry
 from app.releases.adapters import smooth_queries, smooth_synopsis
 from app.releases.payloads import pack, unpack
 from app.releases.registry import ArtifactInfo, DatasetInfo, Measured, ProgressFn, Synthesized
+from app.storage import sizes
 from app.storage.artifacts import sample_chunk_rows, write_csv_and_parquet
 from app.storage.source import EncryptedTableSource
 
@@ -482,6 +483,17 @@ class SmoothSynthetic(registry.Mechanism):
             solver=params.solver,
             max_bytes=ss.DEFAULT_MAX_BYTES,
         )
+
+    def artifact_bytes(
+        self,
+        info: DatasetInfo,
+        epsilon: float,
+        delta: float,
+        params: BaseModel,
+        resolved: Mapping[str, Any],
+    ) -> int:
+        """:func:`artifact_bytes` of the method the release uses."""
+        return artifact_bytes(info, delta, self._concrete(info, epsilon, delta, params), resolved)
 
     def shown_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Without the fields of the methods this release does not use (a ``tree``
@@ -935,6 +947,69 @@ def payload_method(payload: Mapping[str, Any]) -> Literal["marginals", "tree", "
     if fmt == ss.FORMAT:
         return "moments"
     raise MechanismError(f"unknown smooth_synthetic measurement format {fmt!r}")
+
+
+def artifact_bytes(
+    info: DatasetInfo, delta: float, params: SyntheticParams, resolved: Mapping[str, Any]
+) -> int:
+    """An upper bound on the bytes of a synthesis's artifacts (:mod:`app.storage.sizes`):
+    ``sample.csv``/``.parquet`` (``m`` rows of ``d`` floats), ``support.csv``/``.parquet``
+    (``C`` rows of ``d + 1``), ``support_normalized.npy`` and ``weights.npy``,
+    ``release.json``, and :data:`REPLICATES_FILE`: for ``marginals`` the
+    ``bootstrap.REPLICATES`` laws' ``d x cells`` frequencies; for ``tree`` those laws and
+    the fitted one (:data:`TREE_LAW_FILE`), each at most ``3 d cells`` values (``p``,
+    ``P``, ``group``) and ``d - 1`` edge tables of ``cells^2``; for ``moments`` the
+    replicates' supports, each at most ``C`` points of ``d + 1`` values (an LP's basic
+    solution has at most ``C`` non-zero weights). ``cells`` (``bins`` plus two atoms) and
+    ``R`` come from ``resolved``: the preview's, or the measure stage's stored one."""
+    n, d = info.n_rows, info.d
+    if params.method in LAWS:
+        C, m = _marginal_sizes(d, n, params)
+        bins = resolved.get("bins", params.bins if params.bins is not None else marginals.MAX_BINS)
+        cells = int(bins) + 2 * bool(resolved.get("bound_atoms", True))
+        if params.method == "tree":
+            # p, P, group and the edge tables of one law
+            law = [d * cells, d * cells, d * cells, max(d - 1, 0) * cells * cells]
+            extra = [
+                sizes.npz_bytes([bootstrap.REPLICATES * v for v in law]),
+                sizes.npz_bytes(law),
+            ]
+        else:
+            extra = [sizes.npz_bytes([bootstrap.REPLICATES * d * cells])]
+    else:
+        R = int(resolved.get("basis_size", resolved.get("R", 0)))
+        theorem = ss.theorem_parameters(n, d, params.smoothness, delta)
+        C, _, m = ss.synthesis_sizes(
+            d,
+            R,
+            params.grid,
+            theorem,
+            grid_size=params.grid_size,
+            sample_size=params.sample_size,
+            solver=params.solver,
+            max_bytes=ss.DEFAULT_MAX_BYTES,
+        )
+        points = bootstrap.REPLICATES * C
+        extra = [sizes.npz_bytes([points * d, points, bootstrap.REPLICATES])]
+    return sizes.files(
+        *table_bytes(info, m),
+        *table_bytes(info, C, weights=True),
+        sizes.npy_bytes(C * d),
+        sizes.npy_bytes(C),
+        *extra,
+        sizes.JSON_ALLOWANCE + 64 * d,  # release.json (a tree's edges grow with d)
+    )
+
+
+def table_bytes(info: DatasetInfo, rows: int, *, weights: bool = False) -> tuple[int, int]:
+    """Upper bounds on :func:`_write_rows`'s two files (CSV, Parquet): ``rows`` rows of
+    the release's float columns (and the weights)."""
+    names = [*info.names, *([weight_column(info.names)] if weights else [])]
+    chunk = max(1, sample_chunk_rows(info.d + 1))
+    return (
+        sizes.csv_bytes(rows, [sizes.CSV_FLOAT_CELL] * len(names), names),
+        sizes.parquet_bytes(rows, [sizes.PARQUET_FLOAT_CELL] * len(names), names, chunk),
+    )
 
 
 def _marginal_sizes(d: int, n: int, params: SyntheticParams) -> tuple[int, int]:
