@@ -37,6 +37,11 @@
   anything is reserved (``app.releases.service.check_release_bytes``, the bounds in
   ``app.storage.sizes``). The default is above the largest legitimate prediction, a
   ``graph_cuts`` release at 20,000 vertices (about 3 GiB).
+- ``CURATOR_MAX_CURATOR_BYTES`` (default 0: no limit): the bytes a curator's releases may
+  store: their published versions' files and the predicted files of their queued or
+  running runs; a request or re-synthesis that would pass it is a 422
+  ``storage_quota_exceeded`` before anything is reserved
+  (``app.releases.service.check_curator_bytes``).
 - ``CURATOR_LOG_LEVEL`` (default ``INFO``).
 - ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
 - ``CURATOR_BLAS_THREADS`` (default 1): threads each BLAS library (OpenBLAS under numpy and
@@ -115,6 +120,8 @@ class Settings(BaseSettings):
     #: checked before anything is reserved (0: no limit). The prediction is an upper bound
     #: (:meth:`app.releases.registry.Mechanism.artifact_bytes`); see the README's limits.
     max_release_bytes: int = Field(default=4 << 30, ge=0)
+    #: Bytes a curator's releases may store, published and predicted (0: no limit).
+    max_curator_bytes: int = Field(default=0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     worker_threads: int = Field(default=1, ge=1, le=64)
     #: Threads per BLAS library for one matrix product; 0: the libraries' default.

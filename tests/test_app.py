@@ -718,7 +718,9 @@ def test_openapi_documents_the_error_bodies_sent(client: TestClient) -> None:
     assert upload["422"]["description"] == "invalid_request or invalid_upload or validation_error"
     assert upload["409"]["description"] == "idempotency_key_reused"
     release = paths["/v1/datasets/{dataset_id}/releases"]["post"]["responses"]
-    assert release["422"]["description"] == "invalid_request or validation_error"
+    assert release["422"]["description"] == (
+        "invalid_request or storage_quota_exceeded or validation_error"
+    )
     assert release["413"]["description"] == "payload_too_large"
     # a non-DP release without the opt-in, a second compressed one, a reused key: 409s
     assert release["409"]["description"] == (

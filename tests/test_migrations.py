@@ -761,3 +761,22 @@ def test_a_downgrade_that_would_drop_privacy_records_refuses_and_changes_nothing
     assert migrations.current_revision(url) == migrations.head_revision(url)
     assert _scalar(url, "releases", "params") == {"method": "moments"}  # 0004 not undone
     assert _tables(url) == set(Base.metadata.tables)
+
+
+def test_0014_counts_earlier_releases_as_storing_nothing(empty_database: str) -> None:
+    """Releases recorded before 0014 get 0 predicted and 0 stored bytes (their files are
+    not measured by the migration: they count against ``CURATOR_MAX_CURATOR_BYTES`` from
+    their next publish); the downgrade drops both columns."""
+    url = empty_database
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    _releases_at(
+        url,
+        "0013",
+        {r: {"mechanism": "test_means", "params": {}, "status": "succeeded"} for r in ids},
+    )
+    migrations.upgrade(url, "0014")
+    for column in ("predicted_bytes", "stored_bytes"):
+        assert _release_column(url, column) == dict.fromkeys(ids, 0)
+    migrations.downgrade(url, "0013")
+    with pytest.raises(KeyError):
+        _release_column(url, "stored_bytes")

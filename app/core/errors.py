@@ -112,6 +112,15 @@ class TooManyActiveReleases(ServiceError):
     code = "too_many_active_releases"
 
 
+class StorageQuotaExceeded(ServiceError):
+    """The caller's releases store, or may store, as many bytes as
+    ``CURATOR_MAX_CURATOR_BYTES`` allows: waiting does not help (an administrator raises
+    it)."""
+
+    status_code = 422
+    code = "storage_quota_exceeded"
+
+
 class ServiceUnavailable(ServiceError):
     """The service cannot do it now, through no fault of the request: its database cannot
     be reached or its disk takes no more files. Answered with ``Retry-After``."""

@@ -101,6 +101,14 @@ class Release(Base):
     published_synthesis_params: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     measured_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: The upper bound on the bytes of the files of the release's latest synthesis run,
+    #: requested or re-synthesised (``Mechanism.artifact_bytes``): counted against its
+    #: curator's ``CURATOR_MAX_CURATOR_BYTES`` while the run is queued or going.
+    predicted_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    #: The bytes its synthesis versions on disk took when the last one was published (that
+    #: version and the one it replaced, which is kept a publish longer; whole blocks): 0
+    #: until then, and for releases published before this was recorded (migration 0014).
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class ReleaseMeasurement(Base):

@@ -22,6 +22,7 @@ from app.core.errors import (
     InvalidRequest,
     NotFound,
     ServiceUnavailable,
+    StorageQuotaExceeded,
     TooManyActiveReleases,
     Unauthorized,
     error_responses,
@@ -76,6 +77,7 @@ def _download(description: str, content: dict[str, Any]) -> dict[int | str, dict
             Conflict,
             IdempotencyConflict,
             TooManyActiveReleases,
+            StorageQuotaExceeded,
             ServiceUnavailable,
         ),
     },
@@ -170,7 +172,9 @@ def cancel_release(release_id: uuid.UUID, user: CurrentUser, session: SessionDep
     "/releases/{release_id}/resynthesize",
     response_model=ReleaseOut,
     status_code=status.HTTP_202_ACCEPTED,
-    responses=error_responses(NotFound, Forbidden, Conflict, InvalidRequest, TooManyActiveReleases),
+    responses=error_responses(
+        NotFound, Forbidden, Conflict, InvalidRequest, TooManyActiveReleases, StorageQuotaExceeded
+    ),
 )
 def resynthesize(
     release_id: uuid.UUID,

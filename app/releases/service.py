@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,7 @@ from app.core.errors import (
     IdempotencyConflict,
     InvalidRequest,
     NotFound,
+    StorageQuotaExceeded,
     TooManyActiveReleases,
     check_idempotency_key,
 )
@@ -440,6 +441,42 @@ def check_active_releases(session: Session, services: Services, user: User) -> N
         )
 
 
+def curator_bytes(session: Session, user_id: uuid.UUID) -> int:
+    """What the curator's releases store or may store: their published versions' bytes
+    (``stored_bytes``) and the predicted bytes of their queued or running runs
+    (``predicted_bytes``)."""
+    stored = func.coalesce(func.sum(Release.stored_bytes), 0)
+    running = func.coalesce(
+        func.sum(case((Release.status.in_(ACTIVE_STATUSES), Release.predicted_bytes), else_=0)),
+        0,
+    )
+    total = session.execute(select(stored, running).where(Release.created_by == user_id)).one()
+    return int(total[0]) + int(total[1])
+
+
+def check_curator_bytes(
+    session: Session, services: Services, user_id: uuid.UUID, adding: int
+) -> None:
+    """Refuse (422 ``storage_quota_exceeded``) a request or re-synthesis whose predicted
+    bytes (``adding``) would take its curator's releases past ``CURATOR_MAX_CURATOR_BYTES``
+    (0: no limit), before anything is reserved or changed: :func:`check_release_bytes`
+    bounds one release, not what releases add up to (61 default ``smooth_synthetic``
+    releases of a 2000-column table left 41 GB, and every user then got 503s). Counted
+    under the request's own lock, as :func:`check_active_releases`: concurrent requests
+    on several datasets may pass it by their number."""
+    limit = services.settings.max_curator_bytes
+    if limit == 0:
+        return
+    used = curator_bytes(session, user_id)
+    if used + adding > limit:
+        raise StorageQuotaExceeded(
+            f"your releases store or may store {_bytes_text(used)} ({used} bytes), and this "
+            f"one could add up to {_bytes_text(adding)} ({adding} bytes): more than the "
+            f"limit, CURATOR_MAX_CURATOR_BYTES = {_bytes_text(limit)} ({limit} bytes); ask "
+            f"for a smaller release, or ask an administrator to raise the limit"
+        )
+
+
 def create_release(
     session: Session,
     services: Services,
@@ -490,6 +527,7 @@ def create_release(
     _check_opt_in(locked, checked.mechanism)
     _check_single_release(session, dataset.id, checked.mechanism)
     check_active_releases(session, services, user)
+    check_curator_bytes(session, services, user.id, checked.artifact_bytes)
     release = Release(
         dataset_id=dataset.id,
         mechanism=body.mechanism,
@@ -503,6 +541,7 @@ def create_release(
         seed=secrets.randbits(62),
         idempotency_key=idempotency_key,
         request_hash=request_hash,
+        predicted_bytes=checked.artifact_bytes,
     )
     hand_lease(release, QUEUED, db_now(session), timedelta(seconds=services.settings.lease_seconds))
     try:
@@ -759,9 +798,11 @@ def resynthesize(
     check_release_bytes(
         services.settings, artifact_bytes, "re-synthesise with a smaller sample_size or grid_size"
     )
+    check_curator_bytes(session, services, release.created_by, artifact_bytes)
     checked = params.model_dump(mode="json")
     release.synthesis_params = {k: checked[k] for k in mechanism.post_processing if k in checked}
     release.synthesis_version += 1
+    release.predicted_bytes = artifact_bytes
     release.status = "synthesizing"
     release.attempts = 0
     release.cancel_requested = False

@@ -802,6 +802,8 @@ def _publish_synthesis(
         release.lease_owner = None
         release.lease_expires_at = None
         kept = (version,) if replaced is None else (version, replaced)
+        # what the release holds once the versions but these are pruned (after commit)
+        release.stored_bytes = store.disk_bytes(claim.release_id, *kept)
         on_commit(_session_of(release), lambda: store.prune(claim.release_id, *kept))
 
 

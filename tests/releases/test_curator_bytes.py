@@ -1,0 +1,102 @@
+"""``CURATOR_MAX_CURATOR_BYTES``: what a curator's releases may store, published and
+predicted.
+
+``CURATOR_MAX_RELEASE_BYTES`` bounds one release; 61 default ``smooth_synthetic`` releases
+of a 2000-column table, each under any sensible per-release cap, left 41 GB on the data
+disk, after which every user got 503s. Past the quota a request or re-synthesis is a 422
+``storage_quota_exceeded`` before anything is reserved, recorded or changed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app.models import LedgerEntry, Release
+from app.storage.artifacts import ArtifactStore
+from tests.conftest import Caller, make_user
+from tests.releases.helpers import REQUEST, budget, dataset, request_release, run_all, services_of
+
+
+def _count(client: TestClient, model: Any, dataset_id: str) -> int:
+    with services_of(client).db.transaction(read_only=True) as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(model)
+                .where(model.dataset_id == uuid.UUID(dataset_id))
+            )
+            or 0
+        )
+
+
+def _release(client: TestClient, release_id: str) -> Release:
+    with services_of(client).db.transaction(read_only=True) as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        session.expunge(release)
+        return release
+
+
+def _predicted(client: TestClient, curator: Caller, dataset_id: str) -> int:
+    preview = client.post(
+        f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=REQUEST
+    )
+    assert preview.status_code == 200, preview.text
+    return int(preview.json()["artifact_bytes"])
+
+
+def test_a_curator_past_the_stored_bytes_quota_gets_422_with_nothing_reserved(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = services_of(client).settings
+    first, second = dataset(client, curator, epsilon=10.0), dataset(client, curator, epsilon=10.0)
+    predicted = _predicted(client, curator, first)
+    monkeypatch.setattr(settings, "max_curator_bytes", 2 * predicted)
+
+    # queued releases count their predicted bytes
+    one = request_release(client, curator, first)
+    two = request_release(client, curator, first)
+    assert [one.status_code, two.status_code] == [202, 202], two.text
+    assert _release(client, one.json()["id"]).predicted_bytes == predicted
+
+    # on another of the curator's datasets too: the quota is the curator's
+    refused = request_release(client, curator, second)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "storage_quota_exceeded"
+    assert f"({2 * predicted} bytes)" in error["message"]
+    assert "could add up to" in error["message"]
+    assert "CURATOR_MAX_CURATOR_BYTES = " in error["message"]
+    assert budget(client, curator, second)["epsilon_reserved"] == 0
+    assert _count(client, Release, second) == 0
+    assert _count(client, LedgerEntry, second) == 0
+
+    # another curator is not held back
+    other = make_user(client, "curator")
+    assert request_release(client, other, dataset(client, other)).status_code == 202
+
+    # published, a release counts the bytes its files take on disk (less than predicted)
+    store = ArtifactStore(settings.releases_dir)
+    for response in (one, two):
+        run_all(client, response.json()["id"])
+        release = _release(client, response.json()["id"])
+        assert release.status == "succeeded"
+        on_disk = store.disk_bytes(release.id, 0)
+        assert 0 < release.stored_bytes == on_disk < predicted
+    assert request_release(client, curator, second).status_code == 202
+
+    # now past it again: a re-synthesis (which adds a version) is refused, left as it was
+    url = f"/v1/releases/{one.json()['id']}/resynthesize"
+    again = client.post(url, headers=curator.headers, json={"params": {}})
+    assert again.status_code == 422, again.text
+    assert again.json()["error"]["code"] == "storage_quota_exceeded"
+    shown = client.get(f"/v1/releases/{one.json()['id']}", headers=curator.headers).json()
+    assert (shown["status"], shown["synthesis_version"]) == ("succeeded", 0)
+    monkeypatch.setattr(settings, "max_curator_bytes", 0)  # 0: no limit
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
