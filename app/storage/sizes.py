@@ -7,9 +7,11 @@ overestimate refuses a borderline request; an underestimate lets one past the ca
 argued from how the file is encoded:
 
 * CSV (pyarrow's writer, :func:`app.storage.artifacts.write_csv_and_parquet`): a float64
-  is written as its shortest round-trip text, at most 24 characters
-  (``-1.2345678901234568e+308``, ``-2.2250738585072014e-308``; 17 significant digits, a
-  sign, a point and a 5-character exponent), plus its separator: :data:`CSV_FLOAT_CELL`.
+  is written as its shortest round-trip text, at most 25 characters: 17 significant
+  digits, a sign, a point and a 5-character exponent (``-2.2250738585072014e-308``, 24),
+  or, for exponents -6 and -5, which it writes as fixed point, a sign, ``0.`` and up to
+  five zeros before them (``-0.0000012345678901234567``, 25); plus its separator:
+  :data:`CSV_FLOAT_CELL`.
   A text cell is quoted, its quotes doubled, and a formula prefixed with ``'``
   (:func:`~app.storage.artifacts.spreadsheet_safe`): at most ``2 len + 3`` bytes and its
   separator. The header is the names, quoted the same way.
@@ -40,7 +42,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 #: Bytes of one float64 cell of a CSV file, separator included (see the module doc).
-CSV_FLOAT_CELL = 25
+CSV_FLOAT_CELL = 26
 #: Bytes of one float64 value in a Parquet file, encoding and compression included.
 PARQUET_FLOAT_CELL = 12
 #: Bytes of one int32 (or smaller) value: ``(4 + 2.125) * 7/6``, rounded up.

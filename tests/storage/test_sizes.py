@@ -16,8 +16,10 @@ import pytest
 from app.storage import sizes
 from app.storage.artifacts import write_csv_and_parquet
 
-#: Float64 values with the longest texts pyarrow's CSV writer gives (24 characters).
+#: Float64 values with the longest texts pyarrow's CSV writer gives (25 characters: it
+#: writes exponents down to -6 as fixed point, ``-0.0000012345678901234567``).
 LONG_FLOATS = [
+    -1.2345678901234567e-6,
     -1.2345678901234567e-300,
     -2.2250738585072014e-308,
     -1.7976931348623157e308,
@@ -65,6 +67,18 @@ def test_the_longest_float_texts_fill_a_csv_cell() -> None:
     pacsv.write_csv(pa.table({"x": LONG_FLOATS}), sink)
     longest = max(len(line) for line in sink.getvalue().splitlines()[1:])
     assert longest + 1 == sizes.CSV_FLOAT_CELL
+
+
+def test_fixed_point_floats_below_one_stay_within_their_bound(tmp_path: Path) -> None:
+    """Negative floats of 17 significant digits between 1e-7 and 1e-5 (a continuous
+    column declared on a small interval) are written as 25 characters of fixed point,
+    the longest text: a whole table of them stays within the CSV bound."""
+    rows, columns = 5000, 3
+    rng = np.random.default_rng(11)
+    values = -(1 + rng.random((rows, columns))) * 1e-6
+    names = [f"c{j}" for j in range(columns)]
+    csv, _ = _write(tmp_path, [pa.table({n: values[:, j] for j, n in enumerate(names)})])
+    assert csv <= sizes.csv_bytes(rows, [sizes.CSV_FLOAT_CELL] * columns, names)
 
 
 def test_text_and_int_columns_stay_within_their_bound(tmp_path: Path) -> None:
