@@ -29,7 +29,9 @@ argued from how the file is encoded:
   deflated): its members' ``.npy`` bytes and a zip entry each (local and central headers
   with the name and zip64 extras; :data:`ZIP_ENTRY` allowed).
 * JSON descriptions (``release.json``): :data:`JSON_ALLOWANCE`, and what a caller adds for
-  the parts that grow with the columns.
+  the parts that grow with the columns; a name as JSON text (:func:`json_text`) takes up
+  to three times its UTF-8 bytes, as ``json.dumps`` escapes every non-ASCII character
+  (``é``, 2 bytes: ``\\u00e9``, 6; an emoji, 4 bytes: a surrogate pair, 12).
 * On disk (``du``) a file takes its bytes rounded up to whole blocks: :func:`files` adds a
   block a file.
 
@@ -68,6 +70,14 @@ def files(*bounds: int) -> int:
     :data:`BLOCK` for the file's partly filled last block (``du``'s count, not only the
     files' lengths)."""
     return sum(bound + BLOCK for bound in bounds)
+
+
+def json_text(text: str) -> int:
+    """Bytes of ``text`` as a JSON string (``json.dumps``, ASCII only): its quotes and at
+    most 3 bytes a UTF-8 byte (a ``"`` or ``\\`` doubles; a 2-byte character becomes a
+    6-byte ``\\uXXXX``, a 4-byte one two of them; control characters are refused in
+    names and labels, ``app.core.types``)."""
+    return 3 * len(text.encode()) + 2
 
 
 def csv_text_cell(max_length: int) -> int:

@@ -194,3 +194,24 @@ def test_no_release_size_limit_at_zero(
     body = {"mechanism": "smooth_synthetic", "epsilon": 1.0, "columns": CONTINUOUS}
     dataset_id = _table(client, curator)
     assert request_release(client, curator, dataset_id, body).status_code == 202
+
+
+def test_the_prediction_bounds_json_of_non_ascii_names(client: TestClient, curator: Caller) -> None:
+    """JSON escapes every non-ASCII character (``json.dumps``' ``ensure_ascii``): a name
+    of 200 emoji is 800 bytes of UTF-8 and 2400 of ``synopsis.json`` (``\\ud83d\\ude00``
+    each), three times its bytes, where the bound allowed two."""
+    d, n = 300, 20
+    names = [chr(0x1F600 + j % 64) * 197 + f"{j:03d}" for j in range(d)]
+    rng = np.random.default_rng(7)
+    values = rng.uniform(0.0, 1.0, (n, d))
+    lines = [",".join(names)] + [",".join(repr(float(v)) for v in row) for row in values]
+    schema = {
+        "name": "wide",
+        "columns": [{"name": c, "kind": "continuous", "lower": 0, "upper": 1} for c in names],
+        "budget": {"epsilon": 10},
+    }
+    response = upload(client, curator, ("\n".join(lines) + "\n").encode(), schema)
+    assert response.status_code == 201, response.text
+    body = {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"basis_size": 1}}
+    predicted, written = _predicted_and_written(client, curator, response.json()["id"], body)
+    assert 0 < written <= predicted

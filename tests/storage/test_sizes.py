@@ -114,3 +114,12 @@ def test_npy_and_npz_stay_within_their_bound(tmp_path: Path) -> None:
     np.savez(tmp_path / "z.npz", a=a, b=b)
     assert (tmp_path / "a.npy").stat().st_size <= sizes.npy_bytes(a.size)
     assert (tmp_path / "z.npz").stat().st_size <= sizes.npz_bytes([a.size, b.size])
+
+
+@pytest.mark.parametrize("char", ['"', "\\", "a", "é", "\u00ad", "€", "\U0001f600", "\U000e0067"])
+def test_json_text_bounds_the_escaped_name(char: str) -> None:
+    """``json.dumps`` writes a character of 1-4 UTF-8 bytes as at most 3 bytes each."""
+    import json
+
+    for text in (char, char * 200, f"x{char}y"):
+        assert len(json.dumps(text).encode()) <= sizes.json_text(text)

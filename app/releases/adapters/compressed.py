@@ -187,7 +187,7 @@ class Compressed(registry.Mechanism):
         m, names = self._m(info, params), info.names
         return sizes.files(
             sizes.parquet_bytes(m, [sizes.PARQUET_FLOAT_CELL] * len(names), names),
-            sizes.JSON_ALLOWANCE + sum(2 * len(name.encode()) + 16 for name in names),
+            sizes.JSON_ALLOWANCE + sum(sizes.json_text(name) + 16 for name in names),
         )
 
     def measure_read_share(

@@ -376,7 +376,7 @@ class RandomizedResponse(registry.Mechanism):
         return sizes.files(
             sizes.csv_bytes(n, csv_cells, names),
             sizes.parquet_bytes(n, parquet_cells, names, chunk),
-            sizes.JSON_ALLOWANCE + sum(2 * len(name.encode()) + 32 for name in names),
+            sizes.JSON_ALLOWANCE + sum(sizes.json_text(name) + 32 for name in names),
         )
 
     # -- measure: the only step that reads rows

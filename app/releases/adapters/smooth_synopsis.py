@@ -264,7 +264,7 @@ class SmoothSynopsis(registry.Mechanism):
             + 26 * R
             + 4 * R
             + JSON_TERM_BYTES * entries
-            + sum(2 * len(c.name.encode()) + 96 for c in info.columns)
+            + sum(sizes.json_text(c.name) + 96 for c in info.columns)
         )
 
     def measure_read_share(
