@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select
 
 from app.core.services import Services
 from app.releases import stages
@@ -215,3 +216,16 @@ def published_progress(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
     monkeypatch.setattr(stages.Heartbeat, "set_progress", recorded)
     return seen
+
+
+def rows_of(client: TestClient, model: Any, dataset_id: str) -> int:
+    """How many rows of ``model`` (``Release``, ``LedgerEntry``, ...) the dataset has."""
+    with services_of(client).db.transaction(read_only=True) as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(model)
+                .where(model.dataset_id == uuid.UUID(dataset_id))
+            )
+            or 0
+        )

@@ -8,29 +8,13 @@ or a re-synthesis is a 429 before anything is reserved, recorded or changed.
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.models import LedgerEntry, Release
 from tests.conftest import Caller, make_user
-from tests.releases.helpers import budget, dataset, request_release, run_all, services_of
-
-
-def _count(client: TestClient, model: Any, dataset_id: str) -> int:
-    with services_of(client).db.transaction(read_only=True) as session:
-        return int(
-            session.scalar(
-                select(func.count())
-                .select_from(model)
-                .where(model.dataset_id == uuid.UUID(dataset_id))
-            )
-            or 0
-        )
+from tests.releases.helpers import budget, dataset, request_release, rows_of, run_all, services_of
 
 
 def test_a_curator_past_the_active_release_limit_gets_429_with_nothing_reserved(
@@ -50,8 +34,8 @@ def test_a_curator_past_the_active_release_limit_gets_429_with_nothing_reserved(
     assert "CURATOR_MAX_ACTIVE_RELEASES = 2" in refused.json()["error"]["message"]
     assert refused.headers["retry-after"] == "30"
     assert budget(client, curator, second)["epsilon_reserved"] == 0
-    assert _count(client, Release, second) == 0
-    assert _count(client, LedgerEntry, second) == 0
+    assert rows_of(client, Release, second) == 0
+    assert rows_of(client, LedgerEntry, second) == 0
 
     # a retry of an accepted request is still its replay, not a 429
     replay = request_release(client, curator, first, key="k0")

@@ -10,29 +10,23 @@ disk, after which every user got 503s. Past the quota a request or re-synthesis 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.models import LedgerEntry, Release
 from app.storage.artifacts import ArtifactStore
 from tests.conftest import Caller, make_user
-from tests.releases.helpers import REQUEST, budget, dataset, request_release, run_all, services_of
-
-
-def _count(client: TestClient, model: Any, dataset_id: str) -> int:
-    with services_of(client).db.transaction(read_only=True) as session:
-        return int(
-            session.scalar(
-                select(func.count())
-                .select_from(model)
-                .where(model.dataset_id == uuid.UUID(dataset_id))
-            )
-            or 0
-        )
+from tests.releases.helpers import (
+    REQUEST,
+    budget,
+    dataset,
+    request_release,
+    rows_of,
+    run_all,
+    services_of,
+)
 
 
 def _release(client: TestClient, release_id: str) -> Release:
@@ -74,8 +68,8 @@ def test_a_curator_past_the_stored_bytes_quota_gets_422_with_nothing_reserved(
     assert "could add up to" in error["message"]
     assert "CURATOR_MAX_CURATOR_BYTES = " in error["message"]
     assert budget(client, curator, second)["epsilon_reserved"] == 0
-    assert _count(client, Release, second) == 0
-    assert _count(client, LedgerEntry, second) == 0
+    assert rows_of(client, Release, second) == 0
+    assert rows_of(client, LedgerEntry, second) == 0
 
     # another curator is not held back
     other = make_user(client, "curator")

@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
 
 from app.models import LedgerEntry, Release
 from app.storage.artifacts import ArtifactStore
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
 from tests.datasets.test_graphs import upload_graph
-from tests.releases.helpers import budget, request_release, run_all, services_of
+from tests.releases.helpers import budget, request_release, rows_of, run_all, services_of
 
 CONTINUOUS = [f"a_rather_long_column_name_{j}" for j in range(6)]
 LONG_CATEGORIES = [f'"=category, number {i}"' for i in range(5)]
@@ -130,18 +129,6 @@ def test_the_prediction_bounds_a_graph_release(client: TestClient, curator: Call
     assert 0 < written <= predicted
 
 
-def _count(client: TestClient, model: Any, dataset_id: str) -> int:
-    with services_of(client).db.transaction(read_only=True) as session:
-        return int(
-            session.scalar(
-                select(func.count())
-                .select_from(model)
-                .where(model.dataset_id == uuid.UUID(dataset_id))
-            )
-            or 0
-        )
-
-
 def test_a_release_predicted_past_the_cap_is_refused_with_nothing_reserved(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,8 +154,8 @@ def test_a_release_predicted_past_the_cap_is_refused_with_nothing_reserved(
         assert "CURATOR_MAX_RELEASE_BYTES = " in message
         assert f"({limit} bytes)" in message
     assert budget(client, curator, dataset_id)["epsilon_reserved"] == 0
-    assert _count(client, Release, dataset_id) == 0
-    assert _count(client, LedgerEntry, dataset_id) == 0
+    assert rows_of(client, Release, dataset_id) == 0
+    assert rows_of(client, LedgerEntry, dataset_id) == 0
 
     # at the cap it is taken; a re-synthesis that would write more is refused, the
     # release left as it was
