@@ -34,6 +34,9 @@ ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Category = Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
 
 MAX_COLUMNS = 2_000
+#: The longest cell of an upload, in bytes (enforced by :mod:`app.datasets.validation`,
+#: which says why), and so the most a public column's ``max_bytes`` may declare.
+MAX_CELL_BYTES = 1024
 MAX_CATEGORIES = 10_000
 #: The widest declared range ``upper - lower``: half the largest double. Normalisation
 #: computes ``2 (x - lower)`` and releases map back with ``(x' + 1) (upper - lower)``,
@@ -169,6 +172,11 @@ class PublicColumn(BaseModel):
 
     name: ColumnName
     kind: Literal["public"]
+    #: The longest value, in UTF-8 bytes (of the cell as stored: its surrounding spaces
+    #: trimmed), declared by the curator: an upload with a longer cell is refused, and a
+    #: release predicts its files' size from it (``CURATOR_MAX_RELEASE_BYTES``). A column
+    #: declared without it, or stored before it existed, reads as the cell limit, 1024.
+    max_bytes: int = Field(default=MAX_CELL_BYTES, ge=1, le=MAX_CELL_BYTES)
 
 
 Column = Annotated[

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from app.core.errors import InvalidUpload, is_storage_full
 from app.datasets.schemas import (
+    MAX_CELL_BYTES,
     BinaryColumn,
     CategoricalColumn,
     Column,
@@ -49,14 +50,15 @@ def csv_block_bytes(d: int) -> int:
     return max(CSV_BLOCK_BYTES, d * CSV_BLOCK_BYTES_PER_COLUMN)
 
 
-#: The longest cell, in bytes. A declared category is at most 200 characters (800 bytes
-#: of UTF-8), a number or a flag far less, so no valid cell comes near it. What it bounds
-#: is a Parquet decompression bomb: one long string stored once in a column's dictionary
-#: decodes to its length times the rows (a 787-byte file of 200 rows of a 10 MB string
-#: took 4 GiB of memory, a batch of 65,536 such rows would take 640 GB). Cells are
-#: measured on the dictionary before it is expanded (``read_dictionary``), so a batch of
-#: valid cells decodes to at most 64 MiB a column.
-MAX_CELL_BYTES = 1024
+# MAX_CELL_BYTES (defined with the schema, app.datasets.schemas): the longest cell, in
+# bytes. A declared category is at most 200 characters (800 bytes of UTF-8), a number or
+# a flag far less, so no valid cell comes near it. What it bounds is a Parquet
+# decompression bomb: one long string stored once in a column's dictionary decodes to its
+# length times the rows (a 787-byte file of 200 rows of a 10 MB string took 4 GiB of
+# memory, a batch of 65,536 such rows would take 640 GB). Cells are measured on the
+# dictionary before it is expanded (``read_dictionary``), so a batch of valid cells
+# decodes to at most 64 MiB a column. A public column may declare a shorter limit
+# (``max_bytes``, enforced by PublicCheck).
 #: The most bytes of text (or bytes) columns a Parquet row group may hold, encoded, over
 #: the declared columns, as its footer says. Distinct long strings compress to a few
 #: bytes a page (zstd: 1 MB of one letter to 47 bytes), and a batch decodes every
@@ -362,7 +364,16 @@ class BinaryCheck:
 
 @dataclass
 class PublicCheck:
+    """A public column's cells: text (a number as its text), none empty, none longer than
+    the declared ``max_bytes`` (UTF-8 bytes of the trimmed cell, as stored and released).
+    A longer cell is reported by count and by the data row of the first (header not
+    counted), never by its value."""
+
     spec: PublicColumn
+    #: Data rows before the batch being processed (set by :func:`_process`).
+    rows_before: int = 0
+    #: The data row (1-based) of the first cell longer than ``max_bytes``, once found.
+    first_long: int | None = None
 
     @property
     def name(self) -> str:
@@ -380,6 +391,18 @@ class PublicCheck:
             )
             return pa.nulls(len(array), pa.string())
         problems.add_rows(self.name, "empty cells", int(_mask(pc.equal(text, "")).sum()))
+        limit = self.spec.max_bytes
+        if limit < MAX_CELL_BYTES:
+            long = _mask(pc.greater(pc.binary_length(text), limit))
+            if long.any():
+                if self.first_long is None:
+                    self.first_long = self.rows_before + int(np.argmax(long)) + 1
+                problems.add_rows(
+                    self.name,
+                    f"cells longer than its declared max_bytes ({limit} bytes), the first "
+                    f"at data row {self.first_long} (the header not counted)",
+                    int(long.sum()),
+                )
         return pc.cast(text, pa.string())
 
 
@@ -699,7 +722,12 @@ def _check_header(file_names: list[str], declared: list[str], problems: Problems
         problems.add(None, "no declared column was found: does the file start with a header row?")
 
 
-def _process(check: ColumnCheck, array: pa.Array, problems: Problems) -> pa.Array:
+def _process(
+    check: ColumnCheck, array: pa.Array, problems: Problems, rows_before: int = 0
+) -> pa.Array:
+    """Check one batch of a column (``rows_before``: the data rows of earlier batches)."""
+    if isinstance(check, PublicCheck):
+        check.rows_before = rows_before
     lengths = _cell_lengths(array)
     if lengths is not None:
         long = int(pc.sum(pc.greater(lengths, MAX_CELL_BYTES)).as_py() or 0)
@@ -778,7 +806,10 @@ def validate_and_store(
                         f"{len(checks)} declared columns, more than {max_cells} cells: "
                         "upload fewer rows"
                     )
-                arrays = [_process(check, batch.column(check.name), problems) for check in checks]
+                before = n_rows - batch.num_rows
+                arrays = [
+                    _process(check, batch.column(check.name), problems, before) for check in checks
+                ]
                 if problems:
                     pending = None
                     continue  # keep counting problems; nothing more is written

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from app.core.errors import InvalidRequest, describe_errors
+from app.datasets.schemas import MAX_CELL_BYTES
 from app.mechanisms.privacy import PrivacyCost
 from app.storage.source import EncryptedTableSource
 
@@ -51,6 +52,9 @@ class ColumnInfo:
     lower: float | None = None
     upper: float | None = None
     categories: tuple[str, ...] | None = None
+    #: A public column's longest value in UTF-8 bytes, as declared (a declaration stored
+    #: before ``max_bytes`` existed: the cell limit, 1024); None for other kinds.
+    max_bytes: int | None = None
 
     def to_original(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Undo the normalisation of a continuous column: ``lower + (x' + 1)(upper - lower)/2``
@@ -71,6 +75,9 @@ class ColumnInfo:
             lower=float(spec["lower"]) if "lower" in spec else None,
             upper=float(spec["upper"]) if "upper" in spec else None,
             categories=tuple(str(c) for c in categories) if categories is not None else None,
+            max_bytes=(
+                int(spec.get("max_bytes", MAX_CELL_BYTES)) if spec["kind"] == "public" else None
+            ),
         )
 
 

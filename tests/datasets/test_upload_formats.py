@@ -997,3 +997,86 @@ def test_cell_lengths_are_measured_for_every_text_and_bytes_type() -> None:
         assert lengths.to_pylist() == [2000, None, 3], arrow_type
     assert validation._cell_lengths(pa.array([1.5, 2.0])) is None
     assert validation._cell_lengths(pa.array([1, 2]).dictionary_encode()) is None
+
+
+MOVIE_8 = {"name": "movie", "kind": "public", "max_bytes": 8}
+
+
+def test_a_public_cell_longer_than_its_declared_max_bytes_is_refused(
+    client: TestClient, curator: Caller
+) -> None:
+    """A public column's declared ``max_bytes`` bounds its cells' UTF-8 bytes (trimmed, as
+    stored): a 9-byte cell and a 10-byte one (5 x ``é``) are refused, counted, with the
+    column, the limit and the first one's data row, never the value; 8 bytes of ``é``
+    with spaces around are not. Nothing is stored."""
+    secret = "SECRETVAL"  # 9 bytes
+    cells = ["m1", "  éééé  ", secret, "m4", "ééééé", "12345678"]
+    csv = "movie,b\n" + "".join(f"{cell},1\n" for cell in cells)
+    response = upload(
+        client, curator, csv.encode(), with_columns(MOVIE_8, {"name": "b", "kind": "binary"})
+    )
+    assert problems_of(response) == [
+        {
+            "column": "movie",
+            "problem": "cells longer than its declared max_bytes (8 bytes), the first at data "
+            "row 3 (the header not counted)",
+            "rows": 2,
+        }
+    ]
+    assert secret not in response.text
+    assert "ééééé" not in response.text
+    assert_nothing_stored(client)
+    # a Parquet integer column is judged by its text: 123456789 is 9 bytes
+    table = pa.table({"movie": pa.array([1, 123456789], pa.int64()), "b": [1, 0]})
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    response = upload(
+        client,
+        curator,
+        sink.getvalue(),
+        with_columns(MOVIE_8, {"name": "b", "kind": "binary"}),
+        filename="data.parquet",
+    )
+    [found] = problems_of(response)
+    assert found["column"] == "movie", found
+    assert "row 2" in found["problem"], found
+    assert "123456789" not in response.text
+    assert_nothing_stored(client)
+    # within the limit (multi-byte cells of exactly 8 bytes) it is stored as trimmed
+    ok = "movie,b\n" + "".join(f"{cell},1\n" for cell in ["m1", "  éééé  ", "😀😀", "12345678"])
+    response = upload(
+        client, curator, ok.encode(), with_columns(MOVIE_8, {"name": "b", "kind": "binary"})
+    )
+    assert response.status_code == 201, response.text
+    [movie] = [c for c in response.json()["columns"] if c["name"] == "movie"]
+    assert movie["max_bytes"] == 8
+
+
+def test_the_first_long_public_cell_is_numbered_across_batches() -> None:
+    """The row number counts the data rows of earlier batches; later batches' long cells
+    add to the same problem's count."""
+    from app.datasets.schemas import PublicColumn
+
+    check = validation.PublicCheck(PublicColumn(name="movie", kind="public", max_bytes=2))
+    problems = validation.Problems()
+    validation._process(check, pa.array(["a", "b", "c"]), problems, 0)
+    validation._process(check, pa.array(["a", "long", "c"]), problems, 3)
+    validation._process(check, pa.array(["longer", "c"]), problems, 6)
+    assert problems.counts == {
+        (
+            "movie",
+            "cells longer than its declared max_bytes (2 bytes), the first at data row 5 "
+            "(the header not counted)",
+        ): 2
+    }
+
+
+@pytest.mark.parametrize("max_bytes", [0, 1025, True, "8", 8.0])
+def test_a_public_columns_max_bytes_is_an_integer_from_1_to_1024(
+    client: TestClient, curator: Caller, max_bytes: Any
+) -> None:
+    column = {"name": "movie", "kind": "public", "max_bytes": max_bytes}
+    response = upload(client, curator, b"movie\nm1\n", with_columns(column))
+    assert response.status_code == 422, response.text
+    assert "max_bytes" in response.text
+    assert_nothing_stored(client)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models import LedgerEntry, Release
-from app.storage.artifacts import ArtifactStore
+from app.models import Dataset, LedgerEntry, Release
+from app.storage import sizes
+from app.storage.artifacts import ArtifactStore, sample_chunk_rows
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
 from tests.datasets.test_graphs import upload_graph
@@ -73,6 +74,13 @@ def _on_disk(folder: Path) -> int:
 def _predicted_and_written(
     client: TestClient, curator: Caller, dataset_id: str, body: dict[str, Any]
 ) -> tuple[int, int]:
+    predicted, folder = _predicted_and_folder(client, curator, dataset_id, body)
+    return predicted, _on_disk(folder)
+
+
+def _predicted_and_folder(
+    client: TestClient, curator: Caller, dataset_id: str, body: dict[str, Any]
+) -> tuple[int, Path]:
     preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
     assert preview.status_code == 200, preview.text
     predicted = preview.json()["artifact_bytes"]
@@ -83,8 +91,7 @@ def _predicted_and_written(
     release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
     assert release["status"] == "succeeded", release
     store = ArtifactStore(services_of(client).settings.releases_dir)
-    folder = store.version_dir(uuid.UUID(release_id), release["published_version"])
-    return predicted, _on_disk(folder)
+    return predicted, store.version_dir(uuid.UUID(release_id), release["published_version"])
 
 
 TABLE_RELEASES: list[dict[str, Any]] = [
@@ -201,4 +208,128 @@ def test_the_prediction_bounds_json_of_non_ascii_names(client: TestClient, curat
     assert response.status_code == 201, response.text
     body = {"mechanism": "smooth_synopsis", "epsilon": 1.0, "params": {"basis_size": 1}}
     predicted, written = _predicted_and_written(client, curator, response.json()["id"], body)
+    assert 0 < written <= predicted
+
+
+def test_a_declared_public_max_bytes_bounds_randomized_responses_prediction() -> None:
+    """A public cell was predicted at the 1024-byte cell limit (about 3.3 KB a row of CSV
+    and Parquet), so a randomized_response release with a public column was refused past
+    about 1.3 10^6 rows; declared ``max_bytes`` of 8 (a movie id), 10^7 rows predict well
+    under the 4 GiB default. A declaration stored before ``max_bytes`` reads as 1024."""
+    import app.releases.adapters  # noqa: F401  (registers the release types)
+    from app.releases import registry
+    from app.releases.registry import ColumnInfo, DatasetInfo
+
+    mechanism = registry.get("randomized_response")
+    params = mechanism.parse_params({})
+    cap = 4 << 30
+
+    def predicted(public: dict[str, Any]) -> int:
+        columns = (
+            ColumnInfo.from_declared(
+                {"name": "rating", "kind": "categorical", "categories": ["1", "5"]}
+            ),
+            ColumnInfo.from_declared({"name": "flag", "kind": "binary"}),
+            ColumnInfo.from_declared(public),
+        )
+        info = DatasetInfo(n_rows=10**7, columns=columns)
+        return mechanism.artifact_bytes(info, 1.0, 0.0, params, {})
+
+    old = {"name": "movie", "kind": "public"}  # as stored before max_bytes
+    assert ColumnInfo.from_declared(old).max_bytes == 1024
+    assert predicted(old) > cap
+    assert predicted({**old, "max_bytes": 1024}) == predicted(old)
+    assert predicted({**old, "max_bytes": 8}) < cap / 4
+
+
+def _tight_public(i: int) -> str:
+    """A distinct public cell of exactly 12 UTF-8 bytes, at a bound's worst in turn: two-,
+    three- and four-byte characters, quotes (doubled in CSV) and a formula (quoted and
+    prefixed with ``'``); distinct, so that Parquet's dictionary does not shrink them."""
+    digits = f"{i:010d}"
+    return [
+        "é" + digits,
+        "😀" + digits[2:],
+        '""""' + digits[2:],
+        '=""' + digits[1:],
+        "€" + digits[1:],
+    ][i % 5]
+
+
+def test_the_prediction_bounds_a_release_of_public_cells_as_long_as_declared(
+    client: TestClient, curator: Caller
+) -> None:
+    """With ``max_bytes`` declared tight (every cell exactly 12 bytes), the prediction
+    still bounds the bytes written, and is smaller than with the default 1024."""
+    import csv
+    import io
+
+    n = 30_000
+    assert all(len(_tight_public(i).encode()) == 12 for i in range(10))
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["movie", "flag"])
+    writer.writerows([_tight_public(i), str(i % 2)] for i in range(n))
+    ids = []
+    for movie in (
+        {"name": "movie", "kind": "public", "max_bytes": 12},
+        {"name": "movie", "kind": "public"},
+    ):
+        schema = {
+            "name": "tight",
+            "columns": [movie, {"name": "flag", "kind": "binary"}],
+            "budget": {"epsilon": 10},
+        }
+        response = upload(client, curator, text.getvalue().encode(), schema)
+        assert response.status_code == 201, response.text
+        ids.append(str(response.json()["id"]))
+    body = {"mechanism": "randomized_response", "epsilon": 2.0, "columns": ["flag", "movie"]}
+    predicted, folder = _predicted_and_folder(client, curator, ids[0], body)
+    assert 0 < _on_disk(folder) <= predicted
+    # each table file within its own bound: a bound's slack elsewhere (Parquet's, for
+    # distinct values that compress) does not hide a CSV cell bound that is too tight
+    names = ["flag", "movie"]
+    csv_bound = sizes.csv_bytes(n, [2, sizes.csv_text_cell(12)], names)
+    assert 0 < (folder / "sample.csv").stat().st_size <= csv_bound
+    parquet_cells = [sizes.PARQUET_INT32_CELL, sizes.parquet_text_cell(12)]
+    parquet_bound = sizes.parquet_bytes(n, parquet_cells, names, sample_chunk_rows(2))
+    assert 0 < (folder / "sample.parquet").stat().st_size <= parquet_bound
+    default = client.post(f"/v1/datasets/{ids[1]}/preview", headers=curator.headers, json=body)
+    assert default.status_code == 200, default.text
+    assert predicted < default.json()["artifact_bytes"]
+
+
+def test_a_public_column_stored_before_max_bytes_reads_as_1024(
+    client: TestClient, curator: Caller
+) -> None:
+    """A declaration stored before ``max_bytes`` (its public column without the field) is
+    shown with 1024, and released with the prediction of a column declared with 1024; a
+    new declaration stores the field, so a declaration read back is complete."""
+    content = "movie,flag\n" + "".join(f"m{i},{i % 2}\n" for i in range(50))
+    schema = {
+        "name": "old",
+        "columns": [{"name": "movie", "kind": "public"}, {"name": "flag", "kind": "binary"}],
+        "budget": {"epsilon": 10},
+    }
+    response = upload(client, curator, content.encode(), schema)
+    assert response.status_code == 201, response.text
+    dataset_id = response.json()["id"]
+    body = {"mechanism": "randomized_response", "epsilon": 1.0, "columns": ["flag", "movie"]}
+    with services_of(client).db.transaction() as session:
+        dataset = session.get(Dataset, uuid.UUID(dataset_id))
+        assert dataset is not None
+        assert dataset.columns[0] == {"name": "movie", "kind": "public", "max_bytes": 1024}
+    before = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert before.status_code == 200, before.text
+    with services_of(client).db.transaction() as session:
+        dataset = session.get(Dataset, uuid.UUID(dataset_id))
+        assert dataset is not None
+        dataset.columns = [{"name": "movie", "kind": "public"}, dict(dataset.columns[1])]
+    shown = client.get(f"/v1/datasets/{dataset_id}", headers=curator.headers)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["columns"][0]["max_bytes"] == 1024
+    after = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
+    assert after.status_code == 200, after.text
+    assert after.json()["artifact_bytes"] == before.json()["artifact_bytes"]
+    predicted, written = _predicted_and_written(client, curator, dataset_id, body)
     assert 0 < written <= predicted

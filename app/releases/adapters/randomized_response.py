@@ -29,7 +29,6 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from app.core.errors import InvalidRequest
 from app.core.types import integral_number
-from app.datasets.validation import MAX_CELL_BYTES
 from app.mechanisms import randomized_response as rr
 from app.mechanisms.errors import MechanismError
 from app.releases import registry
@@ -352,9 +351,10 @@ class RandomizedResponse(registry.Mechanism):
     ) -> int:
         """``sample.csv`` and ``sample.parquet`` (``n`` rows of the release's columns: a
         category's text as declared, a binary's 0/1, a continuous cell's midpoint as a
-        float, a public cell's text of at most
-        :data:`app.datasets.validation.MAX_CELL_BYTES`) and ``release.json`` (its domain's
-        names and cardinalities), bounded by :mod:`app.storage.sizes`."""
+        float, a public cell's text of at most its declared ``max_bytes``, enforced at
+        upload, 1024 by default: :data:`app.datasets.schemas.MAX_CELL_BYTES`) and
+        ``release.json`` (its domain's names and cardinalities), bounded by
+        :mod:`app.storage.sizes`."""
         csv_cells, parquet_cells = [], []
         for column in info.columns:
             if column.kind == "categorical":
@@ -363,8 +363,9 @@ class RandomizedResponse(registry.Mechanism):
                 csv_cells.append(sizes.csv_text_cell(longest))
                 parquet_cells.append(sizes.parquet_text_cell(longest))
             elif column.kind == "public":
-                csv_cells.append(sizes.csv_text_cell(MAX_CELL_BYTES))
-                parquet_cells.append(sizes.parquet_text_cell(MAX_CELL_BYTES))
+                assert column.max_bytes is not None
+                csv_cells.append(sizes.csv_text_cell(column.max_bytes))
+                parquet_cells.append(sizes.parquet_text_cell(column.max_bytes))
             else:  # binary (an int8: "0" or "1"), continuous (a float)
                 binary = column.kind == "binary"
                 csv_cells.append(2 if binary else sizes.CSV_FLOAT_CELL)
