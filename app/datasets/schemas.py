@@ -176,11 +176,27 @@ class PublicColumn(BaseModel):
     #: trimmed), declared by the curator: an upload with a longer cell is refused, and a
     #: release predicts its files' size from it (``CURATOR_MAX_RELEASE_BYTES``). A column
     #: declared without it, or stored before it existed, reads as the cell limit, 1024.
-    max_bytes: int = Field(default=MAX_CELL_BYTES, ge=1, le=MAX_CELL_BYTES)
+    max_bytes: Annotated[int, Field(ge=1, le=MAX_CELL_BYTES), BeforeValidator(integral_number)] = (
+        MAX_CELL_BYTES
+    )
 
 
 Column = Annotated[
     ContinuousColumn | CategoricalColumn | BinaryColumn | PublicColumn,
+    Field(discriminator="kind"),
+]
+
+
+class PublicColumnOut(PublicColumn):
+    """A public column as a response shows it: ``max_bytes`` always sent (1024 for a
+    column declared, or stored, without it), so required in the response's schema."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+#: A stored column as a response shows it (:class:`DatasetOut`).
+ColumnOut = Annotated[
+    ContinuousColumn | CategoricalColumn | BinaryColumn | PublicColumnOut,
     Field(discriminator="kind"),
 ]
 
@@ -331,7 +347,7 @@ class DatasetOut(BaseModel):
     name: str
     kind: Literal["table", "graph"]
     owner_id: uuid.UUID
-    columns: list[Column]
+    columns: list[ColumnOut]
     n_rows: int | None = Field(description="rows of a table (public); None for a graph")
     n_vertices: int | None = Field(description="vertex count of a graph (public)")
     out_of_bounds: Literal["clip", "reject"]

@@ -1071,7 +1071,7 @@ def test_the_first_long_public_cell_is_numbered_across_batches() -> None:
     }
 
 
-@pytest.mark.parametrize("max_bytes", [0, 1025, True, "8", 8.0])
+@pytest.mark.parametrize("max_bytes", [0, 1025, True, "8", 8.5])
 def test_a_public_columns_max_bytes_is_an_integer_from_1_to_1024(
     client: TestClient, curator: Caller, max_bytes: Any
 ) -> None:
