@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -416,6 +416,26 @@ def _check_single_release(session: Session, dataset_id: uuid.UUID, mechanism: Me
             )
 
 
+def lock_curator_limits(session: Session, services: Services, user_id: uuid.UUID) -> None:
+    """On PostgreSQL, take the curator's advisory lock (64 bits of SHA-256 of their id)
+    until the transaction ends, before :func:`check_active_releases` and
+    :func:`check_curator_bytes` count their releases: requests on several datasets of one
+    curator hold different dataset locks, and each counted the others' uncommitted
+    releases as absent (all passed a limit of 1 at once). Under READ COMMITTED the count
+    after the lock sees what the previous holder committed. It is the last lock these
+    paths take (a request holds its dataset's, a re-synthesis its release's; neither waits
+    for another row lock after it), so it closes no cycle. Nothing when both limits are off
+    and nothing on SQLite, whose write transactions are serial."""
+    settings = services.settings
+    if not uses_row_locks(session) or not (
+        settings.max_active_releases or settings.max_curator_bytes
+    ):
+        return
+    digest = hashlib.sha256(b"curator release limits " + user_id.bytes).digest()
+    lock = int.from_bytes(digest[:8], "big", signed=True)
+    session.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
+
+
 def check_active_releases(session: Session, services: Services, user: User) -> None:
     """Refuse (429) a release request or a re-synthesis from a curator who already has
     ``CURATOR_MAX_ACTIVE_RELEASES`` releases queued or running (0: no limit), before
@@ -423,8 +443,7 @@ def check_active_releases(session: Session, services: Services, user: User) -> N
     requests at epsilon 1e-12 (a minute of requests, no budget to speak of) held the
     worker for over an hour while another curator's release stayed queued, and requests
     that each measure for the 10-27 minutes the work bounds allow would hold it for days.
-    Counted under the request's own lock (the dataset's, the release's): concurrent
-    requests on several datasets may pass the limit by their number."""
+    Counted under the curator's lock (:func:`lock_curator_limits`)."""
     limit = services.settings.max_active_releases
     if limit == 0:
         return
@@ -462,8 +481,7 @@ def check_curator_bytes(
     (0: no limit), before anything is reserved or changed: :func:`check_release_bytes`
     bounds one release, not what releases add up to (61 default ``smooth_synthetic``
     releases of a 2000-column table left 41 GB, and every user then got 503s). Counted
-    under the request's own lock, as :func:`check_active_releases`: concurrent requests
-    on several datasets may pass it by their number."""
+    under the curator's lock (:func:`lock_curator_limits`)."""
     limit = services.settings.max_curator_bytes
     if limit == 0:
         return
@@ -526,6 +544,7 @@ def create_release(
     # this request waited for the lock was not seen (PostgreSQL; tests/test_two_processes.py)
     _check_opt_in(locked, checked.mechanism)
     _check_single_release(session, dataset.id, checked.mechanism)
+    lock_curator_limits(session, services, user.id)
     check_active_releases(session, services, user)
     check_curator_bytes(session, services, user.id, checked.artifact_bytes)
     release = Release(
@@ -781,6 +800,7 @@ def resynthesize(
         raise Conflict("the release has no measurements yet; nothing to re-synthesise")
     if release.status not in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the release is {release.status}; wait for it to finish")
+    lock_curator_limits(session, services, release.created_by)
     check_active_releases(session, services, user)
     merged = {**release.params, **release.synthesis_params, **raw_params}
     params = mechanism.parse_params(merged)

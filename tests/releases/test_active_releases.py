@@ -8,6 +8,8 @@ or a re-synthesis is a 429 before anything is reserved, recorded or changed.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -70,3 +72,27 @@ def test_no_active_release_limit_at_zero(
     dataset_id = dataset(client, curator, epsilon=10.0)
     codes = [request_release(client, curator, dataset_id).status_code for _ in range(20)]
     assert codes == [202] * 20
+
+
+def test_concurrent_requests_on_several_datasets_are_counted_one_after_the_other(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request holds only its own dataset's lock: without the curator's lock
+    (``lock_curator_limits``) concurrent requests on different datasets each counted the
+    others' uncommitted releases as absent, and on PostgreSQL several passed a limit of 1."""
+    monkeypatch.setattr(services_of(client).settings, "max_active_releases", 1)
+    copies = 6
+    datasets = [dataset(client, curator, epsilon=10.0) for _ in range(copies)]
+    barrier = threading.Barrier(copies)
+    codes: list[int] = []
+
+    def attempt(dataset_id: str) -> None:
+        barrier.wait()
+        codes.append(request_release(client, curator, dataset_id).status_code)
+
+    threads = [threading.Thread(target=attempt, args=(d,)) for d in datasets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(codes) == [202] + [429] * (copies - 1), codes
