@@ -112,7 +112,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from app.mechanisms import basis, bootstrap, grids, lp, noise, pca
 from app.mechanisms.data import RowSource, as_source
-from app.mechanisms.errors import MechanismError
+from app.mechanisms.errors import MechanismError, bytes_text
 from app.mechanisms.privacy import PrivacyCost, check_budget
 from app.mechanisms.queries import Query, sample_support
 
@@ -574,7 +574,7 @@ def synthesis_sizes(
         if N**d > max_bytes // (8 * d):  # its coordinates alone would not fit
             raise MechanismError(
                 f"grid 'full' has N^d = {N}^{d} candidate points, more than fit in "
-                f"{_bytes_text(max_bytes)}; use grid 'hypercube'"
+                f"{bytes_text(max_bytes)}; use grid 'hypercube'"
             )
         C = N**d
     else:
@@ -587,14 +587,14 @@ def synthesis_sizes(
         lower = "use grid 'hypercube'" if grid == "full" else "lower basis_size or grid_size"
         raise MechanismError(
             f"the synthesis LP with R = {R} moments and {what} needs about "
-            f"{_bytes_text(needed)}, more than {_bytes_text(max_bytes)}; {lower}"
+            f"{bytes_text(needed)}, more than {bytes_text(max_bytes)}; {lower}"
         )
     m = sample_size if sample_size is not None else min(theorem.m, MAX_DEFAULT_SAMPLE_SIZE)
     _check_positive_int("sample_size", m)
     if 8 * m * d > max_bytes:
         raise MechanismError(
             f"sample_size m = {m} rows of {d} columns need more than "
-            f"{_bytes_text(max_bytes)}; lower it"
+            f"{bytes_text(max_bytes)}; lower it"
         )
     return C, N, m
 
@@ -1216,14 +1216,6 @@ def _split(total: float, weights: Mapping[str, float]) -> dict[str, float]:
         largest = max(parts, key=lambda step: parts[step])
         parts[largest] = math.nextafter(parts[largest], 0.0)
     return parts
-
-
-def _bytes_text(size: int) -> str:
-    """``size`` bytes for a message: ``"4.0 GiB"``, ``"9.8 KiB"``."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if size >= 1 << shift:
-            return f"{size / (1 << shift):.1f} {unit}"
-    return f"{size} bytes"
 
 
 def _check_positive_int(name: str, value: int) -> None:

@@ -45,7 +45,7 @@ from app.ledger.units import (
     epsilon_units,
     epsilon_value,
 )
-from app.mechanisms.errors import MechanismError
+from app.mechanisms.errors import MechanismError, bytes_text
 from app.mechanisms.privacy import check_budget
 from app.models import Dataset, Release, ReleaseMeasurement, User
 from app.models.base import utcnow
@@ -199,18 +199,10 @@ def check_release_bytes(settings: Settings, predicted: int, advice: str) -> None
     limit = settings.max_release_bytes
     if limit and predicted > limit:
         raise InvalidRequest(
-            f"this release's files could take up to {_bytes_text(predicted)} ({predicted} "
+            f"this release's files could take up to {bytes_text(predicted)} ({predicted} "
             f"bytes), more than one release may store: CURATOR_MAX_RELEASE_BYTES = "
-            f"{_bytes_text(limit)} ({limit} bytes); {advice}"
+            f"{bytes_text(limit)} ({limit} bytes); {advice}"
         )
-
-
-def _bytes_text(count: int) -> str:
-    """``count`` bytes in the largest binary unit that keeps it at least 1 (``1.5 GiB``)."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if count >= 1 << shift:
-            return f"{count / (1 << shift):.1f} {unit}"
-    return f"{count} bytes"
 
 
 #: What a request refused by :func:`check_release_bytes` can change.
@@ -488,9 +480,9 @@ def check_curator_bytes(
     used = curator_bytes(session, user_id)
     if used + adding > limit:
         raise StorageQuotaExceeded(
-            f"your releases store or may store {_bytes_text(used)} ({used} bytes), and this "
-            f"one could add up to {_bytes_text(adding)} ({adding} bytes): more than the "
-            f"limit, CURATOR_MAX_CURATOR_BYTES = {_bytes_text(limit)} ({limit} bytes); ask "
+            f"your releases store or may store {bytes_text(used)} ({used} bytes), and this "
+            f"one could add up to {bytes_text(adding)} ({adding} bytes): more than the "
+            f"limit, CURATOR_MAX_CURATOR_BYTES = {bytes_text(limit)} ({limit} bytes); ask "
             f"for a smaller release, or ask an administrator to raise the limit"
         )
 
