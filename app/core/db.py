@@ -35,10 +35,12 @@ set leases that had already run out (``tests/releases/test_db_clock.py``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -308,6 +310,22 @@ def uses_row_locks(session: Session) -> bool:
     """True on PostgreSQL (lock rows with ``FOR UPDATE``); False on SQLite, where the
     ``BEGIN IMMEDIATE`` transaction already holds the database write lock."""
     return session.get_bind().dialect.name != "sqlite"
+
+
+def advisory_lock_key(label: bytes, uid: uuid.UUID) -> int:
+    """A PostgreSQL advisory lock's key: 64 bits of SHA-256 of ``label`` and ``uid``
+    (the label keeps kinds of lock apart; two sharing one, 2^-64, only wait for each
+    other)."""
+    digest = hashlib.sha256(label + uid.bytes).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def take_advisory_lock(session: Session, key: int, *, exclusive: bool = True) -> None:
+    """Take the advisory lock ``key`` (:func:`advisory_lock_key`), exclusive or shared,
+    until the transaction ends (PostgreSQL only: the caller checks
+    :func:`uses_row_locks`)."""
+    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    session.execute(text(f"SELECT {function}(:lock)"), {"lock": key})
 
 
 def db_now(session: Session) -> datetime:

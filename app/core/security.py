@@ -11,10 +11,10 @@ import hashlib
 import secrets
 import uuid
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.db import uses_row_locks
+from app.core.db import advisory_lock_key, take_advisory_lock, uses_row_locks
 from app.core.errors import Unauthorized
 from app.models import ApiKey, User
 
@@ -53,14 +53,12 @@ def active_key(session: Session, secret: str) -> tuple[ApiKey, User] | None:
 def key_lock(key_id: uuid.UUID) -> int:
     """The PostgreSQL advisory lock of an API key: 64 bits of SHA-256 of its id. Two keys
     sharing one (2^-64) would only make a revocation of one wait for the other's writes."""
-    digest = hashlib.sha256(b"curator api key " + key_id.bytes).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    return advisory_lock_key(b"curator api key ", key_id)
 
 
 def _take_key_lock(session: Session, key_id: uuid.UUID, *, exclusive: bool) -> None:
     """Take the key's advisory lock (:func:`key_lock`) until the transaction ends."""
-    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-    session.execute(text(f"SELECT {function}(:lock)"), {"lock": key_lock(key_id)})
+    take_advisory_lock(session, key_lock(key_id), exclusive=exclusive)
 
 
 def ensure_key_active(session: Session, key_id: uuid.UUID) -> None:

@@ -12,14 +12,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import case, func, select, text
+from sqlalchemy import case, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.core import pagination
 from app.core.audit import record
-from app.core.db import db_now, on_commit, uses_row_locks
+from app.core.db import (
+    advisory_lock_key,
+    db_now,
+    on_commit,
+    take_advisory_lock,
+    uses_row_locks,
+)
 from app.core.disk import ensure_free_space
 from app.core.errors import (
     Conflict,
@@ -409,8 +415,8 @@ def _check_single_release(session: Session, dataset_id: uuid.UUID, mechanism: Me
 
 
 def lock_curator_limits(session: Session, services: Services, user_id: uuid.UUID) -> None:
-    """On PostgreSQL, take the curator's advisory lock (64 bits of SHA-256 of their id)
-    until the transaction ends, before :func:`check_active_releases` and
+    """On PostgreSQL, take the curator's advisory lock (:func:`advisory_lock_key` of
+    their id) until the transaction ends, before :func:`check_active_releases` and
     :func:`check_curator_bytes` count their releases: requests on several datasets of one
     curator hold different dataset locks, and each counted the others' uncommitted
     releases as absent (all passed a limit of 1 at once). Under READ COMMITTED the count
@@ -423,9 +429,7 @@ def lock_curator_limits(session: Session, services: Services, user_id: uuid.UUID
         settings.max_active_releases or settings.max_curator_bytes
     ):
         return
-    digest = hashlib.sha256(b"curator release limits " + user_id.bytes).digest()
-    lock = int.from_bytes(digest[:8], "big", signed=True)
-    session.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
+    take_advisory_lock(session, advisory_lock_key(b"curator release limits ", user_id))
 
 
 def check_active_releases(session: Session, services: Services, user: User) -> None:
