@@ -832,10 +832,27 @@ def truncation_estimate(
     others = prefix * suffix
     axis_coef = np.einsum("qj,qjik,qji->qik", w, a, others)
     axis_tail = np.where(axis_in[None], 0.0, np.abs(axis_coef)).sum(axis=(1, 2))
-    rest = a[..., 1:] * np.sqrt(mu[None, None, :, 1:])
+    total = _second_order_sum(w, a0, a[..., 1:] * np.sqrt(mu[None, None, :, 1:]))
+    inside = (coefficients[:, cross] ** 2) @ mu_cross
+    cross_scale = np.sqrt(np.maximum(total - inside, 0.0))
+    return TruncationEstimate(axis_tail=axis_tail, cross_scale=cross_scale)
+
+
+def _second_order_sum(
+    w: NDArray[np.float64], g: NDArray[np.float64], h: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """``sum_{j,l} w_qj w_ql [prod_i (G_ijl + H_ijl)]_{>= 2}`` per query ``q``, with
+    ``G_ijl = g_qji g_qli`` and ``H_ijl = sum_k h_qjik h_qlik``, and ``[.]_{>= 2}`` the
+    terms of the expanded product with at least two ``H`` factors: the recursion
+    ``P2 <- P2 (G + H) + P1 H``, ``P1 <- P1 G + P0 H``, ``P0 <- P0 G`` over the columns.
+    The cross-term mass of :func:`truncation_estimate` (``g`` the constant terms, ``h``
+    the others scaled by ``sqrt(mu)``) and the second-order noise variance of
+    :func:`independence_extrapolation` (``g`` the one-column factors, ``h`` the released
+    coefficients scaled by the noise's sd) are both this. A few queries at a time, ``G``
+    and ``H`` one column at a time: memory O(chunk J^2), not O(Q J^2 d), whatever the
+    number of centres."""
+    Q, J, d = g.shape
     total = np.empty(Q)
-    # a few queries at a time, g_i and h_i one column at a time: memory O(chunk J^2),
-    # not O(Q J^2 d), whatever the number of centres
     chunk = max(1, _PAIR_ELEMENTS // (J * J))
     for start in range(0, Q, chunk):
         part = slice(start, start + chunk)
@@ -843,15 +860,13 @@ def truncation_estimate(
         p1 = np.zeros_like(p0)
         p2 = np.zeros_like(p0)
         for i in range(d):
-            gi = a0[part, :, None, i] * a0[part, None, :, i]
-            hi = np.einsum("qjk,qlk->qjl", rest[part, :, i], rest[part, :, i])
+            gi = g[part, :, None, i] * g[part, None, :, i]
+            hi = np.einsum("qjk,qlk->qjl", h[part, :, i], h[part, :, i])
             p2 = p2 * (gi + hi) + p1 * hi
             p1 = p1 * gi + p0 * hi
             p0 = p0 * gi
         total[part] = np.einsum("qj,qjl,ql->q", w[part], p2, w[part])
-    inside = (coefficients[:, cross] ** 2) @ mu_cross
-    cross_scale = np.sqrt(np.maximum(total - inside, 0.0))
-    return TruncationEstimate(axis_tail=axis_tail, cross_scale=cross_scale)
+    return total
 
 
 @dataclass(frozen=True, eq=False)
@@ -994,20 +1009,7 @@ def independence_extrapolation(
         noisy = np.arange(length)[None, :] <= K[:, None]  # (d, length): k <= K_i
         noisy[:, 0] = False
         coef = np.where(noisy, a, 0.0)  # a_jik on the released degrees k >= 1
-        chunk = max(1, _PAIR_ELEMENTS // (J * J))
-        for start in range(0, Q, chunk):
-            part = slice(start, start + chunk)
-            p0 = np.ones((min(chunk, Q - start), J, J))
-            p1 = np.zeros_like(p0)
-            p2 = np.zeros_like(p0)
-            for i in range(d):
-                gi = F[part, :, None, i] * F[part, None, :, i]
-                hi = noise_variance * np.einsum("qjk,qlk->qjl", coef[part, :, i], coef[part, :, i])
-                p2 = p2 * (gi + hi) + p1 * hi
-                p1 = p1 * gi + p0 * hi
-                p0 = p0 * gi
-            excess[part] = np.einsum("qj,qjl,ql->q", w[part], p2, w[part])
-        excess = np.maximum(excess, 0.0)
+        excess = np.maximum(_second_order_sum(w, F, np.sqrt(noise_variance) * coef), 0.0)
     return IndependenceExtrapolation(value=value, gradient=gradient, excess_variance=excess)
 
 
