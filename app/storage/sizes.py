@@ -35,7 +35,8 @@ argued from how the file is encoded:
 * On disk (``du``) a file takes its bytes rounded up to whole blocks: :func:`files` adds a
   block a file.
 
-``tests/test_release_size.py`` checks each bound against the bytes real releases write.
+``tests/storage/test_sizes.py`` checks each bound against what the writers produce, and
+``tests/releases/test_release_size.py`` the predictions against the bytes real releases write.
 """
 
 from __future__ import annotations

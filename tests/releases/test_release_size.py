@@ -24,7 +24,14 @@ from app.storage.artifacts import ArtifactStore, sample_chunk_rows
 from tests.conftest import Caller
 from tests.datasets.helpers import upload
 from tests.datasets.test_graphs import upload_graph
-from tests.releases.helpers import budget, request_release, rows_of, run_all, services_of
+from tests.releases.helpers import (
+    budget,
+    finished_release,
+    request_release,
+    rows_of,
+    run_all,
+    services_of,
+)
 
 CONTINUOUS = [f"a_rather_long_column_name_{j}" for j in range(6)]
 LONG_CATEGORIES = [f'"=category, number {i}"' for i in range(5)]
@@ -84,14 +91,9 @@ def _predicted_and_folder(
     preview = client.post(f"/v1/datasets/{dataset_id}/preview", headers=curator.headers, json=body)
     assert preview.status_code == 200, preview.text
     predicted = preview.json()["artifact_bytes"]
-    response = request_release(client, curator, dataset_id, body)
-    assert response.status_code == 202, response.text
-    release_id = response.json()["id"]
-    run_all(client, release_id)
-    release = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
-    assert release["status"] == "succeeded", release
+    release = finished_release(client, curator, dataset_id, body)
     store = ArtifactStore(services_of(client).settings.releases_dir)
-    return predicted, store.version_dir(uuid.UUID(release_id), release["published_version"])
+    return predicted, store.version_dir(uuid.UUID(release["id"]), release["published_version"])
 
 
 TABLE_RELEASES: list[dict[str, Any]] = [
