@@ -48,8 +48,9 @@ class World:
     graph: str
     foreign: str
     #: releases of the table by status, plus "graph" (a succeeded graph_cuts release),
-    #: "cancel" (queued, for the owner's cancel) and "resynthesize" (succeeded, for the
-    #: owner's re-synthesis)
+    #: "cancel" (queued, for the owner's cancel), "resynthesize" (succeeded, for the
+    #: owner's re-synthesis) and "delete_files" (succeeded, for the owner's deletion of its
+    #: files)
     releases: dict[str, str]
     spare_analyst: Caller
     spare_key: str
@@ -117,7 +118,7 @@ def world(client: TestClient) -> World:
         return str(response.json()["id"])
 
     releases = {status: release() for status in ("queued", "cancel", "measuring")}
-    for name in ("succeeded", "resynthesize"):
+    for name in ("succeeded", "resynthesize", "delete_files"):
         releases[name] = release()
         run_all(client, releases[name])
     releases["failed"] = release(
@@ -286,6 +287,9 @@ ROUTES = [
         lambda w: {"params": {"rows": 5}},
         release="resynthesize",
     ),
+    _release_route(
+        "DELETE", "/v1/releases/{release_id}/artifacts", 200, 403, release="delete_files"
+    ),
     _release_route("GET", "/v1/releases/{release_id}/artifacts/{name}", 200, 200),
     _release_route("GET", "/v1/releases/{release_id}/synthetic", 200, 200),
     # test_means has no synopsis: the caller who sees the release is told so
@@ -357,6 +361,7 @@ RELEASE_READS = [
     ("GET", "/v1/releases/{release_id}/synthetic", None),
     ("GET", "/v1/releases/{release_id}/synopsis", None),
     ("POST", "/v1/releases/{release_id}/answers", {"queries": [{"type": "pca", "k": 1}]}),
+    ("DELETE", "/v1/releases/{release_id}/artifacts", None),
     ("DELETE", "/v1/releases/{release_id}", None),
     ("POST", "/v1/releases/{release_id}/resynthesize", {"params": {}}),
 ]
@@ -391,7 +396,7 @@ def test_releases_of_every_status_are_hidden_alike(world: World) -> None:
         seen = client.get(f"/v1/releases/{release_id}", headers=granted)
         assert seen.status_code == 200
         assert seen.json()["status"] == ("succeeded" if status == "graph" else status)
-        for method, path, body in RELEASE_READS[-2:]:
+        for method, path, body in RELEASE_READS[-3:]:
             response = client.request(
                 method, path.format(release_id=release_id), headers=granted, json=body
             )

@@ -9,7 +9,14 @@ from fastapi import APIRouter
 from app.answers import service
 from app.answers.schemas import AnswerRequest, AnswersOut
 from app.core.deps import CurrentUser, ServicesDep
-from app.core.errors import Conflict, InvalidRequest, NotFound, Unauthorized, error_responses
+from app.core.errors import (
+    Conflict,
+    FilesDeleted,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+    error_responses,
+)
 
 router = APIRouter(prefix="/v1", tags=["answers"], responses=error_responses(Unauthorized))
 
@@ -17,7 +24,7 @@ router = APIRouter(prefix="/v1", tags=["answers"], responses=error_responses(Una
 @router.post(
     "/releases/{release_id}/answers",
     response_model=AnswersOut,
-    responses=error_responses(NotFound, Conflict, InvalidRequest),
+    responses=error_responses(NotFound, Conflict, FilesDeleted, InvalidRequest),
 )
 def answers(
     release_id: uuid.UUID,

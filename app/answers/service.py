@@ -17,7 +17,7 @@ from app.core.footprint import footprint
 from app.core.services import Services
 from app.models import ReleaseMeasurement, User
 from app.releases import registry
-from app.releases.service import release_info, visible_release
+from app.releases.service import release_info, served_version, visible_release
 from app.storage.artifacts import ArtifactStore
 
 #: Decoded releases each process keeps at most (besides the byte limit of the settings).
@@ -96,12 +96,11 @@ def answer(
     for attempt in range(LOAD_ATTEMPTS):
         with services.db.transaction(read_only=True) as session:
             release = visible_release(session, user, release_id)
-            if release.published_version is None:
-                raise Conflict(f"the release is {release.status}; answers exist once it succeeded")
+            version = served_version(release, "answers")
             mechanism = registry.get(release.mechanism)
             guarantee = mechanism.guarantee_for(release.params)
             info = release_info(session, release)
-            key = (release.id, release.published_version)
+            key = (release.id, version)
             loaded = _cache.get(key)
             payload = None
             if loaded is None:

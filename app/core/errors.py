@@ -69,6 +69,14 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
+class FilesDeleted(ServiceError):
+    """The release's published files were deleted by its curator: nothing to download or
+    answer from until a re-synthesis publishes a version again."""
+
+    status_code = 410
+    code = "files_deleted"
+
+
 class BudgetExhausted(ServiceError):
     status_code = 409
     code = "budget_exhausted"
@@ -114,8 +122,8 @@ class TooManyActiveReleases(ServiceError):
 
 class StorageQuotaExceeded(ServiceError):
     """The caller's releases store, or may store, as many bytes as
-    ``CURATOR_MAX_CURATOR_BYTES`` allows: waiting does not help (an administrator raises
-    it)."""
+    ``CURATOR_MAX_CURATOR_BYTES`` allows: waiting does not help (the curator deletes
+    releases' files, or an administrator raises it)."""
 
     status_code = 422
     code = "storage_quota_exceeded"

@@ -109,6 +109,11 @@ class Release(Base):
     #: version and the one it replaced, which is kept a publish longer; whole blocks): 0
     #: until then, and for releases published before this was recorded (migration 0014).
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    #: When its curator deleted its published files (``DELETE
+    #: /v1/releases/{id}/artifacts``): downloads and answers are 410 ``files_deleted``
+    #: until a re-synthesis publishes a version again, which clears it. The measurements
+    #: and the spend stay (migration 0015).
+    files_deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class ReleaseMeasurement(Base):

@@ -16,10 +16,10 @@ from sqlalchemy.orm import Session
 from starlette.responses import MalformedRangeHeader
 from starlette.types import Receive, Scope, Send
 
-from app.core.errors import Conflict, NotFound
+from app.core.errors import NotFound
 from app.core.services import Services
 from app.models import User
-from app.releases.service import visible_release
+from app.releases.service import served_version, visible_release
 from app.storage.artifacts import ArtifactStore
 
 
@@ -82,14 +82,13 @@ def artifact(
     session: Session, services: Services, user: User, release_id: uuid.UUID, name: str
 ) -> FileResponse:
     release = visible_release(session, user, release_id)
-    if release.published_version is None:
-        raise Conflict(f"the release is {release.status}; artifacts exist once it succeeded")
+    version = served_version(release, "artifacts")
     meta = release.artifacts.get(name)
     if meta is None:
         available = ", ".join(sorted(release.artifacts)) or "none"
         raise NotFound(f"this release has no artifact {name!r} (available: {available})")
     store = ArtifactStore(services.settings.releases_dir)
-    path = store.path(release.id, release.published_version, str(meta["file"]))
+    path = store.path(release.id, version, str(meta["file"]))
     if not path.is_file():
         raise NotFound(f"artifact {name!r} is missing on disk")
     try:

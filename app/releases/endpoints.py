@@ -17,6 +17,7 @@ from app.core.deps import (
 from app.core.errors import (
     BudgetExhausted,
     Conflict,
+    FilesDeleted,
     Forbidden,
     IdempotencyConflict,
     InvalidRequest,
@@ -168,6 +169,20 @@ def cancel_release(release_id: uuid.UUID, user: CurrentUser, session: SessionDep
     return service.cancel_release(session, user, release_id)
 
 
+@router.delete(
+    "/releases/{release_id}/artifacts",
+    response_model=ReleaseOut,
+    responses=error_responses(NotFound, Forbidden, Conflict),
+)
+def delete_files(
+    release_id: uuid.UUID, user: CurrentUser, session: SessionDep, services: ServicesDep
+) -> ReleaseOut:
+    """Delete the release's published files, freeing their storage: downloads and answers
+    are 410 ``files_deleted`` until a re-synthesis (no budget) publishes it again. The
+    measurements and the spend stay."""
+    return service.delete_files(session, services, user, release_id)
+
+
 @router.post(
     "/releases/{release_id}/resynthesize",
     response_model=ReleaseOut,
@@ -195,7 +210,7 @@ def resynthesize(
             "the artifact, as the media type its entry in the release's artifacts names",
             {**_CSV, **_PARQUET, **_JSON, **_NPZ},
         ),
-        **error_responses(NotFound, Conflict),
+        **error_responses(NotFound, Conflict, FilesDeleted),
     },
 )
 def artifact(
@@ -209,7 +224,7 @@ def artifact(
     response_class=FileResponse,
     responses={
         **_download("the rows as CSV or Parquet (format)", {**_CSV, **_PARQUET}),
-        **error_responses(NotFound, Conflict),
+        **error_responses(NotFound, Conflict, FilesDeleted),
     },
 )
 def synthetic(
@@ -230,7 +245,10 @@ def synthetic(
 @router.get(
     "/releases/{release_id}/synopsis",
     response_class=FileResponse,
-    responses={**_download("the synopsis", _JSON), **error_responses(NotFound, Conflict)},
+    responses={
+        **_download("the synopsis", _JSON),
+        **error_responses(NotFound, Conflict, FilesDeleted),
+    },
 )
 def synopsis(
     release_id: uuid.UUID, user: CurrentUser, session: SessionDep, services: ServicesDep

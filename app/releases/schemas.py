@@ -124,6 +124,11 @@ class ReleaseOut(BaseModel):
     updated_at: datetime
     measured_at: datetime | None
     finished_at: datetime | None
+    files_deleted_at: datetime | None = Field(
+        description="when its curator deleted its published files (DELETE "
+        "/v1/releases/{id}/artifacts): downloads and answers are 410 until a re-synthesis "
+        "publishes it again; null otherwise"
+    )
     warnings: list[str] = Field(
         default_factory=list,
         description="advice on the release, e.g. a delta not below 1/n (the preview's)",

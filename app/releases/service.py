@@ -29,6 +29,7 @@ from app.core.db import (
 from app.core.disk import ensure_free_space
 from app.core.errors import (
     Conflict,
+    FilesDeleted,
     IdempotencyConflict,
     InvalidRequest,
     NotFound,
@@ -60,6 +61,7 @@ from app.releases import adapters as _adapters  # noqa: F401 - registers the rel
 from app.releases import registry
 from app.releases.registry import ColumnInfo, DatasetInfo, Mechanism
 from app.releases.schemas import ArtifactOut, PreviewOut, ReleaseCreate, ReleaseOut
+from app.storage.artifacts import ArtifactStore
 
 MEASURE_TASK = "release.measure"
 SYNTHESIZE_TASK = "release.synthesize"
@@ -487,7 +489,8 @@ def check_curator_bytes(
             f"your releases store or may store {bytes_text(used)} ({used} bytes), and this "
             f"one could add up to {bytes_text(adding)} ({adding} bytes): more than the "
             f"limit, CURATOR_MAX_CURATOR_BYTES = {bytes_text(limit)} ({limit} bytes); ask "
-            f"for a smaller release, or ask an administrator to raise the limit"
+            "for a smaller release, delete the files of releases you no longer serve "
+            "(DELETE /v1/releases/{id}/artifacts), or ask an administrator to raise the limit"
         )
 
 
@@ -655,6 +658,7 @@ def to_out(session: Session, release: Release) -> ReleaseOut:
         updated_at=release.updated_at,
         measured_at=release.measured_at,
         finished_at=release.finished_at,
+        files_deleted_at=release.files_deleted_at,
         warnings=delta_warnings(delta_value(release.delta), dataset, "the release's delta"),
     )
 
@@ -676,6 +680,71 @@ def owned_release(session: Session, user: User, release_id: uuid.UUID) -> Releas
     release = visible_release(session, user, release_id)
     owned_dataset(session, user, release.dataset_id)
     return release
+
+
+def served_version(release: Release, what: str) -> int:
+    """The synthesis version whose files serve ``what`` (``"artifacts"``, ``"answers"``):
+    409 while none was published, 410 ``files_deleted`` once its curator deleted them
+    (:func:`delete_files`), until a re-synthesis publishes again."""
+    if release.published_version is not None:
+        return release.published_version
+    if release.files_deleted_at is not None:
+        raise FilesDeleted(
+            f"the release's files were deleted by its curator "
+            f"({release.files_deleted_at.isoformat(timespec='seconds')}); {what} exist again "
+            "once the curator re-synthesises it (no budget)"
+        )
+    raise Conflict(f"the release is {release.status}; {what} exist once it succeeded")
+
+
+def delete_files(
+    session: Session, services: Services, user: User, release_id: uuid.UUID
+) -> ReleaseOut:
+    """Delete the release's published files, to free the storage they take (counted
+    against ``CURATOR_MAX_CURATOR_BYTES``): downloads and answers are 410 from then on.
+    The measurements stay, and so does the spend (post-processing freed no privacy): a
+    re-synthesis, at no budget, publishes the release again. A second call answers as the
+    first did.
+
+    Refused (409) while a stage runs, a re-synthesis of a published release included (its
+    worker would publish; cancel it first), and for a release that published nothing. The
+    row is updated here and the files removed once it commits, versions ``v0`` to the
+    current ``synthesis_version`` only (:meth:`ArtifactStore.remove_versions`): a later
+    re-synthesis writes a higher one, which a removal still under way never touches. A
+    process that dies between the commit and the removal leaves the files unserved; the
+    sweeper's first pass after a start removes them
+    (:func:`app.releases.stages.remove_stale_work`)."""
+    owned_release(session, user, release_id)
+    release = lock_release(session, release_id)
+    assert release is not None
+    if release.status in ACTIVE_STATUSES:
+        raise Conflict(
+            f"the release is {release.status}; cancel it (DELETE /v1/releases/{release.id}) "
+            "or wait for it to end, then delete its files"
+        )
+    if release.published_version is None:
+        if release.files_deleted_at is not None:
+            return to_out(session, release)  # deleted before: the same answer
+        raise Conflict(f"the release ended {release.status} and published no files to delete")
+    freed = release.stored_bytes
+    release.published_version = None
+    release.artifacts = {}
+    release.stored_bytes = 0
+    release.files_deleted_at = utcnow()
+    session.flush()
+    record(
+        session,
+        user.id,
+        "release.delete_files",
+        "release",
+        release.id,
+        synthesis_version=release.synthesis_version,
+        stored_bytes=freed,
+    )
+    store = ArtifactStore(services.settings.releases_dir)
+    release_key, through = release.id, release.synthesis_version
+    on_commit(session, lambda: store.remove_versions(release_key, through))
+    return to_out(session, release)
 
 
 def lock_release(session: Session, release_id: uuid.UUID) -> Release | None:

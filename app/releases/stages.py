@@ -792,6 +792,7 @@ def _publish_synthesis(
         release.progress = 1.0
         release.message = None
         release.published_version = version
+        release.files_deleted_at = None
         release.published_synthesis_params = dict(claim.synthesis_params)
         release.artifacts = {
             name: {"file": a.file, "media_type": a.media_type, "description": a.description}
@@ -886,14 +887,16 @@ def remove_stale_work(session: Session, services: Services, *, legacy: bool = Fa
     the runs going on and what dead processes left), and the releases read are those
     synthesising, so a pass costs the live work, not the history; with ``legacy`` (the
     sweeper's first pass after a start) every release's directory is listed too, for what
-    releases stored before that directory left beside their versions."""
+    releases stored before that directory left beside their versions, and the versions a
+    deletion of a release's files left when its process died (:func:`_remove_deleted_files`)."""
     store = ArtifactStore(services.settings.releases_dir)
     candidates, trash = store.leftovers(legacy=legacy)
     for leftover in trash:
         store.discard(leftover)
         log.warning("removed %s, left by a removal that was cut short", leftover.name)
+    deleted = _remove_deleted_files(session, store) if legacy else 0
     if not candidates:
-        return len(trash)
+        return len(trash) + deleted
     running = {
         (release_id, version)
         for release_id, version in session.execute(
@@ -906,7 +909,31 @@ def remove_stale_work(session: Session, services: Services, *, legacy: bool = Fa
     for work in stale:
         store.discard(work)
         log.warning("removed the work directory %s of a synthesis run that is over", work.name)
-    return len(trash) + len(stale)
+    return len(trash) + deleted + len(stale)
+
+
+def _remove_deleted_files(session: Session, store: ArtifactStore) -> int:
+    """Remove the versions of releases whose files their curator deleted
+    (:func:`app.releases.service.delete_files`) that are still on disk: the deletion
+    removes them once its transaction commits, so a process that died in between left
+    them, unserved. Versions ``v0`` to the ``synthesis_version`` read here: a re-synthesis
+    that began since writes a higher one. Returns how many versions were removed."""
+    removed = 0
+    deleted = session.execute(
+        select(Release.id, Release.synthesis_version).where(
+            Release.files_deleted_at.is_not(None), Release.published_version.is_(None)
+        )
+    )
+    for release_id, through in deleted:
+        count = store.remove_versions(release_id, through)
+        if count:
+            log.warning(
+                "removed %d version(s) of release %s, whose files its curator deleted",
+                count,
+                release_id,
+            )
+        removed += count
+    return removed
 
 
 #: Database connections a running stage holds at once at most: its own transaction's

@@ -178,6 +178,20 @@ class ArtifactStore:
                 # before WORK_DIR)
                 self._remove(release_id, child)
 
+    def remove_versions(self, release_id: uuid.UUID, through: int) -> int:
+        """Remove the release's versions ``v0`` to ``v<through>`` (its files deleted by its
+        curator), and its directory if that leaves it empty; returns how many were there.
+        Versions only grow, so a later run (``through + 1`` on) that publishes meanwhile is
+        never touched; nor is a run's work, which is not kept here."""
+        removed = 0
+        for child in _listed(self.release_dir(release_id), "v*"):
+            number = child.name[1:]
+            if number.isdecimal() and int(number) <= through:
+                self._remove(release_id, child)
+                removed += 1
+        _remove_if_empty(self.release_dir(release_id))
+        return removed
+
     def leftovers(
         self, *, legacy: bool = False
     ) -> tuple[list[tuple[uuid.UUID, int, Path]], list[Path]]:
