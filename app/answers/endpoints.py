@@ -26,7 +26,7 @@ router = APIRouter(prefix="/v1", tags=["answers"], responses=error_responses(Una
     response_model=AnswersOut,
     responses=error_responses(NotFound, Conflict, FilesDeleted, InvalidRequest),
 )
-def answers(
+async def answers(
     release_id: uuid.UUID,
     body: AnswerRequest,
     user: CurrentUser,
@@ -35,5 +35,6 @@ def answers(
     """Answer a batch of queries from a release, with standard errors where the mechanism
     allows. Post-processing: no budget is spent."""
     # No ReadSessionDep: answering may take seconds and must not hold a session slot; the
-    # service reads what it needs in a short transaction of its own.
-    return service.answer(services, user, release_id, body.queries)
+    # service reads what it needs in a short transaction of its own, on one of the few
+    # threads of ``answer_slots``, not the request threadpool's.
+    return await service.answer_slots.run(service.answer, services, user, release_id, body.queries)

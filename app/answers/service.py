@@ -15,10 +15,22 @@ from app.answers.schemas import AnswersOut
 from app.core.errors import Conflict, InvalidRequest
 from app.core.footprint import footprint
 from app.core.services import Services
+from app.core.threads import ThreadLimit
 from app.models import ReleaseMeasurement, User
 from app.releases import registry
 from app.releases.service import release_info, served_version, visible_release
 from app.storage.artifacts import ArtifactStore
+
+#: Answer requests computed at once in a process, on threads counted apart from the
+#: request threadpool (:mod:`app.core.threads`): one computes for up to seconds, and on the
+#: threadpool 100 at once (200 queries each, 0.22 s alone) held its 40 threads, so every
+#: other request of every user waited behind them: ``GET /v1/releases/{id}`` took up to
+#: 34 s (``bench/results/answer_concurrency.md``). Requests beyond it wait for a slot,
+#: holding their parsed body and no thread; the cores are as busy either way.
+MAX_CONCURRENT_ANSWERS = 4
+#: Each reads in a short transaction of its own, which the API's pool counts
+#: (``connections=1``; :func:`app.core.deps.request_connections`).
+answer_slots = ThreadLimit("curator_answers", MAX_CONCURRENT_ANSWERS, connections=1)
 
 #: Decoded releases each process keeps at most (besides the byte limit of the settings).
 CACHE_SIZE = 16

@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
+from app.answers import service as answers
 from app.config import Settings
 from app.core import deps
 from app.core.db import pool_capacity
@@ -99,8 +100,12 @@ def test_the_pool_counts_the_threads_apart_that_read_the_database() -> None:
     threads apart from the request threadpool since they run a few at a time
     (``release_checks``); the pool counted only the deferred transactions' threads among
     those, 4 connections short (hidden while no route uses ``ReadSessionDep``, whose 16
-    are counted all the same)."""
-    apart = deps._deferred_transactions.total + releases.release_checks.total
+    are counted all the same). Answer requests too (``answer_slots``)."""
+    apart = (
+        deps._deferred_transactions.total
+        + releases.release_checks.total
+        + answers.answer_slots.total
+    )
     sessions = sum(deps._max_concurrency(alias) for alias in deps.SESSION_DEPENDENCIES)
     assert deps.request_connections() == sessions + deps.REQUEST_THREADS + apart
 
