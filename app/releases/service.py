@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -434,6 +434,29 @@ def lock_curator_limits(session: Session, services: Services, user_id: uuid.UUID
     take_advisory_lock(session, advisory_lock_key(b"curator release limits ", user_id))
 
 
+def _stopping() -> ColumnElement[bool]:
+    """Releases being measured whose curator cancelled them (``cancel_requested``): none
+    will publish a version or write a file. The measure stage writes no file (its output
+    is the stored measurements); the only way on to a synthesis is
+    :func:`app.releases.stages._persist_measurement`, which ends a release cancelled
+    instead, under the release's lock, as :func:`cancel_release` sets the flag; and
+    nothing clears the flag before the release ends (:func:`resynthesize` takes only an
+    ended release, :func:`end_synthesis_run` only a synthesis run). Not a synthesis run:
+    a cancel ends one at once (:func:`end_synthesis_run`), and a re-synthesis's published
+    version stays counted (``stored_bytes``)."""
+    return and_(Release.status == "measuring", Release.cancel_requested.is_(True))
+
+
+def _held(now: datetime) -> ColumnElement[bool]:
+    """Releases whose stage a worker holds under a lease that has not run out at ``now``
+    (the database's clock), as :func:`app.releases.stages._held` reads one."""
+    return and_(
+        Release.lease_owner.is_not(None),
+        Release.lease_owner != QUEUED,
+        Release.lease_expires_at > now,
+    )
+
+
 def check_active_releases(session: Session, services: Services, user: User) -> None:
     """Refuse (429) a release request or a re-synthesis from a curator who already has
     ``CURATOR_MAX_ACTIVE_RELEASES`` releases queued or running (0: no limit), before
@@ -441,14 +464,31 @@ def check_active_releases(session: Session, services: Services, user: User) -> N
     requests at epsilon 1e-12 (a minute of requests, no budget to speak of) held the
     worker for over an hour while another curator's release stayed queued, and requests
     that each measure for the 10-27 minutes the work bounds allow would hold it for days.
-    Counted under the curator's lock (:func:`lock_curator_limits`)."""
+    Counted under the curator's lock (:func:`lock_curator_limits`).
+
+    A release being measured whose curator cancelled it (:func:`_stopping`) counts only
+    while a worker holds its lease (:func:`_held`): that worker is busy with it until its
+    stage reaches its next progress call, which raises the cancel its heartbeat read
+    (every ``lease_seconds / 4``, 15 s by default). A stage that gets to none keeps
+    renewing the lease for ``CANCEL_GRACE_LEASES`` (4) leases and lets it run out, at
+    most a lease later: about 5.25 leases (5 min 15 s by default; 2.54 to 2.64 s measured
+    at a 0.5 s lease, ``tests/releases/test_active_releases.py``). Counting it while held keeps
+    a curator who requests and cancels from holding more workers than the limit. Once
+    its lease is gone (its worker died or stopped, or no worker runs) no worker is busy
+    with it and the next claim ends it without reading the data
+    (:func:`app.releases.stages.run_measure`); counted, it kept a curator who cancelled
+    to make room at 429 for as long as no worker ran."""
     limit = services.settings.max_active_releases
     if limit == 0:
         return
     active = session.scalar(
         select(func.count())
         .select_from(Release)
-        .where(Release.created_by == user.id, Release.status.in_(ACTIVE_STATUSES))
+        .where(
+            Release.created_by == user.id,
+            Release.status.in_(ACTIVE_STATUSES),
+            or_(~_stopping(), _held(db_now(session))),
+        )
     )
     if active is not None and active >= limit:
         raise TooManyActiveReleases(
@@ -461,10 +501,15 @@ def check_active_releases(session: Session, services: Services, user: User) -> N
 def curator_bytes(session: Session, user_id: uuid.UUID) -> int:
     """What the curator's releases store or may store: their published versions' bytes
     (``stored_bytes``) and the predicted bytes of their queued or running runs
-    (``predicted_bytes``)."""
+    (``predicted_bytes``), but those of releases being measured that their curator
+    cancelled (:func:`_stopping`), which will never write them: counted, they kept a
+    curator who cancelled to make room at the quota until a worker ended the release.
+    Releases published before ``stored_bytes`` was recorded (migration 0014) count once
+    the worker's sweeper has filled it in (:func:`app.releases.stages.fill_stored_bytes`)."""
     stored = func.coalesce(func.sum(Release.stored_bytes), 0)
+    will_store = and_(Release.status.in_(ACTIVE_STATUSES), ~_stopping())
     running = func.coalesce(
-        func.sum(case((Release.status.in_(ACTIVE_STATUSES), Release.predicted_bytes), else_=0)),
+        func.sum(case((will_store, Release.predicted_bytes), else_=0)),
         0,
     )
     total = session.execute(select(stored, running).where(Release.created_by == user_id)).one()

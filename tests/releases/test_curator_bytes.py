@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.models import LedgerEntry, Release
+from app.releases import stages
 from app.storage.artifacts import ArtifactStore
 from tests.conftest import Caller, make_user
 from tests.releases.helpers import (
@@ -94,3 +95,43 @@ def test_a_curator_past_the_stored_bytes_quota_gets_422_with_nothing_reserved(
     assert (shown["status"], shown["synthesis_version"]) == ("succeeded", 0)
     monkeypatch.setattr(settings, "max_curator_bytes", 0)  # 0: no limit
     assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+
+
+def test_a_cancelled_release_being_measured_does_not_count_its_predicted_bytes(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release being measured that its curator cancelled stays ``measuring`` until its
+    worker's next heartbeat, or for as long as no worker runs; it never publishes (the
+    measure stage ends it cancelled where it would have started the synthesis), and its
+    predicted bytes counted until then, so a curator who cancelled to make room got 422s.
+    A cancelled re-synthesis leaves its published version counted, not its prediction."""
+    settings = services_of(client).settings
+    first, second = dataset(client, curator, epsilon=10.0), dataset(client, curator, epsilon=10.0)
+    predicted = _predicted(client, curator, first)
+    monkeypatch.setattr(settings, "max_curator_bytes", predicted)
+    release_id = request_release(client, curator, first).json()["id"]
+    assert request_release(client, curator, second).status_code == 422
+    # a worker measures it (its lease runs), and its curator cancels it
+    assert stages._claim(services_of(client), uuid.UUID(release_id), "measure") is not None
+    cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers)
+    assert (cancelled.json()["status"], cancelled.json()["cancel_requested"]) == (
+        "measuring",
+        True,
+    )
+    accepted = request_release(client, curator, second)
+    assert accepted.status_code == 202, accepted.text
+
+    # a re-synthesis counts its prediction while it runs, and not once it is cancelled
+    run_all(client, accepted.json()["id"])
+    stored = _release(client, accepted.json()["id"]).stored_bytes
+    assert 0 < stored < predicted
+    monkeypatch.setattr(settings, "max_curator_bytes", stored + predicted)
+    url = f"/v1/releases/{accepted.json()['id']}"
+    assert (
+        client.post(f"{url}/resynthesize", headers=curator.headers, json={"params": {}}).status_code
+        == 202
+    )
+    assert request_release(client, curator, second).status_code == 422
+    ended = client.delete(url, headers=curator.headers).json()
+    assert (ended["status"], ended["published_version"]) == ("succeeded", 0)
+    assert request_release(client, curator, second).status_code == 202
