@@ -107,7 +107,8 @@ class Release(Base):
     predicted_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     #: The bytes its synthesis versions on disk took when the last one was published (that
     #: version and the one it replaced, which is kept a publish longer; whole blocks): 0
-    #: until then, and for releases published before this was recorded (migration 0014).
+    #: until then. Releases published before this was recorded (migration 0014) have it
+    #: filled in by the worker's sweeper after a start (``stages.fill_stored_bytes``).
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     #: When its curator deleted its published files (``DELETE
     #: /v1/releases/{id}/artifacts``): downloads and answers are 410 ``files_deleted``

@@ -936,6 +936,51 @@ def _remove_deleted_files(session: Session, store: ArtifactStore) -> int:
     return removed
 
 
+def fill_stored_bytes(services: Services) -> int:
+    """Record ``stored_bytes`` of the releases published before it was recorded (migration
+    0014 gave them 0; a migration does not see the data directory): each counted 0 toward
+    its curator's ``CURATOR_MAX_CURATOR_BYTES``, so an upgraded installation's quota
+    under-counted what it stores. What is counted is what a publish counts
+    (:func:`_publish_synthesis`): the files of the published version and of the one it
+    replaced, kept beside it until the next publish; that is, the versions on disk up to
+    the published one (a later one is an unpublished run's, removed when its run ends).
+    Returns how many releases it filled.
+
+    The sweeper's first pass after a start runs it (:class:`Sweeper`). Releases are listed
+    in one query (``published_version`` set and ``stored_bytes`` 0); each is then filled in
+    a transaction of its own holding its lock, in which it is read again: one published
+    meanwhile (whose publish set its own count) or whose files were withdrawn
+    (``published_version`` None) is left as it is. Filled once, a release is not listed
+    again, so a pass with nothing to fill costs that query; a release whose versions are
+    gone from disk counts 0, and is measured again by the next start's pass."""
+    store = ArtifactStore(services.settings.releases_dir)
+    filled = 0
+    for release_id in _unfilled(services):
+        with services.db.transaction() as session:
+            release = lock_release(session, release_id)
+            if release is None or release.published_version is None or release.stored_bytes:
+                continue
+            published = release.published_version
+            kept = [version for version in store.versions(release_id) if version <= published]
+            release.stored_bytes = store.disk_bytes(release_id, *kept)
+            filled += release.stored_bytes > 0
+    if filled:
+        log.info("recorded the stored bytes of %d releases published before they were", filled)
+    return filled
+
+
+def _unfilled(services: Services) -> list[uuid.UUID]:
+    """The releases :func:`fill_stored_bytes` has to fill, as they were when it looked."""
+    with services.db.transaction(read_only=True) as session:
+        return list(
+            session.scalars(
+                select(Release.id).where(
+                    Release.published_version.is_not(None), Release.stored_bytes == 0
+                )
+            )
+        )
+
+
 #: Database connections a running stage holds at once at most: its own transaction's
 #: and its heartbeat's (:meth:`Heartbeat.beat`, from a thread of its own). A stage never
 #: opens a transaction inside another.
@@ -956,7 +1001,8 @@ class Sweeper:
     :func:`app.datasets.service.remove_stray_files` at start and every ``lease_seconds / 2``
     in a daemon thread. Its first pass also lists every release's directory
     (``remove_stale_work(legacy=True)``): one listing per release ever published, once a
-    start, not every pass."""
+    start, not every pass; and records the stored bytes of releases published before
+    they were (:func:`fill_stored_bytes`). A first pass that fails is made again."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -972,6 +1018,8 @@ class Sweeper:
                 with self.services.db.transaction(read_only=True) as session:
                     remove_stray_files(session, self.services)
                     remove_stale_work(session, self.services, legacy=legacy)
+                if legacy:
+                    fill_stored_bytes(self.services)
                 legacy = False
             except Exception as exc:
                 log.warning("sweep failed: %s", type(exc).__name__)

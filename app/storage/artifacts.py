@@ -223,6 +223,15 @@ class ArtifactStore:
                 work_dirs.append((release_id, version, entry))
         return work_dirs, trash
 
+    def versions(self, release_id: uuid.UUID) -> list[int]:
+        """The versions the release has on disk (its ``v<N>`` directories), in order."""
+        found = []
+        for entry in _listed(self.release_dir(release_id), "v*"):
+            number = entry.name[1:]
+            if number.isdigit() and entry.is_dir():
+                found.append(int(number))
+        return sorted(found)
+
     def disk_bytes(self, release_id: uuid.UUID, *versions: int) -> int:
         """The bytes the files of these versions take on disk (``du``'s count: allocated
         blocks, or the length where larger); a missing version counts 0."""

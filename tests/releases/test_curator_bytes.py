@@ -135,3 +135,62 @@ def test_a_cancelled_release_being_measured_does_not_count_its_predicted_bytes(
     ended = client.delete(url, headers=curator.headers).json()
     assert (ended["status"], ended["published_version"]) == ("succeeded", 0)
     assert request_release(client, curator, second).status_code == 202
+
+
+def _set(client: TestClient, release_id: str, **values: object) -> None:
+    with services_of(client).db.transaction() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        for name, value in values.items():
+            setattr(release, name, value)
+
+
+def test_the_sweeper_records_the_stored_bytes_of_releases_published_before_they_were(
+    client: TestClient,
+    curator: Caller,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Migration 0014 left ``stored_bytes`` 0 for the releases published before it, so
+    each counted 0 toward the quota. The sweeper's first pass after a start records what
+    their versions take on disk, as a publish does (the published version and the one it
+    replaced; not a later, unpublished one); once, and never over a count that a publish
+    set meanwhile, nor for a release whose files were withdrawn meanwhile."""
+    services = services_of(client)
+    store = ArtifactStore(services.settings.releases_dir)
+    dataset_id = dataset(client, curator, epsilon=10.0)
+    legacy, published_again, withdrawn = (
+        request_release(client, curator, dataset_id).json()["id"] for _ in range(3)
+    )
+    for release_id in (legacy, published_again, withdrawn):
+        run_all(client, release_id)
+    url = f"/v1/releases/{legacy}/resynthesize"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    run_all(client, legacy)  # v1 published, v0 kept a publish longer
+    unpublished = store.version_dir(uuid.UUID(legacy), 7)  # a run's, moved into place
+    unpublished.mkdir()
+    (unpublished / "sample.csv").write_bytes(b"x" * 100_000)
+    kept = store.disk_bytes(uuid.UUID(legacy), 0, 1)
+    assert _release(client, legacy).stored_bytes == kept > store.disk_bytes(uuid.UUID(legacy), 1)
+    not_published = request_release(client, curator, dataset_id).json()["id"]
+    for release_id in (legacy, published_again, withdrawn):
+        _set(client, release_id, stored_bytes=0)  # as migration 0014 left them
+    unfilled = stages._unfilled
+
+    def meanwhile(services: object) -> list[uuid.UUID]:
+        listed = unfilled(services_of(client))
+        _set(client, published_again, stored_bytes=12345)  # a publish's count
+        _set(client, withdrawn, published_version=None, artifacts={})
+        return listed
+
+    monkeypatch.setattr(stages, "_unfilled", meanwhile)
+    stages.Sweeper(services).start().stop()  # its first pass fills them
+    assert "sweep failed" not in caplog.text
+    assert _release(client, legacy).stored_bytes == kept
+    assert _release(client, published_again).stored_bytes == 12345
+    assert _release(client, withdrawn).stored_bytes == 0
+    assert _release(client, not_published).stored_bytes == 0
+    monkeypatch.setattr(stages, "_unfilled", unfilled)
+    assert stages._unfilled(services) == []  # nothing left to fill: one query
+    assert stages.fill_stored_bytes(services) == 0
+    assert _release(client, legacy).stored_bytes == kept
