@@ -917,14 +917,19 @@ def _remove_deleted_files(session: Session, store: ArtifactStore) -> int:
     (:func:`app.releases.service.delete_files`) that are still on disk: the deletion
     removes them once its transaction commits, so a process that died in between left
     them, unserved. Versions ``v0`` to the ``synthesis_version`` read here: a re-synthesis
-    that began since writes a higher one. Returns how many versions were removed."""
+    that began since writes a higher one. Of a release read re-synthesising, to the one
+    before: its run writes that version, and may move it into place and commit its publish
+    while this pass goes through the releases (it removed the version just published,
+    leaving ``published_version`` naming files that were gone). Returns how many versions
+    were removed."""
     removed = 0
     deleted = session.execute(
-        select(Release.id, Release.synthesis_version).where(
+        select(Release.id, Release.synthesis_version, Release.status).where(
             Release.files_deleted_at.is_not(None), Release.published_version.is_(None)
         )
     )
-    for release_id, through in deleted:
+    for release_id, version, status in deleted:
+        through = version - 1 if status in ACTIVE_STATUSES else version
         count = store.remove_versions(release_id, through)
         if count:
             log.warning(

@@ -201,3 +201,38 @@ def test_remove_versions_removes_those_up_to_the_one_named(tmp_path: Path) -> No
     assert store.remove_versions(release_id, 10) == 1
     assert not store.release_dir(release_id).exists()  # empty: removed
     assert store.remove_versions(release_id, 10) == 0  # nothing left: nothing to do
+
+
+def test_the_sweepers_first_pass_spares_the_version_a_resynthesis_is_publishing(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweeper starting (another worker's) while a re-synthesis of a deleted release
+    publishes reads the release as re-synthesising, version 1, unpublished: it removed
+    versions up to 1, the one just moved into place, and the publish then committed a
+    ``published_version`` whose files were gone (downloads 404)."""
+    services = services_of(client)
+    dataset_id = dataset(client, curator, epsilon=10.0)
+    release_id = finished_release(client, curator, dataset_id, REQUEST)["id"]
+    monkeypatch.setattr(ArtifactStore, "remove_versions", lambda *args: 0)  # "died"
+    assert _delete(client, curator, release_id).status_code == 200
+    monkeypatch.undo()
+    url = f"/v1/releases/{release_id}/resynthesize"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+
+    publish = ArtifactStore.publish
+    swept: list[int] = []
+
+    def publish_then_sweep(store: ArtifactStore, key: uuid.UUID, version: int, work: Path) -> Path:
+        final = publish(store, key, version, work)
+        # the publish has yet to commit: the sweeper reads the release as it was
+        with services.db.transaction(read_only=True) as session:
+            swept.append(stages.remove_stale_work(session, services, legacy=True))
+        return final
+
+    monkeypatch.setattr(ArtifactStore, "publish", publish_then_sweep)
+    stages.run_synthesize(services, uuid.UUID(release_id))
+    assert swept == [1]  # v0, which the deletion left
+    shown = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert (shown["status"], shown["published_version"]) == ("succeeded", 1)
+    assert _versions(client, release_id) == ["v1"]
+    assert client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).is_success
