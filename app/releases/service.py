@@ -98,14 +98,22 @@ def end_synthesis_run(release: Release, status: str, message: str) -> None:
     (``"failed"`` or ``"cancelled"``). A re-synthesis of a release that has a published
     version leaves that version served: the release is ``succeeded`` again, with that
     version's parameters, and the message says what became of the run. The worker of a
-    run that is still going loses its lease (its work is discarded)."""
+    run that is still going loses its lease (its work is discarded). A re-synthesis of a
+    release whose files its curator deleted (:func:`delete_files`) leaves it as it was
+    too: ``succeeded``, its files deleted, its last published version's parameters; it
+    turned the release ``failed`` or ``cancelled`` ("cancelled after measuring", of a
+    release that had published), the failed run's parameters shown as its own."""
     now = utcnow()
-    if release.published_version is not None:
+    if release.published_version is not None or release.files_deleted_at is not None:
+        served = (
+            f"version {release.published_version} is still served"
+            if release.published_version is not None
+            else "its files stay deleted until a re-synthesis publishes it"
+        )
         release.status = "succeeded"
         release.synthesis_params = dict(release.published_synthesis_params or {})
         release.message = (
-            f"re-synthesis (version {release.synthesis_version}) {status}: {message}; "
-            f"version {release.published_version} is still served"
+            f"re-synthesis (version {release.synthesis_version}) {status}: {message}; {served}"
         )
         release.cancel_requested = False
         release.progress = 1.0
@@ -863,7 +871,7 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
             release,
             "cancelled",
             CANCELLED_AFTER_MEASURING
-            if release.published_version is None
+            if release.published_version is None and release.files_deleted_at is None
             else "cancelled by the curator",
         )
     else:

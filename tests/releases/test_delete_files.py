@@ -236,3 +236,63 @@ def test_the_sweepers_first_pass_spares_the_version_a_resynthesis_is_publishing(
     assert (shown["status"], shown["published_version"]) == ("succeeded", 1)
     assert _versions(client, release_id) == ["v1"]
     assert client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers).is_success
+
+
+def test_a_resynthesis_of_a_deleted_release_that_fails_or_is_cancelled_leaves_it_deleted(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release stays as the deletion left it: succeeded, its files deleted (410), the
+    parameters of the version it last published; it turned failed, or cancelled "after
+    measuring", with the failed run's parameters as its own."""
+    services = services_of(client)
+    dataset_id = dataset(client, curator, epsilon=10.0)
+    release_id = finished_release(client, curator, dataset_id, REQUEST)["id"]
+    published = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    deleted = _delete(client, curator, release_id).json()
+    url = f"/v1/releases/{release_id}/resynthesize"
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("synthesis failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tests.releases.fake_mechanism.TestMeans, "synthesize", broken)
+        started = client.post(url, headers=curator.headers, json={"params": {"rows": 5}})
+        assert started.status_code == 202, started.text
+        stages.run_synthesize(services, uuid.UUID(release_id))
+    failed = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert failed["status"] == "succeeded", failed["message"]
+    assert failed["message"].startswith("re-synthesis (version 1) failed: ")
+    assert failed["message"].endswith("its files stay deleted until a re-synthesis publishes it")
+    assert failed["synthesis_params"] == published["synthesis_params"] != {"rows": 5}
+    assert (failed["published_version"], failed["synthesis_version"]) == (None, 1)
+    assert failed["files_deleted_at"] == deleted["files_deleted_at"]
+    download = client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers)
+    assert download.status_code == 410, download.text
+    assert _versions(client, release_id) == []
+
+    started = client.post(url, headers=curator.headers, json={"params": {"rows": 5}})
+    assert started.status_code == 202, started.text
+    cancelled = client.delete(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert cancelled["status"] == "succeeded", cancelled["message"]
+    assert cancelled["message"] == (
+        "re-synthesis (version 2) cancelled: cancelled by the curator; its files stay "
+        "deleted until a re-synthesis publishes it"
+    )
+    assert cancelled["synthesis_params"] == published["synthesis_params"]
+    assert cancelled["files_deleted_at"] == deleted["files_deleted_at"]
+    stages.run_synthesize(services, uuid.UUID(release_id))  # its job finds it ended
+    assert _versions(client, release_id) == []
+    # deleted still: a deletion answers as the first did; a re-synthesis publishes again
+    assert (
+        _delete(client, curator, release_id).json()["files_deleted_at"]
+        == (deleted["files_deleted_at"])
+    )
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    stages.run_synthesize(services, uuid.UUID(release_id))
+    again = client.get(f"/v1/releases/{release_id}", headers=curator.headers).json()
+    assert (again["status"], again["published_version"], again["message"]) == (
+        "succeeded",
+        3,
+        None,
+    )
+    assert again["files_deleted_at"] is None
