@@ -780,3 +780,36 @@ def test_0014_counts_earlier_releases_as_storing_nothing(empty_database: str) ->
     migrations.downgrade(url, "0013")
     with pytest.raises(KeyError):
         _release_column(url, "stored_bytes")
+
+
+def test_0015_downgrade_says_which_releases_had_their_files_deleted(empty_database: str) -> None:
+    """Releases recorded before 0015 get no ``files_deleted_at``. The code before it knows
+    no deleted files (a deleted release reads as succeeded with nothing published): the
+    downgrade gives each such release a message saying why, and leaves the others'."""
+    from datetime import UTC, datetime
+
+    url = empty_database
+    before, deleted, kept = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    succeeded = {"mechanism": "test_means", "params": {}, "status": "succeeded"}
+    _releases_at(url, "0014", {before: {**succeeded, "published_version": 0}})
+    migrations.upgrade(url, "0015")
+    assert _release_column(url, "files_deleted_at") == {before: None}
+    _releases_at(
+        url,
+        "0015",
+        {
+            deleted: {**succeeded, "files_deleted_at": datetime.now(UTC), "message": None},
+            kept: {**succeeded, "published_version": 1, "message": "kept"},
+        },
+    )
+    migrations.downgrade(url, "0014")
+    assert _release_column(url, "message") == {
+        before: None,
+        deleted: "its files were deleted by its curator; re-synthesise it (no budget) to "
+        "publish them again",
+        kept: "kept",
+    }
+    with pytest.raises(KeyError):
+        _release_column(url, "files_deleted_at")
+    migrations.upgrade(url, "0015")
+    assert set(_release_column(url, "files_deleted_at").values()) == {None}
