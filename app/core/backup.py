@@ -8,8 +8,9 @@ artifact version. Files written after the snapshot are left out (the snapshot kn
 nothing of them). The copy is then checked against the snapshot: every dataset file is
 there and opens with the keys its row holds (a key rotation running meanwhile
 re-encrypts files under keys the snapshot lacks) and every published version is there
-(a re-synthesis meanwhile replaces its predecessor); a copy that fails the check is
-reported and left incomplete (no ``manifest.json``), to be taken again.
+(a re-synthesis meanwhile replaces its predecessor, a deletion of a release's files
+removes it); a copy that fails the check is reported and left incomplete (no
+``manifest.json``), to be taken again.
 
 Left out: the spend journal (``spends.jsonl``: restoring an older one would hide the
 spends a restored database lost; app.ledger.journal), the queue (the sweeper re-enqueues
@@ -166,7 +167,8 @@ def backup(settings: Settings, ring: bytes, target: Path, *, with_key: bool) -> 
             # with a traceback and no word of what to do)
             report.problems.append(
                 f"release {release_id}: its published version v{version} is missing "
-                "(replaced by a re-synthesis during the backup?)"
+                "(replaced by a re-synthesis, or its files deleted by its curator, during "
+                "the backup?)"
             )
             continue
         report.releases += 1

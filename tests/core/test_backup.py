@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from app.cli import main
 from app.config import KEY_FILE_NAME, Settings
+from app.core import backup as backup_module
 from app.core.backup import MANIFEST_NAME, BackupError, backup
 from app.main import create_app
 from tests.conftest import Caller
@@ -126,6 +127,32 @@ def test_a_copy_that_does_not_match_its_database_is_reported_without_a_manifest(
     assert f"release {release_id}: its published version v0 is missing" in report.problems[1]
     assert not (tmp_path / "b" / MANIFEST_NAME).exists()
     assert dataset_id != other
+
+
+def test_a_deletion_of_a_releases_files_during_a_backup_is_reported(
+    client: TestClient,
+    curator: Caller,
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The snapshot names the version published; its curator deletes its files before
+    they are copied: the backup says so (it blamed only a re-synthesis)."""
+    _, release_id = _published(client, curator)
+    snapshot = backup_module._snapshot
+
+    def then_delete(source: Path, target: Path) -> None:
+        snapshot(source, target)
+        deleted = client.delete(f"/v1/releases/{release_id}/artifacts", headers=curator.headers)
+        assert deleted.status_code == 200, deleted.text
+
+    monkeypatch.setattr(backup_module, "_snapshot", then_delete)
+    report = backup(settings, services_of(client).data_key, tmp_path / "b", with_key=False)
+    assert report.problems == [
+        f"release {release_id}: its published version v0 is missing (replaced by a "
+        "re-synthesis, or its files deleted by its curator, during the backup?)"
+    ]
+    assert not (tmp_path / "b" / MANIFEST_NAME).exists()
 
 
 def test_a_backup_refuses_a_used_directory_and_postgresql(
