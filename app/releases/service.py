@@ -412,11 +412,12 @@ def _check_single_release(session: Session, dataset_id: uuid.UUID, mechanism: Me
             or release.measured_at is not None
             or ledger.has_read_data(session, release.id)
         ):
-            advice = (
-                "use that release"
-                if release.status == "succeeded"
-                else "re-synthesise it if it was measured; a dataset gets one"
-            )
+            if release.status != "succeeded":
+                advice = "re-synthesise it if it was measured; a dataset gets one"
+            elif release.files_deleted_at is not None:
+                advice = "its curator deleted its files: re-synthesise it (no budget)"
+            else:
+                advice = "use that release"
             raise Conflict(
                 f"this dataset already has its {mechanism.name} release ({release.id}, "
                 f"{release.status}): its guarantee covers one output, and independent repeats "

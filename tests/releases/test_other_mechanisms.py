@@ -1009,3 +1009,28 @@ def test_sample_csv_quotes_text_cells_a_spreadsheet_would_read_as_formulas(
     assert all(float(t) < 0 and not t.startswith("'") for t in temps)
     table = pq.read_table(io.BytesIO(download("sample.parquet")))
     assert set(table.column("note").to_pylist()) == set(hostile)
+
+
+def test_a_second_compressed_request_after_a_deletion_of_the_files_says_to_resynthesise(
+    client: TestClient, curator: Caller
+) -> None:
+    """A dataset gets one compressed release; once its curator deleted its files, a new
+    request is still refused, and told to re-synthesise it (it said "use that release",
+    which serves nothing then)."""
+    dataset_id, _ = _table(client, curator, n=600, allow_non_dp_releases=True)
+    body = {"mechanism": "compressed", "columns": ["age", "weight"], "params": {"delta_max": 0.5}}
+    release_id = finished_release(client, curator, dataset_id, body)["id"]
+    deleted = client.delete(f"/v1/releases/{release_id}/artifacts", headers=curator.headers)
+    assert deleted.status_code == 200, deleted.text
+    for path in ("preview", "releases"):
+        refused = client.post(
+            f"/v1/datasets/{dataset_id}/{path}", headers=curator.headers, json=body
+        )
+        assert refused.status_code == 409, refused.text
+        message = refused.json()["error"]["message"]
+        assert message.endswith("its curator deleted its files: re-synthesise it (no budget)")
+    url = f"/v1/releases/{release_id}/resynthesize"
+    assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
+    stages.run_synthesize(services_of(client), uuid.UUID(release_id))
+    refused = request_release(client, curator, dataset_id, body)
+    assert refused.json()["error"]["message"].endswith("; use that release"), refused.text
