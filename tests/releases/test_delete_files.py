@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+import tests.releases.fake_mechanism  # registers test_means
 from app.models import AuditEvent, LedgerEntry, Release
 from app.releases import stages
 from app.storage.artifacts import ArtifactStore
@@ -49,6 +49,20 @@ def _stored_bytes(client: TestClient, release_id: str) -> int:
         release = session.get(Release, uuid.UUID(release_id))
         assert release is not None
         return release.stored_bytes
+
+
+def _deleted_by_a_process_that_died(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """A published release whose deletion committed and whose process died before it
+    removed the files (version 0 left on disk); its id."""
+    dataset_id = dataset(client, curator, epsilon=10.0)
+    release_id = str(finished_release(client, curator, dataset_id, REQUEST)["id"])
+    with monkeypatch.context() as died:
+        died.setattr(ArtifactStore, "remove_versions", lambda *args: 0)
+        assert _delete(client, curator, release_id).status_code == 200
+    assert _versions(client, release_id) == ["v0"]
+    return release_id
 
 
 def test_deleting_the_files_frees_their_storage_and_a_resynthesis_publishes_again(
@@ -173,11 +187,7 @@ def test_the_sweeper_removes_the_versions_a_dead_deletion_left(
     on disk, unserved: the sweeper's first pass after a start removes versions up to the
     release's synthesis version, never a later run's."""
     services = services_of(client)
-    dataset_id = dataset(client, curator, epsilon=10.0)
-    release_id = finished_release(client, curator, dataset_id, REQUEST)["id"]
-    monkeypatch.setattr(ArtifactStore, "remove_versions", lambda *args: 0)  # "died"
-    assert _delete(client, curator, release_id).status_code == 200
-    monkeypatch.undo()
+    release_id = _deleted_by_a_process_that_died(client, curator, monkeypatch)
     store = ArtifactStore(services.settings.releases_dir)
     later = store.version_dir(uuid.UUID(release_id), 1)  # as a re-synthesis begun since
     later.mkdir()
@@ -211,11 +221,7 @@ def test_the_sweepers_first_pass_spares_the_version_a_resynthesis_is_publishing(
     versions up to 1, the one just moved into place, and the publish then committed a
     ``published_version`` whose files were gone (downloads 404)."""
     services = services_of(client)
-    dataset_id = dataset(client, curator, epsilon=10.0)
-    release_id = finished_release(client, curator, dataset_id, REQUEST)["id"]
-    monkeypatch.setattr(ArtifactStore, "remove_versions", lambda *args: 0)  # "died"
-    assert _delete(client, curator, release_id).status_code == 200
-    monkeypatch.undo()
+    release_id = _deleted_by_a_process_that_died(client, curator, monkeypatch)
     url = f"/v1/releases/{release_id}/resynthesize"
     assert client.post(url, headers=curator.headers, json={"params": {}}).status_code == 202
 
