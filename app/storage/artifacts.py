@@ -228,7 +228,7 @@ class ArtifactStore:
         found = []
         for entry in _listed(self.release_dir(release_id), "v*"):
             number = entry.name[1:]
-            if number.isdigit() and entry.is_dir():
+            if number.isdecimal() and entry.is_dir():
                 found.append(int(number))
         return sorted(found)
 

@@ -174,3 +174,18 @@ def test_the_csv_quotes_formula_text_and_leaves_numbers_and_the_parquet_alone(
     assert [float(row[3]) for row in body] == table.column("number").to_pylist()
     assert [int(row[4]) for row in body] == table.column("count").to_pylist()
     assert pq.read_table(parquet_path).equals(table)
+
+
+def test_versions_lists_only_version_directories(tmp_path: Path) -> None:
+    """A release's versions on disk, in order: its ``v<N>`` directories, not what a
+    release stored beside them before the work directory (``.tmp-v<N>-*``, ``.trash-*``),
+    a file, or a name whose digits ``int`` does not read (``v²``: ``str.isdigit`` took it,
+    and the ValueError failed the sweeper's first pass, made again every pass)."""
+    store = ArtifactStore(tmp_path)
+    release_id = uuid.uuid4()
+    base = store.release_dir(release_id)
+    for name in ("v10", "v2", "v²", ".tmp-v3-0a1b2c3d", ".trash-0a1b", "vx", "v"):
+        (base / name).mkdir(parents=True)
+    (base / "v4").write_text("not a directory")
+    assert store.versions(release_id) == [2, 10]
+    assert store.versions(uuid.uuid4()) == []  # no directory
