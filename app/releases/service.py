@@ -483,10 +483,14 @@ def check_active_releases(session: Session, services: Services, user: User) -> N
     most a lease later: about 5.25 leases (5 min 15 s by default; 2.54 to 2.64 s measured
     at a 0.5 s lease, ``tests/releases/test_active_releases.py``). Counting it while held keeps
     a curator who requests and cancels from holding more workers than the limit. Once
-    its lease is gone (its worker died or stopped, or no worker runs) no worker is busy
-    with it and the next claim ends it without reading the data
+    its lease is gone (its worker died, or no worker runs, or its heartbeat let the lease
+    go) the next claim ends it without reading the data
     (:func:`app.releases.stages.run_measure`); counted, it kept a curator who cancelled
-    to make room at 429 for as long as no worker ran."""
+    to make room at 429 for as long as no worker ran. A stage whose heartbeat let the
+    lease go may still run on its thread until its mechanism returns (storing nothing:
+    :class:`app.releases.stages.LeaseLost`) and is not counted meanwhile, as it was not
+    once the next claim had ended the release before this: a thread cannot be stopped
+    from outside, so the limit holds such a thread for those 5.25 leases only."""
     limit = services.settings.max_active_releases
     if limit == 0:
         return
