@@ -23,10 +23,11 @@ from app.storage.artifacts import ArtifactStore
 
 #: Answer requests computed at once in a process, on threads counted apart from the
 #: request threadpool (:mod:`app.core.threads`): one computes for up to seconds, and on the
-#: threadpool 100 at once (200 queries each, 0.22 s alone) held its 40 threads, so every
-#: other request of every user waited behind them: ``GET /v1/releases/{id}`` took up to
-#: 34 s (``bench/results/answer_concurrency.md``). Requests beyond it wait for a slot,
-#: holding their parsed body and no thread; the cores are as busy either way.
+#: threadpool 100 at once (200 queries each, 0.2 s alone) held its 40 threads, so every
+#: other request of every user waited behind them: ``GET /v1/releases/{id}`` took 26 s
+#: (95th percentile; 0.10 s with the limit, and the 100 requests ended in 22 s, not 33 s;
+#: 40 at once: the same 21.5 s either way; ``bench/results/answer_concurrency.md``).
+#: Requests beyond it wait for a slot, holding their parsed body and no thread.
 MAX_CONCURRENT_ANSWERS = 4
 #: Each reads in a short transaction of its own, which the API's pool counts
 #: (``connections=1``; :func:`app.core.deps.request_connections`).

@@ -1,7 +1,8 @@
 """Answer requests compute at most ``MAX_CONCURRENT_ANSWERS`` at once per process
 (``app.answers.service.answer_slots``), on threads of their own: on the request threadpool,
 100 at once held its 40 threads and every other request of every user waited behind them
-(``GET /v1/releases/{id}`` up to 34 s; ``bench/results/answer_concurrency.md``)."""
+(``GET /v1/releases/{id}`` 26 s at the 95th percentile;
+``bench/results/answer_concurrency.md``)."""
 
 from __future__ import annotations
 
