@@ -13,9 +13,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import ClassVar, ParamSpec, TypeVar
 
+import anyio
 import anyio.to_thread
 from anyio import CapacityLimiter
 from anyio.lowlevel import RunVar
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 from threadpoolctl import ThreadpoolController
 
 P = ParamSpec("P")
@@ -65,6 +68,40 @@ class ThreadLimit:
         return await anyio.to_thread.run_sync(
             partial(function, *args, **kwargs), limiter=self.limiter()
         )
+
+    async def run_while_connected(
+        self, receive: Receive, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """:meth:`run` for a request whose body has been read (``receive``: the request's
+        ASGI receive, whose next message is then its ``http.disconnect``): a client that
+        disconnects while its call waits for a slot is not computed for (its call would
+        hold the slot later for nobody while others wait), and raises
+        :class:`ClientDisconnect` (answered by no one, logged by ``ErrorBarrier``). A
+        call already running in its thread runs to its end (a thread cannot be stopped),
+        and its result is dropped the same way."""
+        gone = False
+        outcome: list[T] = []
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                nonlocal gone
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                gone = True
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                outcome.append(await self.run(function, *args, **kwargs))
+            except Exception as exc:  # raised as itself below, not in an exception group
+                failure = exc
+            group.cancel_scope.cancel()
+        if gone:
+            raise ClientDisconnect()
+        if failure is not None:
+            raise failure
+        return outcome[0]
 
 
 def limit_blas_threads(threads: int) -> list[int]:

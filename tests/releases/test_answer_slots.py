@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
+import anyio
 import pytest
 from fastapi.testclient import TestClient
 
@@ -67,3 +69,81 @@ def test_answers_past_the_threadpool_leave_other_requests_served(
             thread.join(timeout=120)
     # test_means answers no pca query: each request got the mechanism's own answer
     assert codes == [422] * asking
+
+
+def test_a_client_that_leaves_while_waiting_for_a_slot_is_not_computed_for(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that waits for a slot and whose client disconnects meanwhile never runs
+    the answer: it ran once a slot was free, holding it for nobody while others waited
+    (a client that gives up and retries asked for the same work twice)."""
+    release_id = finished_release(client, curator, dataset(client, curator), REQUEST)["id"]
+    # one slot, so that one held request makes the next wait (the limiter is made on
+    # first use, after this)
+    monkeypatch.setattr(service.answer_slots, "total", 1)
+    go_on = threading.Event()
+    computed: list[int] = []
+    real_answer = service.answer
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        computed.append(1)
+        assert go_on.wait(timeout=120)
+        return real_answer(*args, **kwargs)
+
+    monkeypatch.setattr(service, "answer", held)
+    url = f"/v1/releases/{release_id}/answers"
+    body = json.dumps({"queries": [{"type": "pca", "k": 1}]}).encode()
+    portal = client.portal  # type: ignore[attr-defined]
+    codes: list[int] = []
+    first = threading.Thread(
+        target=lambda: codes.append(
+            client.post(url, headers=curator.headers, json=json.loads(body)).status_code
+        )
+    )
+    first.start()
+    wait_for(lambda: len(computed) == 1, "the first request computing")
+
+    left = portal.call(anyio.Event)
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(k.lower().encode(), v.encode()) for k, v in curator.headers.items()]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": url,
+        "raw_path": url.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [*headers, (b"content-type", b"application/json")],
+        "client": ("testclient", 50000),
+        "server": ("testserver", 80),
+    }
+    second = portal.start_task_soon(client.app, scope, receive, send)
+    try:
+        wait_for(
+            lambda: (
+                portal.call(lambda: service.answer_slots.limiter().statistics()).tasks_waiting == 1
+            ),
+            "the second request waiting for the slot",
+        )
+        portal.call(left.set)
+    finally:
+        go_on.set()
+        first.join(timeout=120)
+        second.result(timeout=120)
+    assert codes == [422]  # test_means answers no pca query
+    assert computed == [1]  # the second request's client left before a slot was free
+    assert not [m for m in sent if m["type"] == "http.response.start"]
