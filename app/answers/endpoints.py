@@ -40,5 +40,5 @@ async def answers(
     # threads of ``answer_slots``, not the request threadpool's; a client that leaves
     # while its request waits for a slot is not computed for.
     return await service.answer_slots.run_while_connected(
-        request.receive, service.answer, services, user, release_id, body.queries
+        request.receive, user.id, service.answer, services, user, release_id, body.queries
     )

@@ -29,9 +29,19 @@ from app.storage.artifacts import ArtifactStore
 #: 40 at once: the same 21.5 s either way; ``bench/results/answer_concurrency.md``).
 #: Requests beyond it wait for a slot, holding their parsed body and no thread.
 MAX_CONCURRENT_ANSWERS = 4
+#: Of which one user's requests hold at most this many: when one user's 4 held every slot,
+#: another user's small request waited for the whole of theirs (12 s each at the work
+#: bound). Measured on 2 cores, one user's 4 requests of 300 Gaussian-mixture queries
+#: (0.3 s alone) and another's 10-query requests (0.03 s alone): the first of those took
+#: 0.89-0.97 s with 4 slots a user, 0.09-0.15 s with 2 (0.2-0.3 s when every request
+#: shared the threadpool), and the 4 ended in 1.5 s either way. Requests over 1 MiB are
+#: taken one at a time anyway (``app.main.LARGE_BODY_BYTES``).
+MAX_ANSWERS_PER_USER = 2
 #: Each reads in a short transaction of its own, which the API's pool counts
 #: (``connections=1``; :func:`app.core.deps.request_connections`).
-answer_slots = ThreadLimit("curator_answers", MAX_CONCURRENT_ANSWERS, connections=1)
+answer_slots = ThreadLimit(
+    "curator_answers", MAX_CONCURRENT_ANSWERS, connections=1, per_caller=MAX_ANSWERS_PER_USER
+)
 
 #: Decoded releases each process keeps at most (besides the byte limit of the settings).
 CACHE_SIZE = 16

@@ -9,7 +9,8 @@ Waiting for a free slot holds no thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import ClassVar, ParamSpec, TypeVar
 
@@ -41,19 +42,27 @@ class ThreadLimit:
     """At most ``total`` calls at once, each in a worker thread. ``connections``: the
     database connections one call may hold at once (a short transaction of its own: 1);
     the API's pool counts those of every such limit
-    (:func:`app.core.deps.request_connections`, :attr:`holding_connections`)."""
+    (:func:`app.core.deps.request_connections`, :attr:`holding_connections`).
+    ``per_caller``: at most that many of the calls of one caller (:meth:`run_while_connected`'s
+    ``caller``) hold a slot at once, so that one caller's long calls leave slots to
+    the others."""
 
     #: The limits whose calls hold database connections, in the order they were made.
     holding_connections: ClassVar[list[ThreadLimit]] = []
 
-    def __init__(self, name: str, total: int, *, connections: int = 0) -> None:
+    def __init__(
+        self, name: str, total: int, *, connections: int = 0, per_caller: int | None = None
+    ) -> None:
         self.total = total
         self.connections = connections
+        self.per_caller = per_caller
         if connections:
             ThreadLimit.holding_connections.append(self)
         # An anyio limiter belongs to the event loop that first uses it (a process serving
         # requests has one; the tests start one per client): one limiter per loop.
         self._limiters: RunVar[CapacityLimiter] = RunVar(name)
+        # each caller's limiter while it has calls waiting or running, per loop
+        self._callers: RunVar[dict[Hashable, CapacityLimiter]] = RunVar(f"{name}_callers")
 
     def limiter(self) -> CapacityLimiter:
         try:
@@ -69,11 +78,39 @@ class ThreadLimit:
             partial(function, *args, **kwargs), limiter=self.limiter()
         )
 
+    @asynccontextmanager
+    async def _caller_turn(self, caller: Hashable) -> AsyncIterator[None]:
+        """Held while one of ``caller``'s at most :attr:`per_caller` calls runs."""
+        if self.per_caller is None:
+            yield
+            return
+        try:
+            callers = self._callers.get()
+        except LookupError:
+            callers = {}
+            self._callers.set(callers)
+        limiter = callers.get(caller)
+        if limiter is None:
+            limiter = callers[caller] = CapacityLimiter(self.per_caller)
+        try:
+            async with limiter:
+                yield
+        finally:
+            statistics = limiter.statistics()
+            if not statistics.borrowed_tokens and not statistics.tasks_waiting:
+                callers.pop(caller, None)
+
     async def run_while_connected(
-        self, receive: Receive, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+        self,
+        receive: Receive,
+        caller: Hashable,
+        function: Callable[P, T],
+        *args: P.args,
+        **kwargs: P.kwargs,
     ) -> T:
-        """:meth:`run` for a request whose body has been read (``receive``: the request's
-        ASGI receive, whose next message is then its ``http.disconnect``): a client that
+        """:meth:`run` for a request whose body has been read, as one of ``caller``'s
+        (``per_caller``; ``receive``: the request's ASGI receive, whose next message is
+        then its ``http.disconnect``): a client that
         disconnects while its call waits for a slot is not computed for (its call would
         hold the slot later for nobody while others wait), and raises
         :class:`ClientDisconnect` (answered by no one, logged by ``ErrorBarrier``). A
@@ -93,7 +130,8 @@ class ThreadLimit:
 
             group.start_soon(watch)
             try:
-                outcome.append(await self.run(function, *args, **kwargs))
+                async with self._caller_turn(caller):
+                    outcome.append(await self.run(function, *args, **kwargs))
             except Exception as exc:  # raised as itself below, not in an exception group
                 failure = exc
             group.cancel_scope.cancel()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from typing import Any
 
 import anyio
@@ -18,7 +19,7 @@ from fastapi.testclient import TestClient
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.answers import service
 from app.core.threads import REQUEST_THREADS
-from tests.conftest import Caller
+from tests.conftest import Caller, make_user
 from tests.releases.helpers import REQUEST, dataset, finished_release, wait_for
 
 
@@ -34,7 +35,8 @@ def test_answers_past_the_threadpool_leave_other_requests_served(
         return real_answer(*args, **kwargs)
 
     monkeypatch.setattr(service, "answer", held)
-    limit = service.MAX_CONCURRENT_ANSWERS
+    # one user asks them all: they compute as many at once as one user's may
+    limit = service.MAX_ANSWERS_PER_USER
     asking = REQUEST_THREADS + limit  # more than the request threadpool's threads
     codes: list[int] = []
 
@@ -45,17 +47,22 @@ def test_answers_past_the_threadpool_leave_other_requests_served(
 
     def statistics() -> Any:
         portal = client.portal  # type: ignore[attr-defined]
-        return portal.call(lambda: service.answer_slots.limiter().statistics())
+        slots = service.answer_slots
+
+        def waiting_and_computing() -> tuple[int, int]:
+            callers = slots._callers.get({})
+            waiting = sum(limiter.statistics().tasks_waiting for limiter in callers.values())
+            stats = slots.limiter().statistics()
+            return stats.borrowed_tokens, stats.tasks_waiting + waiting
+
+        return portal.call(waiting_and_computing)
 
     threads = [threading.Thread(target=ask) for _ in range(asking)]
     for thread in threads:
         thread.start()
     try:
         wait_for(
-            lambda: (
-                (stats := statistics()).borrowed_tokens == limit
-                and stats.tasks_waiting == asking - limit
-            ),
+            lambda: statistics() == (limit, asking - limit),
             f"{limit} answers computing and {asking - limit} waiting",
         )
         # the rest of the API is served meanwhile (it waited for a thread before)
@@ -147,3 +154,56 @@ def test_a_client_that_leaves_while_waiting_for_a_slot_is_not_computed_for(
     assert codes == [422]  # test_means answers no pca query
     assert computed == [1]  # the second request's client left before a slot was free
     assert not [m for m in sent if m["type"] == "http.response.start"]
+
+
+def test_one_users_answers_leave_slots_to_other_users(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One user's requests hold at most ``MAX_ANSWERS_PER_USER`` of the slots: with all of
+    them, one user's requests at the work bound (12 s each) kept every other user's
+    requests waiting for the whole of theirs."""
+    other = make_user(client, "curator", "other")
+    mine = finished_release(client, curator, dataset(client, curator), REQUEST)["id"]
+    theirs = finished_release(client, other, dataset(client, other), REQUEST)["id"]
+    go_on = threading.Event()
+    computing: list[uuid.UUID] = []
+    real_answer = service.answer
+
+    def held(services: Any, user: Any, *args: Any) -> Any:
+        computing.append(user.id)
+        assert go_on.wait(timeout=120)
+        return real_answer(services, user, *args)
+
+    monkeypatch.setattr(service, "answer", held)
+    codes: list[int] = []
+
+    def ask(caller: Caller, release_id: str) -> None:
+        url = f"/v1/releases/{release_id}/answers"
+        body = {"queries": [{"type": "pca", "k": 1}]}
+        codes.append(client.post(url, headers=caller.headers, json=body).status_code)
+
+    threads = [
+        threading.Thread(target=ask, args=(curator, mine))
+        for _ in range(service.MAX_CONCURRENT_ANSWERS)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(
+            lambda: len(computing) == service.MAX_ANSWERS_PER_USER,
+            "the first user's answers computing",
+        )
+        threads.append(threading.Thread(target=ask, args=(other, theirs)))
+        threads[-1].start()
+        wait_for(lambda: len(computing) > service.MAX_ANSWERS_PER_USER, "another answer computing")
+        # the other user's, not a third of the first user's
+        assert len(set(computing)) == 2
+        assert len(computing) == service.MAX_ANSWERS_PER_USER + 1
+    finally:
+        go_on.set()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert codes == [422] * (service.MAX_CONCURRENT_ANSWERS + 1)
+    assert len(computing) == service.MAX_CONCURRENT_ANSWERS + 1
+    # no caller's limiter is kept once its requests are answered
+    assert client.portal.call(service.answer_slots._callers.get) == {}  # type: ignore[attr-defined]

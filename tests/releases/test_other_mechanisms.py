@@ -887,8 +887,9 @@ def test_answers_in_progress_leave_sessions_to_other_requests(
     from app.releases import registry
 
     # more answers computing at once than there are session slots: answer_slots lets 4
-    # compute at once (the limiter is made on first use, after this)
+    # compute at once, 2 of one user's (the limiters are made on first use, after this)
     monkeypatch.setattr(answers.answer_slots, "total", MAX_CONCURRENT_TRANSACTIONS + 1)
+    monkeypatch.setattr(answers.answer_slots, "per_caller", MAX_CONCURRENT_TRANSACTIONS + 1)
     _, release_id = _graph_release(client, curator, b"0 1\n1 2\n", 4, 1.0)
     query = [{"type": "cut", "S": [0], "T": [1]}]
     assert_sessions_free_while_held(
