@@ -77,8 +77,9 @@ def test_compose_postgres_takes_the_connections_of_the_api_and_thirty_workers() 
     """Each process's pool holds what it can at once (``tests/core/test_pool.py``): a
     PostgreSQL whose ``max_connections`` is below the API's and the workers' together
     refuses the last ones ("too many clients already", a 503). PostgreSQL's default (100,
-    3 kept for superusers) held the API and 5 one-thread workers; compose sets enough for
-    30, the scale the README names."""
+    3 kept for superusers) holds the API and 3 one-thread workers (it said 5 while the API
+    held 84); compose sets enough for 30, the scale the README names, whose arithmetic is
+    checked here too."""
     from app.core.deps import request_connections
     from app.releases.stages import worker_connections
 
@@ -88,3 +89,12 @@ def test_compose_postgres_takes_the_connections_of_the_api_and_thirty_workers() 
     reserved = 3  # superuser_reserved_connections' default
     needed = request_connections() + 30 * worker_connections(1) + reserved
     assert int(settings["max_connections"]) >= needed
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    api, worker = request_connections(), worker_connections(1)
+    assert f"the API {api} (" in readme
+    assert f"{api} for each API process + {worker} for each one-thread worker" in readme
+    room = (100 - reserved - api) // worker
+    assert f"leaves room for one API and {room} workers" in readme
+    two_apis = (int(settings["max_connections"]) - reserved - 2 * api) // worker
+    assert f"or two APIs and {two_apis} workers" in readme
