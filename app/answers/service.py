@@ -25,8 +25,9 @@ from app.storage.artifacts import ArtifactStore
 #: request threadpool (:mod:`app.core.threads`): one computes for up to seconds, and on the
 #: threadpool 100 at once (200 queries each, 0.2 s alone) held its 40 threads, so every
 #: other request of every user waited behind them: ``GET /v1/releases/{id}`` took 26 s
-#: (95th percentile; 0.10 s with the limit, and the 100 requests ended in 22 s, not 33 s;
-#: 40 at once: the same 21.5 s either way; ``bench/results/answer_concurrency.md``).
+#: (95th percentile; 0.07 s with this limit and :data:`MAX_ANSWERS_PER_USER`, and the 100
+#: requests ended in 27 s, not 33 s; 40 at once: 20-21.5 s either way;
+#: ``bench/results/answer_concurrency.md``).
 #: Requests beyond it wait for a slot, holding their parsed body and no thread.
 MAX_CONCURRENT_ANSWERS = 4
 #: Of which one user's requests hold at most this many: when one user's 4 held every slot,
