@@ -609,12 +609,13 @@ Standard errors (:meth:`TreeMeasurements.stderrs`): the parametric bootstrap of
 :mod:`app.mechanisms.bootstrap`, each replicate made by :func:`simulated_measurements`
 (steps 1 and 3 simulated under the released law, the tree kept) and refitted by the same
 post-processing. Against the spread of answers over independent releases of the same data
-(``bench/results/answer_stderr.md``, 20 releases a dataset) they read 0.86-1.26 of it on
-the uniform-centre queries and 0.73-1.21 on the row-centred ones, where the tree's own
+(``bench/results/answer_stderr.md``, 20 releases a dataset) they read 0.87-1.13 of it on
+the uniform-centre queries and 0.83-1.41 on the row-centred ones, where the tree's own
 variability (step 2) is not in the replicates; with the tree fixed, brute force on a small
 case reads 0.87 (``tests/mechanisms/test_bootstrap.py``). The model's error is not in
-them: ``value +- 1.96 se`` held the truth for 68-94 % of the uniform-centre queries at
-``sigma >= 4`` but 0-40 % of the row-centred ones.
+them: ``value +- 1.96 se`` held the truth for 74-97 % of the uniform-centre queries at
+``sigma >= 4`` but 0-76 % of the row-centred ones (0-40 % in the run of 2026-11-24,
+before record version 6's unimodal one-way shape).
 """
 
 from __future__ import annotations

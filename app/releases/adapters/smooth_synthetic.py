@@ -139,8 +139,8 @@ BOOTSTRAP_NOTE = (
     f"({bootstrap.REPLICATES} sets of measurements simulated under the released law at "
     "the release's own noise scales, each refitted as the release was); it leaves out the "
     "error of the model, which has no per-query bound, so no interval is given: value +- "
-    "1.96 stderr held the truth for 44-96 % of kernels of sigma >= 4 (on the [-1, 1] "
-    "scale) but for 0-40 % of kernels of sigma <= 2 centred near data rows in the "
+    "1.96 stderr held the truth for 47-97 % of kernels of sigma >= 4 (on the [-1, 1] "
+    "scale) but for 0-76 % of kernels of sigma <= 2 centred near data rows in the "
     "benchmark; use a smooth_synopsis release for intervals"
 )
 MARGINALS_NOTE = (
