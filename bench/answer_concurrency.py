@@ -19,20 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from app.config import Settings
-from app.core import migrations
-from app.core.services import Services
-from app.demo.runner import DATA, Client, serving
-from app.models import Role
-from app.users import service as users
+from app.demo.runner import Client
 from bench._common import RESULTS, Run
-from bench.service_latency import _queries, _release
+from bench.service_latency import _queries, _release, wdbc_served
 
 PROBE_SECONDS = 0.05
 
@@ -96,32 +89,17 @@ def _storm(curator: Client, release_id: str, body: bytes, clients: int) -> dict[
 
 def measure(clients: int, queries: int) -> dict[str, Any]:
     """One release, three answer requests alone (the fastest kept), then the storm."""
-    with tempfile.TemporaryDirectory(prefix="curator-bench-") as tmp:
-        settings = Settings(data_dir=Path(tmp), lease_seconds=30)
-        settings.prepare()
-        migrations.upgrade(settings.resolved_database_url)
-        services = Services.build(settings)
-        with services.db.transaction() as session:
-            _, _, curator_key = users.create_user(session, "bench", Role.curator, None)
-        services.close()
-        schema = json.loads((DATA / "wdbc.schema.json").read_text())
-        schema["budget"] = {"epsilon": 10.0, "delta": 1e-6}
-        with serving(settings) as base:
-            curator = Client(base, curator_key)
-            dataset = curator.upload(
-                "/v1/datasets",
-                {"file": (DATA / "wdbc.csv").read_bytes(), "schema": json.dumps(schema).encode()},
-            )
-            release = {"mechanism": "smooth_synopsis", "epsilon": 1.0}
-            release_id = str(_release(curator, dataset["id"], release)["release_id"])
-            body = json.dumps({"queries": _queries("gaussian_mixture", queries, schema)}).encode()
-            url = f"/v1/releases/{release_id}/answers"
-            alone = []
-            for _ in range(3):
-                started = time.perf_counter()
-                curator.request("POST", url, raw=body, headers={"Content-Type": "application/json"})
-                alone.append(time.perf_counter() - started)
-            storm = _storm(curator, release_id, body, clients)
+    with wdbc_served({"epsilon": 10.0, "delta": 1e-6}) as (curator, dataset, schema):
+        release = {"mechanism": "smooth_synopsis", "epsilon": 1.0}
+        release_id = str(_release(curator, dataset["id"], release)["release_id"])
+        body = json.dumps({"queries": _queries("gaussian_mixture", queries, schema)}).encode()
+        url = f"/v1/releases/{release_id}/answers"
+        alone = []
+        for _ in range(3):
+            started = time.perf_counter()
+            curator.request("POST", url, raw=body, headers={"Content-Type": "application/json"})
+            alone.append(time.perf_counter() - started)
+        storm = _storm(curator, release_id, body, clients)
     return {"clients": clients, "queries": queries, "alone_s": round(min(alone), 3), **storm}
 
 
