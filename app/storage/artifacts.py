@@ -183,14 +183,11 @@ class ArtifactStore:
         curator), and its directory if that leaves it empty; returns how many were there.
         Versions only grow, so a later run (``through + 1`` on) that publishes meanwhile is
         never touched; nor is a run's work, which is not kept here."""
-        removed = 0
-        for child in _listed(self.release_dir(release_id), "v*"):
-            number = child.name[1:]
-            if number.isdecimal() and int(number) <= through:
-                self._remove(release_id, child)
-                removed += 1
+        removed = [version for version in self.versions(release_id) if version <= through]
+        for version in removed:
+            self._remove(release_id, self.version_dir(release_id, version))
         _remove_if_empty(self.release_dir(release_id))
-        return removed
+        return len(removed)
 
     def leftovers(
         self, *, legacy: bool = False
