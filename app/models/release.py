@@ -116,6 +116,12 @@ class Release(Base):
     #: and the spend stay (migration 0015).
     files_deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
+    @property
+    def has_published(self) -> bool:
+        """Whether a version of it was published: one is served, or its curator deleted
+        its files since (a synthesis run of it is then a re-synthesis)."""
+        return self.published_version is not None or self.files_deleted_at is not None
+
 
 class ReleaseMeasurement(Base):
     """The noisy measurements of a release: written once, in the transaction that commits

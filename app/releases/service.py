@@ -104,7 +104,7 @@ def end_synthesis_run(release: Release, status: str, message: str) -> None:
     turned the release ``failed`` or ``cancelled`` ("cancelled after measuring", of a
     release that had published), the failed run's parameters shown as its own."""
     now = utcnow()
-    if release.published_version is not None or release.files_deleted_at is not None:
+    if release.has_published:
         served = (
             f"version {release.published_version} is still served"
             if release.published_version is not None
@@ -875,9 +875,7 @@ def cancel_release(session: Session, user: User, release_id: uuid.UUID) -> Relea
         end_synthesis_run(
             release,
             "cancelled",
-            CANCELLED_AFTER_MEASURING
-            if release.published_version is None and release.files_deleted_at is None
-            else "cancelled by the curator",
+            "cancelled by the curator" if release.has_published else CANCELLED_AFTER_MEASURING,
         )
     else:
         release.message = (
