@@ -78,24 +78,42 @@ class OpenedFileResponse(FileResponse):
                 await file.aclose()
 
 
+#: Reads of the release a download makes when the file of the version it read is gone.
+OPEN_ATTEMPTS = 3
+
+
 def artifact(
     session: Session, services: Services, user: User, release_id: uuid.UUID, name: str
 ) -> FileResponse:
-    release = visible_release(session, user, release_id)
-    version = served_version(release, "artifacts")
-    meta = release.artifacts.get(name)
-    if meta is None:
-        available = ", ".join(sorted(release.artifacts)) or "none"
-        raise NotFound(f"this release has no artifact {name!r} (available: {available})")
+    """The file ``name`` of the release's published version, held open
+    (:class:`OpenedFileResponse`).
+
+    A file gone between reading the release and opening it was taken away by a change the
+    release has since committed: its curator deleted the files (``DELETE
+    /v1/releases/{id}/artifacts``), or two publishes pruned the version read. The release
+    is read again, in a new snapshot (the request's read-only transaction is rolled back:
+    on SQLite it kept reading the old one), so the download answers as a request made after
+    that change: 410 ``files_deleted``, or the newest version. It answered 404 "missing on
+    disk" for either. A file missing with nothing changed is still that 404."""
     store = ArtifactStore(services.settings.releases_dir)
-    path = store.path(release.id, version, str(meta["file"]))
-    if not path.is_file():
-        raise NotFound(f"artifact {name!r} is missing on disk")
-    try:
-        return OpenedFileResponse(
-            path,
-            media_type=str(meta["media_type"]),
-            filename=f"{release.mechanism}-{str(release.id)[:8]}-{name}",
-        )
-    except FileNotFoundError:  # removed since the check (pruned by two publishes)
-        raise NotFound(f"artifact {name!r} is missing on disk") from None
+    for attempt in range(OPEN_ATTEMPTS):
+        if attempt:
+            session.rollback()
+        release = visible_release(session, user, release_id)
+        version = served_version(release, "artifacts")
+        meta = release.artifacts.get(name)
+        if meta is None:
+            available = ", ".join(sorted(release.artifacts)) or "none"
+            raise NotFound(f"this release has no artifact {name!r} (available: {available})")
+        path = store.path(release.id, version, str(meta["file"]))
+        try:
+            if not path.is_file():
+                raise FileNotFoundError(path)
+            return OpenedFileResponse(
+                path,
+                media_type=str(meta["media_type"]),
+                filename=f"{release.mechanism}-{str(release.id)[:8]}-{name}",
+            )
+        except FileNotFoundError:
+            continue
+    raise NotFound(f"artifact {name!r} is missing on disk")

@@ -302,3 +302,28 @@ def test_a_resynthesis_of_a_deleted_release_that_fails_or_is_cancelled_leaves_it
         None,
     )
     assert again["files_deleted_at"] is None
+
+
+def test_a_download_whose_files_are_deleted_before_it_opens_them_is_a_410(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A download reads the published version, then opens its file. A deletion committed
+    in between removed the file: the download answered 404 "missing on disk", as for a
+    file lost by accident. It reads the release again and answers as a request after the
+    deletion: 410 ``files_deleted``."""
+    from app.releases import downloads
+
+    dataset_id = dataset(client, curator, epsilon=10.0)
+    release_id = str(finished_release(client, curator, dataset_id, REQUEST)["id"])
+    path_of = downloads.ArtifactStore.path
+
+    def deleted_meanwhile(self: Any, *args: Any) -> Path:
+        monkeypatch.setattr(downloads.ArtifactStore, "path", path_of)
+        assert _delete(client, curator, release_id).status_code == 200
+        assert _versions(client, release_id) == []
+        return path_of(self, *args)
+
+    monkeypatch.setattr(downloads.ArtifactStore, "path", deleted_meanwhile)
+    response = client.get(f"/v1/releases/{release_id}/synthetic", headers=curator.headers)
+    assert response.status_code == 410, response.text
+    assert response.json()["error"]["code"] == "files_deleted"

@@ -964,6 +964,40 @@ def test_a_download_that_read_the_version_before_a_resynthesis_published_is_serv
     assert _served(client, analyst, release_id)[0] == 200
 
 
+def test_a_download_whose_version_two_publishes_pruned_before_it_opened_serves_the_newest(
+    client: TestClient, curator: Caller, analyst: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two publishes between a download's read of the release and its open of the file
+    prune the version it read: it answered 404 "missing on disk". It reads the release
+    again and serves the newest version, as a download made after them would."""
+    from app.releases import downloads
+
+    _, release_id, _, _ = _released_then_resynthesizing(client, curator, analyst)
+    services = services_of(client)
+    path_of = downloads.ArtifactStore.path
+
+    def two_publishes_meanwhile(self: Any, *args: Any) -> Path:
+        monkeypatch.setattr(downloads.ArtifactStore, "path", path_of)
+        run_synthesize(services, uuid.UUID(release_id))  # version 1
+        again = client.post(
+            f"/v1/releases/{release_id}/resynthesize",
+            headers=curator.headers,
+            json={"params": {"rows": 4}},
+        )
+        assert again.status_code == 202, again.text
+        run_synthesize(services, uuid.UUID(release_id))  # version 2: version 0 pruned
+        gone = path_of(self, *args)
+        assert not gone.exists()
+        return gone
+
+    monkeypatch.setattr(downloads.ArtifactStore, "path", two_publishes_meanwhile)
+    status, served = _served(client, analyst, release_id)
+    latest = client.get(f"/v1/releases/{release_id}", headers=analyst.headers).json()
+    assert latest["published_version"] == 2
+    assert (status, served) == _served(client, analyst, release_id)
+    assert status == 200
+
+
 @pytest.mark.parametrize("ranged", [False, True])
 def test_a_download_outlives_two_publishes_after_its_response_was_made(
     client: TestClient,
