@@ -30,7 +30,11 @@ Clocks: a release stage's lease (``Release.lease_expires_at``) is set by one pro
 API process, a worker, a sweeper) and compared by others, on other hosts. Its times are
 read off the database's clock (:func:`db_now`), never a host's: with hosts drifting more
 than a lease apart, a host ahead handed a live stage to another worker and a host behind
-set leases that had already run out (``tests/releases/test_db_clock.py``).
+set leases that had already run out (``tests/releases/test_db_clock.py``). A step of
+that clock costs time or work, never a privacy rule: a step forward hands running stages
+over (their writes are refused by the owner check), a step back is undone by the sweeper
+within a lease for leases that end further ahead than any is given
+(:func:`app.releases.stages.sweep`; ``bench/results/clock_audit.md``).
 """
 
 from __future__ import annotations

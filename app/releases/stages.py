@@ -836,20 +836,37 @@ def sweep(services: Services) -> int:
     really lost is made good within 16 leases at worst. Not while the queue is known
     unreachable (its last enqueue or read failed): nothing waits behind workers then, and
     a wait doubled through an outage would keep each release waiting up to 16 leases more
-    once Redis is back; each is given one lease, as its first."""
+    once Redis is back; each is given one lease, as its first.
+
+    A lease that ends further ahead than any lease is given (:data:`MAX_QUEUED_LEASES`
+    leases) was set before the clock it is read by went back (an NTP step back, a host
+    that ran ahead and was corrected): it is shortened to one lease from now, its owner
+    kept (:func:`_clamp_lease`). Left as it was, the stage of a worker that died before
+    the step was recovered only once the clock caught up again, the whole step later
+    (years, for a host booted with its clock years ahead): its release stayed measuring,
+    its reservation held, a cancel never ended, and its dataset's data could not be
+    deleted (:func:`app.datasets.service.delete_data` waits for it)."""
     lease = timedelta(seconds=services.settings.lease_seconds)
     reachability = services.queue.reachability
     queue_down = reachability is not None and not reachability.reachable
     requeued = 0
     with services.db.transaction() as session:
         now = db_now(session)
+        latest = now + MAX_QUEUED_LEASES * lease
         stmt = select(Release).where(
             Release.status.in_(ACTIVE_STATUSES),
-            or_(Release.lease_expires_at.is_(None), Release.lease_expires_at < now),
+            or_(
+                Release.lease_expires_at.is_(None),
+                Release.lease_expires_at < now,
+                Release.lease_expires_at > latest,
+            ),
         )
         if uses_row_locks(session):
             stmt = stmt.with_for_update(skip_locked=True)
         for release in session.scalars(stmt):
+            if release.lease_expires_at is not None and release.lease_expires_at > latest:
+                _clamp_lease(release, now, lease)
+                continue
             wait = lease
             queued = release.lease_owner == QUEUED and not queue_down
             if queued and release.lease_expires_at is not None:
@@ -864,6 +881,22 @@ def sweep(services: Services) -> int:
             on_commit(session, partial(_requeue, services, task, release.id, release.status))
             requeued += 1
     return requeued
+
+
+def _clamp_lease(release: Release, now: datetime, lease: timedelta) -> None:
+    """Give a lease set before the clock went back (:func:`sweep`) one lease from ``now``,
+    its owner kept: a live holder renews it at its next beat and keeps its stage (no work
+    lost), a dead one's runs out a lease later and is swept then."""
+    assert release.lease_expires_at is not None
+    ahead = release.lease_expires_at - now
+    log.warning(
+        "release %s: its lease ended %.0f s ahead, more than any lease is given: the "
+        "clock went back since it was set; shortened to one lease (%g s)",
+        release.id,
+        ahead.total_seconds(),
+        lease.total_seconds(),
+    )
+    hand_lease(release, release.lease_owner or QUEUED, now, lease)
 
 
 def _requeue(services: Services, task: str, release_id: uuid.UUID, status: str) -> None:
