@@ -840,7 +840,8 @@ def sweep(services: Services) -> int:
 
     A lease that ends further ahead than any lease is given (:data:`MAX_QUEUED_LEASES`
     leases) was set before the clock it is read by went back (an NTP step back, a host
-    that ran ahead and was corrected): it is shortened to one lease from now, its owner
+    that ran ahead and was corrected; or under a longer ``CURATOR_LEASE_SECONDS``): it is
+    shortened to one lease from now, its owner
     kept (:func:`_clamp_lease`). Left as it was, the stage of a worker that died before
     the step was recovered only once the clock caught up again, the whole step later
     (years, for a host booted with its clock years ahead): its release stayed measuring,
@@ -891,7 +892,8 @@ def _clamp_lease(release: Release, now: datetime, lease: timedelta) -> None:
     ahead = release.lease_expires_at - now
     log.warning(
         "release %s: its lease ended %.0f s ahead, more than any lease is given: the "
-        "clock went back since it was set; shortened to one lease (%g s)",
+        "clock went back since it was set (or CURATOR_LEASE_SECONDS was lowered); "
+        "shortened to one lease (%g s)",
         release.id,
         ahead.total_seconds(),
         lease.total_seconds(),
