@@ -72,6 +72,18 @@ class ThreadLimit:
             self._limiters.set(limiter)
             return limiter
 
+    def usage(self) -> tuple[int, int]:
+        """``(running, waiting)``: the calls holding a slot, and those waiting for one or
+        for one of their caller's (``per_caller``), in the running event loop (call it
+        there); ``(0, 0)`` before its first call."""
+        try:
+            statistics = self._limiters.get().statistics()
+        except LookupError:
+            return 0, 0
+        callers = self._callers.get({})
+        waiting = sum(limiter.statistics().tasks_waiting for limiter in callers.values())
+        return statistics.borrowed_tokens, statistics.tasks_waiting + waiting
+
     async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``function(*args, **kwargs)`` in a worker thread, once a slot is free."""
         return await anyio.to_thread.run_sync(

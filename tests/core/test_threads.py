@@ -56,3 +56,40 @@ def test_the_setting_defaults_to_one_and_admits_zero(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("CURATOR_BLAS_THREADS", "-1")
     with pytest.raises(ValueError, match="blas_threads"):
         Settings()
+
+
+def test_usage_counts_calls_running_and_waiting_for_a_slot_or_their_callers() -> None:
+    """``ThreadLimit.usage``: calls holding a slot, and those waiting, for a free slot or
+    (``per_caller``) for one of their caller's; nothing before the first call."""
+    import threading
+
+    import anyio
+
+    from app.core.threads import ThreadLimit
+
+    slots = ThreadLimit("test_usage", 2, per_caller=1)
+    release = threading.Event()
+    seen: list[tuple[int, int]] = []
+
+    async def main() -> None:
+        seen.append(slots.usage())
+
+        async def disconnect_never() -> dict[str, str]:
+            await anyio.sleep_forever()
+            return {}
+
+        async with anyio.create_task_group() as group:
+            # caller a: one runs, one waits for a's turn; b: runs; c: waits for a slot
+            for caller in ("a", "a", "b", "c"):
+                group.start_soon(slots.run_while_connected, disconnect_never, caller, release.wait)
+                await anyio.sleep(0.05)
+            for _ in range(100):
+                if slots.usage() == (2, 2):
+                    break
+                await anyio.sleep(0.05)
+            seen.append(slots.usage())
+            release.set()
+        seen.append(slots.usage())
+
+    anyio.run(main)
+    assert seen == [(0, 0), (2, 2), (0, 0)]

@@ -46,16 +46,7 @@ def test_answers_past_the_threadpool_leave_other_requests_served(
         codes.append(client.post(url, headers=curator.headers, json=body).status_code)
 
     def statistics() -> Any:
-        portal = client.portal  # type: ignore[attr-defined]
-        slots = service.answer_slots
-
-        def waiting_and_computing() -> tuple[int, int]:
-            callers = slots._callers.get({})
-            waiting = sum(limiter.statistics().tasks_waiting for limiter in callers.values())
-            stats = slots.limiter().statistics()
-            return stats.borrowed_tokens, stats.tasks_waiting + waiting
-
-        return portal.call(waiting_and_computing)
+        return client.portal.call(service.answer_slots.usage)  # type: ignore[attr-defined]
 
     threads = [threading.Thread(target=ask) for _ in range(asking)]
     for thread in threads:
