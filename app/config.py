@@ -62,6 +62,10 @@
   that several deployments can share one Redis.
 - ``CURATOR_API_DOCS`` (default true): serve the interactive API pages ``/docs`` and
   ``/redoc``, which load their scripts from a public CDN; ``/openapi.json`` is always served.
+- ``CURATOR_METRICS_TOKEN`` (default unset: no ``/metrics``, 404): the bearer token that
+  ``GET /metrics`` (Prometheus's format, :mod:`app.core.metrics`) requires; at least 24
+  characters. A token of its own, not an API key, so that the scraper's credential reads
+  counts and nothing else.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ KEY_FILE_NAME = "data.key"
 #: its ``read_timeout``): ``CURATOR_REDIS_TIMEOUT`` must be longer, or every read of an
 #: empty queue would time out and reconnect.
 QUEUE_BLOCKING_READ_SECONDS = 1
+#: Shortest ``CURATOR_METRICS_TOKEN`` taken (a guessable token reads the metrics).
+MIN_METRICS_TOKEN_CHARS = 24
 #: SQLAlchemy drivers the service is installed with (a bare ``postgresql://`` means psycopg2
 #: in SQLAlchemy 2.0, which is not installed).
 _DATABASE_DRIVERS = frozenset({"sqlite", "sqlite+pysqlite", "postgresql+psycopg"})
@@ -137,11 +143,27 @@ class Settings(BaseSettings):
     #: Serve ``/docs`` and ``/redoc`` (FastAPI's pages load Swagger UI and ReDoc from
     #: cdn.jsdelivr.net, and a user may paste a key into them).
     api_docs: bool = True
+    #: The bearer token ``GET /metrics`` requires (:mod:`app.core.metrics`); unset: no
+    #: ``/metrics`` (404).
+    metrics_token: SecretStr | None = None
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None  # unset, or set empty (docker-compose passes an unset variable so)
+        token = value.get_secret_value()
+        if len(token) < MIN_METRICS_TOKEN_CHARS or any(c.isspace() for c in token):
+            raise ValueError(
+                f"must be at least {MIN_METRICS_TOKEN_CHARS} characters without spaces "
+                '(generate one: python3 -c "import secrets; print(secrets.token_urlsafe(32))")'
+            )
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, 
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel
@@ -21,6 +21,7 @@ from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddle
 
 from app import __version__
 from app.answers.endpoints import router as answers_router
+from app.answers.service import answer_slots
 from app.config import Settings, load_settings
 from app.core.deps import key_authenticates, request_connections
 from app.core.disk import space_is_low
@@ -31,12 +32,20 @@ from app.core.errors import (
     install_error_handlers,
     install_error_schema,
 )
+from app.core.metrics import (
+    CONTENT_TYPE,
+    HttpMetrics,
+    InstallationCollector,
+    ProcessMetrics,
+    check_token,
+)
 from app.core.security import INVALID_KEY, MISSING_KEY
 from app.core.services import Services, set_current
 from app.core.threads import limit_request_threads
 from app.datasets.endpoints import router as datasets_router
 from app.datasets.schemas import UPLOAD_DECLARATIONS
 from app.releases.endpoints import router as releases_router
+from app.releases.registry import REGISTRY
 from app.releases.stages import Sweeper, worker_connections
 from app.users.endpoints import router as users_router
 
@@ -255,7 +264,7 @@ class ResponseHeaders:
 class SecurityHeaders(ResponseHeaders):
     """Adds :data:`SECURITY_HEADERS` to every HTTP response and :data:`API_CACHE_CONTROL` to
     those under ``/v1`` (also under a proxy's path prefix), leaving a header the response
-    set itself as it is. Added outermost, so the generic 500 gets them too."""
+    set itself as it is. Added outside ``ErrorBarrier``, so the generic 500 gets them too."""
 
     def rewrite(self, scope: Scope, headers: Headers) -> Headers:
         extra = list(SECURITY_HEADERS)
@@ -415,6 +424,22 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
             status_code=200 if ready else 503,
         )
 
+    metrics = ProcessMetrics(InstallationCollector(services.db, REGISTRY.keys), answer_slots)
+    app.state.metrics = metrics
+    if settings.metrics_token is not None:
+        token = settings.metrics_token.get_secret_value()
+
+        # not in the OpenAPI schema: an operator's endpoint, for Prometheus, not the API's
+        # clients (and absent from the app when no token is set)
+        @app.get("/metrics", include_in_schema=False)
+        async def prometheus_metrics(request: Request) -> Response:
+            """Prometheus's text format (:mod:`app.core.metrics`), for the bearer of
+            ``CURATOR_METRICS_TOKEN``."""
+            check_token(token, request.headers.get("authorization"))
+            metrics.observe_slots()
+            body = await run_in_threadpool(metrics.exposition)
+            return Response(body, media_type=CONTENT_TYPE)
+
     app.add_middleware(
         BodyLimit,
         upload_limit=settings.max_upload_bytes + (8 << 20),
@@ -429,5 +454,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     )
     app.add_middleware(EncodedValidators)
     app.add_middleware(ErrorBarrier)
-    app.add_middleware(SecurityHeaders)  # last added, so outermost
+    app.add_middleware(SecurityHeaders)
+    # outermost: it sees every answer's status, the generic 500's too, and its last byte
+    app.add_middleware(HttpMetrics, metrics=metrics)
     return app

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,42 @@ def _reset_postgres(url: str) -> None:
         connection.execute(text("DROP SCHEMA public CASCADE"))
         connection.execute(text("CREATE SCHEMA public"))
     engine.dispose()
+
+
+@contextmanager
+def fresh_services(database_url: str | None) -> Iterator[Services]:
+    """The services of a new, migrated database: a SQLite file in a temporary directory
+    (with the data directory), or the PostgreSQL database of ``database_url``, whose
+    ``public`` schema is dropped and migrated again."""
+    with tempfile.TemporaryDirectory(prefix="curator-bench-") as tmp:
+        url = database_url or f"sqlite:///{tmp}/curator.db"
+        if database_url:
+            _reset_postgres(url)
+        migrations.upgrade(url)
+        settings = Settings(data_dir=Path(tmp) / "data", database_url=url, redis_url=None)
+        services = Services.build(settings)
+        try:
+            yield services
+        finally:
+            services.close()
+
+
+def steps_on_fresh_databases(
+    database_url: str | None,
+    sizes: str,
+    key: str,
+    step: Callable[[Services, int], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``step(services, size)`` for each of the comma-separated ``sizes``, each on a fresh
+    database (:func:`fresh_services`); each result is printed as it comes and returned
+    with its size under ``key``."""
+    steps = []
+    for size in (int(part) for part in sizes.split(",")):
+        with fresh_services(database_url) as services:
+            result = {key: size, **step(services, size)}
+        print(result, flush=True)
+        steps.append(result)
+    return steps
 
 
 def _populate(services: Services, finished: int) -> None:
@@ -190,24 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="sweeper_history")
     args = parser.parse_args(argv)
     run = Run(args.name, "python -m bench.sweeper_history " + " ".join(argv or sys.argv[1:]))
-    steps = []
-    counter: _Counter | None = None
-    for finished in (int(f) for f in args.finished.split(",")):
-        with tempfile.TemporaryDirectory(prefix="sweeper-bench-") as tmp:
-            url = args.database_url or f"sqlite:///{tmp}/curator.db"
-            if args.database_url:
-                _reset_postgres(url)
-            migrations.upgrade(url)
-            settings = Settings(data_dir=Path(tmp) / "data", database_url=url, redis_url=None)
-            services = Services.build(settings)
-            try:
-                _populate(services, finished)
-                counter = _Counter(services)
-                step = {"finished": finished, **_time_pass(services, counter, args.repeat)}
-            finally:
-                services.close()
-        print(step, flush=True)
-        steps.append(step)
+
+    def step(services: Services, finished: int) -> dict[str, Any]:
+        _populate(services, finished)
+        return _time_pass(services, _Counter(services), args.repeat)
+
+    steps = steps_on_fresh_databases(args.database_url, args.finished, "finished", step)
     backend = "PostgreSQL" if args.database_url else "SQLite"
     lines = [
         f"# One sweeper pass against finished history ({backend})",

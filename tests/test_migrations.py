@@ -813,3 +813,32 @@ def test_0015_downgrade_says_which_releases_had_their_files_deleted(empty_databa
         _release_column(url, "files_deleted_at")
     migrations.upgrade(url, "0015")
     assert set(_release_column(url, "files_deleted_at").values()) == {None}
+
+
+METRICS_INDEXES = {
+    "releases": (
+        "ix_releases_mechanism_status_stored_bytes",
+        ["mechanism", "status", "stored_bytes"],
+    ),
+    "ledger_entries": ("ix_ledger_entries_kind_epsilon_delta", ["kind", "epsilon", "delta"]),
+}
+
+
+def test_0016_adds_the_metrics_covering_indexes_and_its_downgrade_drops_them(
+    empty_database: str,
+) -> None:
+    """0016 adds the indexes the metrics' aggregates scan (app.core.metrics), over rows
+    already there, and its downgrade drops exactly those, leaving the rows."""
+    url = empty_database
+    release = uuid.uuid4()
+    _releases_at(url, "0015", {release: {"mechanism": "m", "params": {}}})
+    before = _indexes(url)
+    migrations.upgrade(url, "0016")
+    after = _indexes(url)
+    for table, (name, columns) in METRICS_INDEXES.items():
+        assert name not in before[table]
+        assert after[table][name] == columns
+        assert {k: v for k, v in after[table].items() if k != name} == before[table]
+    migrations.downgrade(url, "0015")
+    assert _indexes(url) == before
+    assert set(_release_column(url, "mechanism")) == {release}

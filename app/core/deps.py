@@ -120,8 +120,9 @@ def request_connections() -> int:
     from before the endpoint until its commit, also while it waits for a thread to commit
     in: no thread of its own then), every thread of the request threadpool (each can be in
     a short transaction of its own at the same time: the caller's lookup, a read of
-    answers, ``/readyz``), and the threads counted apart from the threadpool whose calls
-    hold connections (:attr:`ThreadLimit.holding_connections`: the deferred transactions',
+    answers, ``/readyz``, a scrape's read of ``/metrics``), and the threads counted apart
+    from the threadpool whose calls hold connections
+    (:attr:`ThreadLimit.holding_connections`: the deferred transactions',
     and release requests' checks and previews, each reading in a short transaction of its
     own: :data:`app.releases.service.release_checks`). No code opens a second transaction
     in a thread that is in one. Upload checks hold none

@@ -420,9 +420,9 @@ class ErrorBarrier:
     """Outermost ASGI guard for unhandled exceptions. Starlette's ``ServerErrorMiddleware``
     re-raises every exception after its 500 handler has answered, and the server (uvicorn)
     then logs it with its message and chained causes, which can carry data values (privacy
-    rule 5). This middleware, added last but one (only ``app.main.SecurityHeaders``, which
-    raises nothing, runs before it), answers the generic 500 itself, logs the exception by
-    type and frames only, and does not re-raise."""
+    rule 5). This middleware, added last but two (only ``app.main.SecurityHeaders`` and
+    ``app.core.metrics.HttpMetrics``, which raise nothing, run before it), answers the
+    generic 500 itself, logs the exception by type and frames only, and does not re-raise."""
 
     def __init__(self, app: Any) -> None:
         self.app = app

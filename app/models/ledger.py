@@ -45,6 +45,8 @@ class LedgerEntry(Base):
         # a dataset's entries in page order (app.core.pagination); SQLite's index on
         # dataset_id alone would do (its rows end with the rowid), PostgreSQL's would not
         Index("ix_ledger_entries_dataset_id_id", "dataset_id", "id"),
+        # covers the metrics' sums by kind (app.core.metrics)
+        Index("ix_ledger_entries_kind_epsilon_delta", "kind", "epsilon", "delta"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)

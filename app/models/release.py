@@ -53,6 +53,8 @@ class Release(Base):
         Index("ix_releases_status_lease", "status", "lease_expires_at"),
         # a dataset's release list in page order (app.core.pagination)
         Index("ix_releases_dataset_id_created_at_id", "dataset_id", "created_at", "id"),
+        # covers the metrics' releases by type and status (app.core.metrics)
+        Index("ix_releases_mechanism_status_stored_bytes", "mechanism", "status", "stored_bytes"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)

@@ -180,6 +180,22 @@ def assert_sessions_free_while_held(
     assert codes == [expected] * (MAX_CONCURRENT_TRANSACTIONS + 1)
 
 
+def hold_answers(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Hold every answer computation (in its slot, ``app.answers.service.answer_slots``)
+    until the event returned is set."""
+    from app.answers import service
+
+    go_on = threading.Event()
+    real_answer = service.answer
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        assert go_on.wait(timeout=120)
+        return real_answer(*args, **kwargs)
+
+    monkeypatch.setattr(service, "answer", held)
+    return go_on
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

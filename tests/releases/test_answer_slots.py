@@ -20,21 +20,14 @@ import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
 from app.answers import service
 from app.core.threads import REQUEST_THREADS
 from tests.conftest import Caller, make_user
-from tests.releases.helpers import REQUEST, dataset, finished_release, wait_for
+from tests.releases.helpers import REQUEST, dataset, finished_release, hold_answers, wait_for
 
 
 def test_answers_past_the_threadpool_leave_other_requests_served(
     client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     release_id = finished_release(client, curator, dataset(client, curator), REQUEST)["id"]
-    go_on = threading.Event()
-    real_answer = service.answer
-
-    def held(*args: Any, **kwargs: Any) -> Any:
-        assert go_on.wait(timeout=120)
-        return real_answer(*args, **kwargs)
-
-    monkeypatch.setattr(service, "answer", held)
+    go_on = hold_answers(monkeypatch)
     # one user asks them all: they compute as many at once as one user's may
     limit = service.MAX_ANSWERS_PER_USER
     asking = REQUEST_THREADS + limit  # more than the request threadpool's threads
