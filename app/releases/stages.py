@@ -841,8 +841,10 @@ def sweep(services: Services) -> int:
     A lease that ends further ahead than any lease is given (:data:`MAX_QUEUED_LEASES`
     leases) was set before the clock it is read by went back (an NTP step back, a host
     that ran ahead and was corrected; or under a longer ``CURATOR_LEASE_SECONDS``): it is
-    shortened to one lease from now, its owner
-    kept (:func:`_clamp_lease`). Left as it was, the stage of a worker that died before
+    shortened to one lease from now, its owner kept (:func:`_clamp_lease`). "Now" is read
+    once the rows are locked: a back-off another sweeper gave since this one first read
+    the clock (on SQLite, while it waited for the write lock) is 16 leases from a later
+    reading, and is not shortened. Left as it was, the stage of a worker that died before
     the step was recovered only once the clock caught up again, the whole step later
     (years, for a host booted with its clock years ahead): its release stayed measuring,
     its reservation held, a cancel never ended, and its dataset's data could not be
@@ -852,22 +854,30 @@ def sweep(services: Services) -> int:
     queue_down = reachability is not None and not reachability.reachable
     requeued = 0
     with services.db.transaction() as session:
-        now = db_now(session)
-        latest = now + MAX_QUEUED_LEASES * lease
+        seen = db_now(session)
         stmt = select(Release).where(
             Release.status.in_(ACTIVE_STATUSES),
             or_(
                 Release.lease_expires_at.is_(None),
-                Release.lease_expires_at < now,
-                Release.lease_expires_at > latest,
+                Release.lease_expires_at < seen,
+                Release.lease_expires_at > seen + MAX_QUEUED_LEASES * lease,
             ),
         )
         if uses_row_locks(session):
             stmt = stmt.with_for_update(skip_locked=True)
-        for release in session.scalars(stmt):
+        releases = session.scalars(stmt).all()
+        # read again once the rows are locked (SQLite: the write lock taken by the select,
+        # up to its 30 s busy timeout after ``seen``): a lease committed meanwhile was
+        # given from a later clock reading, and a back-off of 16 leases given then ends
+        # further ahead of ``seen`` than any lease is given, but not of ``now``
+        now = db_now(session)
+        latest = now + MAX_QUEUED_LEASES * lease
+        for release in releases:
             if release.lease_expires_at is not None and release.lease_expires_at > latest:
                 _clamp_lease(release, now, lease)
                 continue
+            if release.lease_expires_at is not None and release.lease_expires_at >= seen:
+                continue  # a back-off another sweeper gave since ``seen``: not run out
             wait = lease
             queued = release.lease_owner == QUEUED and not queue_down
             if queued and release.lease_expires_at is not None:
@@ -887,7 +897,10 @@ def sweep(services: Services) -> int:
 def _clamp_lease(release: Release, now: datetime, lease: timedelta) -> None:
     """Give a lease set before the clock went back (:func:`sweep`) one lease from ``now``,
     its owner kept: a live holder renews it at its next beat and keeps its stage (no work
-    lost), a dead one's runs out a lease later and is swept then."""
+    lost), a dead one's runs out a lease later and is swept then. A holder still running
+    with a ``CURATOR_LEASE_SECONDS`` more than 16 times this process's beats only every
+    quarter of its own, longer lease: its stage is handed over before it renews, its work
+    lost (every process must run with the same value)."""
     assert release.lease_expires_at is not None
     ahead = release.lease_expires_at - now
     log.warning(

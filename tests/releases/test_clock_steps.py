@@ -30,7 +30,7 @@ from app.models.base import utcnow
 from app.releases import stages
 from app.releases.registry import Measured
 from app.releases.service import QUEUED
-from app.releases.stages import run_measure, run_synthesize, sweep
+from app.releases.stages import MAX_QUEUED_LEASES, run_measure, run_synthesize, sweep
 from app.storage.artifacts import ArtifactStore
 from tests.conftest import Caller
 from tests.releases.helpers import budget, dataset, request_release, services_of
@@ -240,3 +240,41 @@ def test_a_clock_step_forward_in_a_synthesis_redoes_it_to_the_same_files(
     published = store.version_dir(uuid.UUID(release_id), 0) / "sample.csv"
     assert published.read_bytes() == first[0]
     assert _entries(client, curator, dataset_id, release_id) == ["reserve", "commit"]
+
+
+def test_a_back_off_given_by_a_sweep_since_another_read_the_clock_is_not_shortened(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers' sweepers: one reads the clock, then (before its rows are locked; on
+    SQLite while it waits for the write lock) the other enqueues a release again and
+    backs it off the longest wait, 16 leases from its own, later reading. Measured from
+    the first one's reading that lease ends further ahead than any is given: it was
+    taken for a clock that went back and shortened to one lease (a warning, the back-off
+    lost). It is measured from a reading taken once the rows are locked."""
+    services = services_of(client)
+    lease = timedelta(seconds=services.settings.lease_seconds)
+    dataset_id = dataset(client, curator)
+    release_id = uuid.UUID(request_release(client, curator, dataset_id).json()["id"])
+    with services.db.transaction() as session:
+        release = session.get(Release, release_id)
+        assert release is not None
+        assert release.lease_owner == QUEUED
+        # waited 8 leases since its last enqueue, and that ran out: next wait, 16 leases
+        release.lease_expires_at = REAL_DB_NOW(session) - timedelta(seconds=1)
+        release.updated_at = release.lease_expires_at - 8 * lease
+    other: list[int] = []
+
+    def then_the_other_sweeps(session: Session) -> datetime:
+        seen = REAL_DB_NOW(session)
+        if not other:
+            other.append(0)
+            other[0] = sweep(services)
+        return seen
+
+    monkeypatch.setattr(stages, "db_now", then_the_other_sweeps)
+    assert sweep(services) == 0
+    assert other == [1]
+    backed_off = _release(client, str(release_id))
+    assert backed_off.lease_owner == QUEUED
+    assert backed_off.lease_expires_at is not None
+    assert backed_off.lease_expires_at - backed_off.updated_at == MAX_QUEUED_LEASES * lease
