@@ -67,6 +67,7 @@ from app.core.threads import ThreadLimit
 from app.ledger.units import DELTA_SCALE, EPSILON_SCALE
 from app.models import Dataset, LedgerEntry, Release
 from app.models.release import RELEASE_STATUSES
+from app.releases.service import QUEUED
 
 log = logging.getLogger("curator.metrics")
 
@@ -148,9 +149,16 @@ def read_installation(session: Session) -> Installation:
     )
     if oldest is not None:
         out.oldest_queued_seconds = max(0.0, (now - oldest).total_seconds())
+    # a worker's lease only: a stage enqueued and not yet claimed (owner ``queued``: after
+    # its measure, a re-synthesis, a sweep) waits behind busy workers, and its lease runs
+    # out as it waits (the sweeper then enqueues it again)
     for status, count in session.execute(
         select(Release.status, func.count())
-        .where(Release.status.in_(RUNNING_STATUSES), Release.lease_expires_at < now)
+        .where(
+            Release.status.in_(RUNNING_STATUSES),
+            Release.lease_owner != QUEUED,
+            Release.lease_expires_at < now,
+        )
         .group_by(Release.status)
     ):
         out.lease_expired[status] = int(count)

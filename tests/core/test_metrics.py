@@ -30,6 +30,7 @@ from app.main import create_app
 from app.models import Dataset, Release
 from app.models.release import RELEASE_STATUSES
 from app.releases.registry import REGISTRY
+from app.releases.service import QUEUED
 from tests.conftest import Caller, make_user
 from tests.datasets.helpers import SCHEMA, csv_bytes, upload
 from tests.releases.helpers import (
@@ -87,6 +88,7 @@ def add_release(
     stored_bytes: int = 0,
     created_at: datetime | None = None,
     lease_expires_at: datetime | None = None,
+    lease_owner: str = "worker-1",
 ) -> uuid.UUID:
     """A release row in a given state, written as a worker would leave it."""
     with services_of(client).db.transaction() as session:
@@ -100,7 +102,7 @@ def add_release(
             created_by=owner,
             stored_bytes=stored_bytes,
             lease_expires_at=lease_expires_at,
-            lease_owner=None if lease_expires_at is None else "worker-1",
+            lease_owner=None if lease_expires_at is None else lease_owner,
         )
         if created_at is not None:
             release.created_at = created_at
@@ -228,6 +230,25 @@ def test_the_installations_state_is_read_from_the_database(
     assert value(samples, "curator_budget_delta", state="spent") == pytest.approx(1e-7)
     assert value(samples, "curator_budget_delta", state="reserved") == pytest.approx(1e-7)
     assert value(samples, "curator_metrics_database_read_seconds") > 0
+
+
+def test_a_stage_waiting_for_a_worker_is_not_a_lost_lease(
+    client: TestClient, curator: Caller
+) -> None:
+    """A stage enqueued and not yet claimed (owner ``queued``: a measured release waiting
+    for its synthesis, a re-synthesis, a stage the sweeper enqueued again) whose lease ran
+    out is waiting behind busy workers, which the sweeper handles by enqueueing it again:
+    not a worker that died holding it. Only a worker's own lease counts."""
+    dataset_id = dataset(client, curator)
+    past = datetime.now(UTC) - timedelta(minutes=5)
+    for status in ("measuring", "synthesizing"):
+        add_release(
+            client, dataset_id, curator.id, status, lease_expires_at=past, lease_owner=QUEUED
+        )
+    add_release(client, dataset_id, curator.id, "synthesizing", lease_expires_at=past)
+    samples = scrape(client)
+    assert value(samples, "curator_releases_lease_expired", status="measuring") == 0
+    assert value(samples, "curator_releases_lease_expired", status="synthesizing") == 1
 
 
 def test_nothing_queued_reports_an_age_of_zero(client: TestClient, curator: Caller) -> None:
