@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -60,6 +61,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
+from starlette.routing import compile_path
 
 from app.core.db import Database, db_now
 from app.core.errors import Forbidden, Unauthorized
@@ -352,6 +354,18 @@ class ProcessMetrics:
 Scope = dict[str, Any]
 
 
+def route_templates(app: Any) -> list[tuple[re.Pattern[str], str]]:
+    """Every route template of ``app`` with the pattern of the paths it takes: its own
+    routes' (``/openapi.json``, ``/healthz``, ``/metrics``) and those of its routers, which
+    the OpenAPI schema lists (FastAPI keeps included routers' routes apart, with no public
+    listing)."""
+    own = [
+        route.path for route in app.router.routes if isinstance(getattr(route, "path", None), str)
+    ]
+    templates = dict.fromkeys([*own, *app.openapi()["paths"]])
+    return [(compile_path(template)[0], template) for template in templates]
+
+
 class HttpMetrics:
     """ASGI middleware counting each HTTP request and timing it (to its answer's last
     byte) in :class:`ProcessMetrics`, labelled by the template of the route that took it
@@ -360,6 +374,26 @@ class HttpMetrics:
     def __init__(self, app: Any, metrics: ProcessMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._templates: list[tuple[re.Pattern[str], str]] | None = None
+
+    def route(self, scope: Scope) -> str:
+        """The template of the route that took the request, or :data:`UNMATCHED`. FastAPI's
+        routes put themselves into the scope as they take it; a request answered before
+        the router ran (a 413 or 401 of ``app.main.BodyLimit``) and Starlette's own routes
+        (``/openapi.json``, ``/docs``) leave none there: theirs is found by matching the
+        path against the app's templates (:func:`route_templates`), as the router would."""
+        path = getattr(scope.get("route"), "path", None)
+        if isinstance(path, str):
+            return path
+        app = scope.get("app")
+        if app is None:
+            return UNMATCHED
+        if self._templates is None:
+            self._templates = route_templates(app)
+        asked = str(scope.get("path", ""))
+        root = str(scope.get("root_path", ""))
+        asked = asked[len(root) :] if root and asked.startswith(root) else asked
+        return next((t for pattern, t in self._templates if pattern.match(asked)), UNMATCHED)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -377,8 +411,7 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, watched)
         finally:
-            route = getattr(scope.get("route"), "path", None)
-            route = route if isinstance(route, str) else UNMATCHED
+            route = self.route(scope)
             method = str(scope.get("method", ""))
             method = method if method in METHODS else OTHER
             self.metrics.requests.labels(route, method, status).inc()

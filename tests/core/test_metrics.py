@@ -26,7 +26,7 @@ from app.core.metrics import InstallationCollector
 from app.ledger import service as ledger
 from app.ledger.service import Actor
 from app.ledger.units import delta_units, epsilon_units
-from app.main import create_app
+from app.main import UNAUTHENTICATED_BODY_BYTES, create_app
 from app.models import Dataset, Release
 from app.models.release import RELEASE_STATUSES
 from app.releases.registry import REGISTRY
@@ -372,6 +372,31 @@ def test_requests_are_counted_by_route_template_never_by_path(
     assert str(missing) not in response.text
     assert "nowhere" not in response.text
     assert "BREW" not in response.text
+
+
+def test_requests_answered_before_routing_are_counted_by_their_route(
+    client: TestClient, settings: Settings, curator: Caller
+) -> None:
+    """A body over its limit (413) and a large body without a valid key (401) are refused
+    by ``BodyLimit`` before the router runs; ``/openapi.json`` is one of Starlette's own
+    routes: each is counted under its route's template, not as ``unmatched``."""
+    over = settings.max_upload_bytes + (8 << 20) + 1
+    too_large = client.post(
+        "/v1/datasets", headers={**curator.headers, "Content-Length": str(over)}, content=b""
+    )
+    assert too_large.status_code == 413
+    body = b"{" + b" " * (UNAUTHENTICATED_BODY_BYTES + 1) + b"}"
+    release = f"/v1/releases/{uuid.uuid4()}/answers"
+    assert client.post(release, content=body).status_code == 401
+    assert client.get("/openapi.json").status_code == 200
+    assert client.get("/no-such-path").status_code == 404
+    samples = scrape(client)
+    count = "curator_http_requests_total"
+    assert value(samples, count, route="/v1/datasets", method="POST", status="4xx") == 1
+    answers_route = "/v1/releases/{release_id}/answers"
+    assert value(samples, count, route=answers_route, method="POST", status="4xx") == 1
+    assert value(samples, count, route="/openapi.json", method="GET", status="2xx") == 1
+    assert value(samples, count, route="unmatched", method="GET", status="4xx") == 1
 
 
 def test_an_unhandled_error_is_counted_as_a_5xx(client: TestClient) -> None:
