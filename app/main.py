@@ -424,7 +424,10 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
             status_code=200 if ready else 503,
         )
 
-    metrics = ProcessMetrics(InstallationCollector(services.db, REGISTRY.keys), answer_slots)
+    installation = InstallationCollector(
+        services.db, REGISTRY.keys, lock_timeout=settings.lock_timeout
+    )
+    metrics = ProcessMetrics(installation, answer_slots)
     app.state.metrics = metrics
     if settings.metrics_token is not None:
         token = settings.metrics_token.get_secret_value()
@@ -436,9 +439,7 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
             """Prometheus's text format (:mod:`app.core.metrics`), for the bearer of
             ``CURATOR_METRICS_TOKEN``."""
             check_token(token, request.headers.get("authorization"))
-            metrics.observe_slots()
-            body = await run_in_threadpool(metrics.exposition)
-            return Response(body, media_type=CONTENT_TYPE)
+            return Response(await metrics.scrape(), media_type=CONTENT_TYPE)
 
     app.add_middleware(
         BodyLimit,

@@ -9,7 +9,9 @@ which serve no HTTP):
   ledger's totals. Every API process reports the same numbers, whichever one Prometheus
   reaches, and workers need no endpoint of their own. The reads are a few aggregate queries
   (:func:`read_installation`), kept for :data:`CACHE_SECONDS` and made by one scrape at a
-  time, so a storm of scrapes costs the database one read per period. A read that fails
+  time (the others wait in the event loop: :meth:`ProcessMetrics.scrape`), so a storm of
+  scrapes costs the database one read per period; on PostgreSQL a read waiting for a
+  table's lock longer than ``CURATOR_LOCK_TIMEOUT`` fails. A read that fails
   gives ``curator_database_up 0`` (and counts ``curator_metrics_database_errors_total``),
   without the database's families, in an answer that is still a 200: the process's own
   metrics stay readable, as exporters do it (``pg_up`` of postgres_exporter), and an alert
@@ -47,6 +49,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import anyio
+from anyio.lowlevel import RunVar
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -61,6 +65,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.routing import compile_path
 
 from app.core.db import Database, db_now
@@ -197,11 +202,13 @@ class InstallationCollector(Collector):
         *,
         max_age: float = CACHE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        lock_timeout: float | None = None,
     ) -> None:
         self.db = db
         self.mechanisms = mechanisms
         self.max_age = max_age
         self.clock = clock
+        self.lock_timeout = lock_timeout
         self.errors = 0
         self._lock = threading.Lock()
         self._read_at: float | None = None
@@ -220,7 +227,12 @@ class InstallationCollector(Collector):
             now = self.clock()
             if self._read_at is None or now - self._read_at >= self.max_age:
                 try:
-                    with self.db.transaction(read_only=True) as session:
+                    # a table locked by a migration or VACUUM FULL fails the read after
+                    # lock_timeout (PostgreSQL): it would hold the scrape, and the next
+                    # ones behind it, until the lock was released
+                    with self.db.transaction(
+                        read_only=True, lock_timeout=self.lock_timeout
+                    ) as session:
                         self._state = read_installation(session)
                 except Exception as exc:
                     self.errors += 1
@@ -305,6 +317,8 @@ class ProcessMetrics:
 
     def __init__(self, installation: InstallationCollector, slots: ThreadLimit) -> None:
         self.registry = CollectorRegistry()
+        # one scrape at a time, per event loop (a lock belongs to the loop that uses it)
+        self._gate: RunVar[anyio.Lock] = RunVar("curator_metrics_scrape")
         self.installation = installation
         self.slots = slots
         self.registry.register(installation)
@@ -349,6 +363,22 @@ class ProcessMetrics:
     def exposition(self) -> bytes:
         """The scrape's body (reads the database when the cache is old: a thread's work)."""
         return generate_latest(self.registry)
+
+    async def scrape(self) -> bytes:
+        """:meth:`observe_slots`, then :meth:`exposition` in a thread of the request
+        threadpool (its database read is one of that thread's short transactions:
+        :func:`app.core.deps.request_connections`), one scrape at a time: the others wait
+        in the event loop, holding no thread, and are then answered from the cache. Waiting
+        in a thread instead, scrapes behind a slow read each held one of the threadpool's
+        threads, which every other request needs."""
+        self.observe_slots()
+        try:
+            gate = self._gate.get()
+        except LookupError:
+            gate = anyio.Lock()
+            self._gate.set(gate)
+        async with gate:
+            return await run_in_threadpool(self.exposition)
 
 
 Scope = dict[str, Any]

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +20,7 @@ from sqlalchemy import text, update
 from sqlalchemy.exc import OperationalError
 
 import tests.releases.fake_mechanism  # noqa: F401 - registers test_means
+from app import main as main_module
 from app.answers import service as answers
 from app.config import Settings
 from app.core import metrics as metrics_module
@@ -284,6 +286,14 @@ def test_scrapes_share_one_read_of_the_database_per_period(
         return read(session)
 
     monkeypatch.setattr(metrics_module, "read_installation", counted)
+    arrived: list[int] = []
+    check = main_module.check_token
+
+    def counted_check(*args: Any) -> None:
+        arrived.append(1)
+        check(*args)
+
+    monkeypatch.setattr(main_module, "check_token", counted_check)
     clock = [1000.0]
     collector(client).clock = lambda: clock[0]
     collector(client).expire()
@@ -295,11 +305,17 @@ def test_scrapes_share_one_read_of_the_database_per_period(
     for thread in threads:
         thread.start()
     wait_for(lambda: len(reads) == 1, "the first read")
+    wait_for(lambda: len(arrived) == 5, "five scrapes")
+    # the four behind the read wait in the event loop: no request thread is theirs
+    # (waiting in threads, they held one each, which every other request needs)
+    threadpool = anyio.to_thread.current_default_thread_limiter
+    borrowed = [client.portal.call(lambda: threadpool().borrowed_tokens) for _ in range(20)]  # type: ignore[attr-defined]
     gate.set()
     for thread in threads:
         thread.join(timeout=60)
     assert len(results) == 5
     assert reads == [1]
+    assert max(borrowed) == 1, borrowed
     add_release(client, dataset_id, curator.id, "queued")
     clock[0] += metrics_module.CACHE_SECONDS - 0.5
     cached = scrape(client, fresh=False)
@@ -340,6 +356,27 @@ def test_a_failing_database_read_is_a_metric_not_an_error(
     recovered = scrape(client)
     assert value(recovered, "curator_database_up") == 1
     assert value(recovered, "curator_metrics_database_errors_total") == 2
+
+
+def test_a_read_behind_a_table_lock_fails_after_the_lock_timeout(settings: Settings) -> None:
+    """PostgreSQL: a table locked (a migration, VACUUM FULL) fails the read after
+    ``CURATOR_LOCK_TIMEOUT`` (``curator_database_up 0``) rather than holding the scrape,
+    and every one behind it, until the lock is released. SQLite's readers take no lock."""
+    update_ = {"metrics_token": SecretStr(TOKEN), "lock_timeout": 0.5}
+    with TestClient(create_app(settings.model_copy(update=update_))) as locked_client:
+        db = services_of(locked_client).db
+        if db.is_sqlite:
+            pytest.skip("SQLite's readers wait for no lock")
+        results: list[Samples] = []
+        with db.transaction() as session:
+            session.execute(text("LOCK TABLE releases IN ACCESS EXCLUSIVE MODE"))
+            thread = threading.Thread(target=lambda: results.append(scrape(locked_client)))
+            thread.start()
+            thread.join(timeout=20)
+            answered = not thread.is_alive()
+        thread.join(timeout=60)
+    assert answered, "the scrape waited for the lock"
+    assert value(results[0], "curator_database_up") == 0
 
 
 # --- this process's own ----------------------------------------------------------------
