@@ -73,7 +73,7 @@ from app.core.errors import Forbidden, Unauthorized
 from app.core.threads import ThreadLimit
 from app.ledger.units import DELTA_SCALE, EPSILON_SCALE
 from app.models import Dataset, LedgerEntry, Release
-from app.models.release import RELEASE_STATUSES
+from app.models.release import ACTIVE_STATUSES, RELEASE_STATUSES
 from app.releases.service import QUEUED
 
 log = logging.getLogger("curator.metrics")
@@ -106,6 +106,8 @@ class Installation:
     oldest_queued_seconds: float = 0.0
     #: status -> running releases of that status whose lease has run out
     lease_expired: dict[str, int] = field(default_factory=dict)
+    #: status -> active releases whose stage is enqueued and no worker has claimed
+    waiting: dict[str, int] = field(default_factory=dict)
     datasets: int = 0
     epsilon: dict[str, float] = field(default_factory=dict)
     delta: dict[str, float] = field(default_factory=dict)
@@ -138,13 +140,14 @@ def ledger_by_kind(add: Any) -> Select[Any]:
 
 
 def read_installation(session: Session) -> Installation:
-    """The installation's state, in one read-only transaction: five aggregate queries, each
+    """The installation's state, in one read-only transaction: six aggregate queries, each
     on an index. The two over every row, releases by type (:func:`releases_by_type`) and
     the ledger by kind (:func:`ledger_by_kind`), scan covering indexes rather than the wide
     tables (migration 0016: 10^5 releases and their ledger in tens of ms,
     ``bench/results/metrics_scrape_*.md``); the oldest queued release and the running ones
     whose lease ran out are read through ``ix_releases_status_lease`` (few rows: the live
-    work). Times are the database's clock (:func:`db_now`), as leases'."""
+    work), as are the stages enqueued and waiting for a worker. Times are the database's
+    clock (:func:`db_now`), as leases'."""
     started = time.perf_counter()
     now = db_now(session)
     add = adder(session)
@@ -169,6 +172,12 @@ def read_installation(session: Session) -> Installation:
         .group_by(Release.status)
     ):
         out.lease_expired[status] = int(count)
+    for status, count in session.execute(
+        select(Release.status, func.count())
+        .where(Release.status.in_(ACTIVE_STATUSES), Release.lease_owner == QUEUED)
+        .group_by(Release.status)
+    ):
+        out.waiting[status] = int(count)
     count, eps_total, delta_total = session.execute(
         select(func.count(), add(Dataset.epsilon_total), add(Dataset.delta_total))
     ).one()
@@ -295,6 +304,16 @@ class InstallationCollector(Collector):
         for status in RUNNING_STATUSES:
             expired.add_metric([status], state.lease_expired.get(status, 0))
         yield expired
+        waiting = GaugeMetricFamily(
+            "curator_releases_waiting",
+            "Releases whose stage is enqueued and not yet claimed by a worker, by status "
+            "(queued: to be measured; synthesizing: measured, or re-synthesised, and waiting "
+            "for its synthesis; measuring: a stage the sweeper enqueued again)",
+            labels=["status"],
+        )
+        for status in ACTIVE_STATUSES:
+            waiting.add_metric([status], state.waiting.get(status, 0))
+        yield waiting
         yield GaugeMetricFamily("curator_datasets", "Datasets", value=state.datasets)
         for name, values in (("epsilon", state.epsilon), ("delta", state.delta)):
             family = GaugeMetricFamily(

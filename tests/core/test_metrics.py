@@ -224,6 +224,8 @@ def test_the_installations_state_is_read_from_the_database(
     assert 600 <= age < 660
     assert value(samples, "curator_releases_lease_expired", status="measuring") == 1
     assert value(samples, "curator_releases_lease_expired", status="synthesizing") == 1
+    # none written with the queue's owner (add_release's leases are a worker's)
+    assert value(samples, "curator_releases_waiting", status="synthesizing") == 0
     assert value(samples, "curator_datasets") == 2
     assert value(samples, "curator_budget_epsilon", state="total") == pytest.approx(3.5)
     assert value(samples, "curator_budget_epsilon", state="spent") == pytest.approx(0.5)
@@ -234,7 +236,7 @@ def test_the_installations_state_is_read_from_the_database(
     assert value(samples, "curator_metrics_database_read_seconds") > 0
 
 
-def test_a_stage_waiting_for_a_worker_is_not_a_lost_lease(
+def test_a_stage_waiting_for_a_worker_is_waiting_not_a_lost_lease(
     client: TestClient, curator: Caller
 ) -> None:
     """A stage enqueued and not yet claimed (owner ``queued``: a measured release waiting
@@ -248,9 +250,13 @@ def test_a_stage_waiting_for_a_worker_is_not_a_lost_lease(
             client, dataset_id, curator.id, status, lease_expires_at=past, lease_owner=QUEUED
         )
     add_release(client, dataset_id, curator.id, "synthesizing", lease_expires_at=past)
+    add_release(client, dataset_id, curator.id, "queued", lease_expires_at=past, lease_owner=QUEUED)
     samples = scrape(client)
     assert value(samples, "curator_releases_lease_expired", status="measuring") == 0
     assert value(samples, "curator_releases_lease_expired", status="synthesizing") == 1
+    # they are waiting: a synthesis queue that does not drain shows here
+    for status in ("queued", "measuring", "synthesizing"):
+        assert value(samples, "curator_releases_waiting", status=status) == 1
 
 
 def test_nothing_queued_reports_an_age_of_zero(client: TestClient, curator: Caller) -> None:
