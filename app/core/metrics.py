@@ -198,6 +198,16 @@ def read_installation(session: Session) -> Installation:
     return out
 
 
+def by_status(
+    name: str, documentation: str, statuses: Collection[str], counts: dict[str, int]
+) -> GaugeMetricFamily:
+    """A gauge of releases labelled by status, each of ``statuses`` (0 when it has none)."""
+    family = GaugeMetricFamily(name, documentation, labels=["status"])
+    for status in statuses:
+        family.add_metric([status], counts.get(status, 0))
+    return family
+
+
 class InstallationCollector(Collector):
     """The installation's state (:func:`read_installation`) as metric families, read at
     most once per ``max_age`` seconds (``clock``: monotonic seconds) and by one scrape at a
@@ -295,25 +305,21 @@ class InstallationCollector(Collector):
             "Age of the oldest queued release (0 when none is queued)",
             value=state.oldest_queued_seconds,
         )
-        expired = GaugeMetricFamily(
+        yield by_status(
             "curator_releases_lease_expired",
             "Running releases whose worker's lease ran out (a dead or stalled worker; the "
             "sweeper hands them on)",
-            labels=["status"],
+            RUNNING_STATUSES,
+            state.lease_expired,
         )
-        for status in RUNNING_STATUSES:
-            expired.add_metric([status], state.lease_expired.get(status, 0))
-        yield expired
-        waiting = GaugeMetricFamily(
+        yield by_status(
             "curator_releases_waiting",
             "Releases whose stage is enqueued and not yet claimed by a worker, by status "
             "(queued: to be measured; synthesizing: measured, or re-synthesised, and waiting "
             "for its synthesis; measuring: a stage the sweeper enqueued again)",
-            labels=["status"],
+            ACTIVE_STATUSES,
+            state.waiting,
         )
-        for status in ACTIVE_STATUSES:
-            waiting.add_metric([status], state.waiting.get(status, 0))
-        yield waiting
         yield GaugeMetricFamily("curator_datasets", "Datasets", value=state.datasets)
         for name, values in (("epsilon", state.epsilon), ("delta", state.delta)):
             family = GaugeMetricFamily(
