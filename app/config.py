@@ -101,7 +101,12 @@ class ConfigError(Exception):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CURATOR_", extra="ignore")
+    # a refused value is not quoted in the error (pydantic's "input_value=..."): it may be a
+    # secret (the metrics token, a database URL's password) and the error reaches a
+    # traceback or a log (load_settings raises from it)
+    model_config = SettingsConfigDict(
+        env_prefix="CURATOR_", extra="ignore", hide_input_in_errors=True
+    )
 
     data_dir: Path = Path("./curator-data")
     database_url: str | None = None

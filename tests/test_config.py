@@ -79,6 +79,27 @@ def test_bad_values_are_refused_with_their_name(
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("METRICS_TOKEN", "short-secret-value"),
+        ("DATABASE_URL", "mysql://curator:hunter2-secret@db/curator"),
+    ],
+)
+def test_a_refused_value_is_not_quoted_in_the_error_or_its_cause(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """A refused setting may be a secret: the error names the setting, never its value,
+    also in the pydantic error it is raised from (a traceback prints it: it quoted the
+    input, ``input_value='short-secret-value'``)."""
+    monkeypatch.setenv(f"CURATOR_{name}", value)
+    with pytest.raises(ConfigError, match=f"CURATOR_{name}") as refused:
+        load_settings()
+    secret = value.split(":")[-1].split("@")[0] if "@" in value else value
+    assert secret not in str(refused.value)
+    assert secret not in str(refused.value.__cause__)
+
+
 def test_every_setting_is_documented_in_the_readme_and_the_module() -> None:
     """Each field of :class:`Settings` is an environment variable a deployer sets: the
     README's Configuration table and this module's docstring both name it."""

@@ -29,6 +29,12 @@ def test_compose_has_the_services_and_their_order() -> None:
     assert env["CURATOR_DATABASE_URL"].startswith("postgresql+psycopg://")
     assert env["CURATOR_REDIS_URL"].startswith("redis://")
     assert env["CURATOR_DATA_KEY"].startswith("${CURATOR_DATA_KEY:?")  # required, shared by all
+    # the metrics token is the api's alone (the workers serve no HTTP); the rest is shared
+    assert env["CURATOR_METRICS_TOKEN"] == "${CURATOR_METRICS_TOKEN:-}"
+    for name in ("migrate", "worker"):
+        assert services[name]["environment"] == {
+            k: v for k, v in env.items() if k != "CURATOR_METRICS_TOKEN"
+        }
 
 
 def test_compose_redis_requires_a_password_the_services_use() -> None:
