@@ -13,7 +13,6 @@ import re
 import socket
 import stat
 import sys
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from app import __version__
 from app.config import KEY_FILE_NAME, ConfigError, Settings, load_settings
 from app.core import migrations
 from app.core.errors import NotFound
+from app.core.logs import LogFormat, log_handler
 from app.core.services import Services, set_current
 from app.core.threads import limit_blas_threads
 from app.models import Role
@@ -45,20 +45,13 @@ class _AlembicPreamble(logging.Filter):
         return not str(record.msg).startswith(("Context impl", "Will assume"))
 
 
-class UTCFormatter(logging.Formatter):
-    """Log times in UTC, ISO 8601 with milliseconds and ``Z`` (``2026-11-29T13:14:04.512Z``),
-    as the API's timestamps are: they were the host's local time without an offset, which
-    matched no API timestamp on a host not set to UTC, nor another host's lines."""
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        return f"{stamp}.{int(record.msecs):03d}Z"
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(UTCFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler])
+def configure_logging(level: str, log_format: LogFormat = "text") -> None:
+    """Log to standard error at ``level`` in ``log_format`` (:mod:`app.core.logs`); in
+    ``json`` the ``warnings`` module's lines are logged too, as they would otherwise be
+    the only lines not in JSON."""
+    logging.basicConfig(level=level, handlers=[log_handler(log_format, sys.stderr)])
+    if log_format == "json":
+        logging.captureWarnings(True)
     migration_log = logging.getLogger("alembic.runtime.migration")
     if not any(isinstance(f, _AlembicPreamble) for f in migration_log.filters):
         migration_log.addFilter(_AlembicPreamble())
@@ -116,7 +109,7 @@ UMASK_OTHERS = 0o007
 
 def _settings() -> Settings:
     settings = load_settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     # a key the service has is checked, none is generated here: a command that needs one
     # gets it from Services.build, which refuses to generate one for a database holding
     # stored datasets (curator migrate needs none)
@@ -323,7 +316,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "off" if args.no_worker else "embedded",
     )
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=port, log_level=settings.log_level.lower())
+        # log_config=None: uvicorn's own lines (uvicorn.error, uvicorn.access) go to the
+        # handler configure_logging set, in CURATOR_LOG_FORMAT, not to uvicorn's handlers
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=port,
+            log_level=settings.log_level.lower(),
+            log_config=None,
+        )
     )
     try:
         server.run(sockets=[sock])
@@ -525,7 +526,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from app.core.backup import BackupError, backup, sqlite_path
 
     settings = load_settings()  # not _settings(): nothing is created before the checks
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         sqlite_path(settings)  # PostgreSQL is refused before anything is read or written
     except BackupError as exc:

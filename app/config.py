@@ -43,6 +43,7 @@
   ``storage_quota_exceeded`` before anything is reserved
   (``app.releases.service.check_curator_bytes``).
 - ``CURATOR_LOG_LEVEL`` (default ``INFO``).
+- ``CURATOR_LOG_FORMAT`` (default ``text``; ``json``: one object per line, :mod:`app.core.logs`).
 - ``CURATOR_WORKER_THREADS`` (default 1): threads of a worker.
 - ``CURATOR_BLAS_THREADS`` (default 1): threads each BLAS library (OpenBLAS under numpy and
   scipy) may use for one matrix product in ``curator serve`` and ``curator worker``; 0
@@ -134,6 +135,9 @@ class Settings(BaseSettings):
     #: Bytes a curator's releases may store, published and predicted (0: no limit).
     max_curator_bytes: int = Field(default=0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: ``text`` lines, or ``json``: one object per line, for a log aggregator
+    #: (:mod:`app.core.logs`).
+    log_format: Literal["text", "json"] = "text"
     worker_threads: int = Field(default=1, ge=1, le=64)
     #: Threads per BLAS library for one matrix product; 0: the libraries' default.
     blas_threads: int = Field(default=1, ge=0, le=256)
@@ -156,6 +160,11 @@ class Settings(BaseSettings):
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("metrics_token")
     @classmethod

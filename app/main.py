@@ -28,10 +28,12 @@ from app.core.disk import space_is_low
 from app.core.errors import (
     ErrorBarrier,
     Unauthorized,
+    error_body,
     error_response,
     install_error_handlers,
     install_error_schema,
 )
+from app.core.logs import RequestIds
 from app.core.metrics import (
     CONTENT_TYPE,
     HttpMetrics,
@@ -138,15 +140,8 @@ class BodyLimit:
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int, setting: str) -> None:
-        response = JSONResponse(
-            {
-                "error": {
-                    "code": "payload_too_large",
-                    "message": f"the request body is larger than {limit} bytes ({setting})",
-                }
-            },
-            status_code=413,
-        )
+        message = f"the request body is larger than {limit} bytes ({setting})"
+        response = JSONResponse(error_body("payload_too_large", message), status_code=413)
         await response(scope, receive, send)
 
     async def _admitted(self, scope: Scope, receive: Receive, send: Send) -> bool:
@@ -455,6 +450,8 @@ def create_app(settings: Settings | None = None, *, embedded_worker: bool = Fals
     )
     app.add_middleware(EncodedValidators)
     app.add_middleware(ErrorBarrier)
+    # outside ErrorBarrier: the generic 500 and its log line have the request's id
+    app.add_middleware(RequestIds)
     app.add_middleware(SecurityHeaders)
     # outermost: it sees every answer's status, the generic 500's too, and its last byte
     app.add_middleware(HttpMetrics, metrics=metrics)

@@ -56,8 +56,10 @@ class World:
     spare_key: str
 
     def headers(self, kind: str) -> dict[str, str]:
+        """``kind``'s key, and one X-Request-ID for every request: error bodies quote it,
+        and the tests compare a hidden thing's refusal with a missing one's whole."""
         caller = self.callers[kind]
-        return {} if caller is None else caller.headers
+        return {**({} if caller is None else caller.headers), "X-Request-ID": "access-matrix"}
 
 
 def _table(client: TestClient, curator: Caller, name: str) -> str:
@@ -478,7 +480,13 @@ def test_idempotency_keys_belong_to_their_user(world: World) -> None:
     # the first curator's key on another curator's dataset: that dataset does not exist
     replay = request_release(client, owner, world.foreign, key=key)
     missing = request_release(client, owner, MISSING, key=key)
-    assert (replay.status_code, replay.json()) == (404, missing.json())
+    errors = [replay.json()["error"], missing.json()["error"]]
+    # each quotes its own request's id (request_release sends none)
+    assert [e.pop("request_id") for e in errors] == [
+        replay.headers["x-request-id"],
+        missing.headers["x-request-id"],
+    ]
+    assert (replay.status_code, errors[0]) == (404, errors[1])
 
 
 @pytest.mark.parametrize(

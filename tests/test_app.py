@@ -144,7 +144,11 @@ def test_openapi_declares_the_readiness_body(client: TestClient) -> None:
 
 
 def test_error_envelope_for_framework_errors(client: TestClient, curator: Caller) -> None:
-    assert client.get("/v1/nope").json() == {"error": {"code": "not_found", "message": "Not Found"}}
+    missing = client.get("/v1/nope")
+    request_id = missing.headers["x-request-id"]
+    assert missing.json() == {
+        "error": {"code": "not_found", "message": "Not Found", "request_id": request_id}
+    }
     assert client.put("/healthz").json()["error"]["code"] == "method_not_allowed"
     bad_id = client.get("/v1/datasets/not-a-uuid", headers=curator.headers)
     assert bad_id.status_code == 422
@@ -168,7 +172,11 @@ def test_a_405_allows_every_method_of_its_path(client: TestClient, curator: Call
         assert response.status_code == 405, (method, path, response.text)
         assert response.headers["allow"] == allowed, (method, path)
         assert response.json() == {
-            "error": {"code": "method_not_allowed", "message": "Method Not Allowed"}
+            "error": {
+                "code": "method_not_allowed",
+                "message": "Method Not Allowed",
+                "request_id": response.headers["x-request-id"],
+            }
         }
 
 
@@ -247,7 +255,11 @@ def test_a_body_that_is_not_json_is_named_as_such(
         "/v1/users", headers={**admin.headers, "Content-Type": "application/json"}, content=body
     )
     assert response.status_code == 422
-    assert response.json()["error"] == {"code": "validation_error", "message": message}
+    assert response.json()["error"] == {
+        "code": "validation_error",
+        "message": message,
+        "request_id": response.headers["x-request-id"],
+    }
 
 
 def test_multipart_parser_warnings_quote_no_body_bytes(
@@ -863,6 +875,14 @@ def test_openapi_names_every_mechanism_and_its_query_forms(client: TestClient) -
         assert f"{name}:" in forms or f"{name} and" in forms, name
 
 
+def _without_request_id(response: Any) -> dict[str, Any]:
+    """The error of ``response`` but its ``request_id``, which must be the response's
+    ``X-Request-ID``."""
+    error: dict[str, Any] = response.json()["error"]
+    assert error.pop("request_id") == response.headers["x-request-id"]
+    return error
+
+
 def _schema_problems(value: Any, schema: dict[str, Any], spec: dict[str, Any]) -> list[str]:
     """Where ``value`` breaks the JSON schema ``schema`` of ``spec`` (the keywords the
     service's schemas use: $ref, type, const, enum, properties, required,
@@ -1164,17 +1184,18 @@ def test_every_published_query_example_is_answered_where_accepted(
                 else:
                     assert response.status_code == 422, (release, example)
                     error = response.json()["error"]
+                    assert error.pop("request_id") == response.headers["x-request-id"]
                     assert error == {"code": "invalid_request", "message": refusal(release, tag)}
     for release in releases:
         assert answers(release, [{"type": "nope"}]).json()["error"]["message"] == refusal(
             release, "nope"
         )
-        assert answers(release, [{}]).json()["error"] == {
+        assert _without_request_id(answers(release, [{}])) == {
             "code": "invalid_request",
             "message": "invalid queries: queries.0: Unable to extract tag using discriminator "
             "'type'",
         }
-        assert answers(release, [3]).json()["error"] == {
+        assert _without_request_id(answers(release, [3])) == {
             "code": "validation_error",
             "message": "queries.0: Input should be a valid dictionary",
         }

@@ -163,6 +163,40 @@ def test_serve_migrates_answers_and_stops_cleanly(tmp_path: Path, stop: signal.S
     assert not (tmp_path / "port.partial").exists()
 
 
+def test_serve_logs_only_json_lines_with_curator_log_format_json(tmp_path: Path) -> None:
+    """CURATOR_LOG_FORMAT=json: uvicorn's own lines (startup, access, shutdown) are JSON
+    objects too, and the access line of a request carries its id."""
+    port_file = tmp_path / "port"
+    process = subprocess.Popen(
+        serve_on_a_free_port(port_file),
+        env={**_env(tmp_path), "CURATOR_LOG_FORMAT": "json"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        port = wait_for_port(process, port_file)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/readyz", headers={"X-Request-ID": "probe-1"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.headers["X-Request-ID"] == "probe-1"
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    lines = [json.loads(line) for line in output.splitlines()]
+    access = [line for line in lines if line["logger"] == "uvicorn.access"]
+    assert [line["request_id"] for line in access] == ["probe-1"], access
+    assert '"GET /readyz HTTP/1.1" 200' in access[0]["message"]
+    messages = [line["message"] for line in lines]
+    assert any(m.startswith(f"privacy curator {__version__} on") for m in messages)
+    assert "Application shutdown complete." in messages
+    assert all(set(line) >= {"time", "level", "logger", "message"} for line in lines)
+
+
 def test_serve_no_migrate_refuses_an_old_database(tmp_path: Path) -> None:
     result = _run(tmp_path, "serve", "--no-migrate", "--port", "0")
     assert result.returncode == 2

@@ -256,6 +256,7 @@ def test_limits_and_cursors_are_validated(world: World) -> None:
             response = client.get(f"{url}?after_id={MISSING}", headers=caller.headers)
             assert response.status_code == 422, (url, response.text)
             assert response.json()["error"] == {
+                "request_id": response.headers["x-request-id"],
                 "code": "invalid_request",
                 "message": f"after_id {MISSING} is not an item of this list (an id from an "
                 "earlier page of this very list, whose item is still in it); list again "
@@ -265,8 +266,10 @@ def test_limits_and_cursors_are_validated(world: World) -> None:
 
 def _refusal(world: World, caller: Caller, url: str, after_id: str) -> tuple[int, Any]:
     """The response to ``after_id``, its id replaced by the unknown one's, to compare it
-    with the response for an id that does not exist."""
-    response = world.client.get(f"{url}?limit=1&after_id={after_id}", headers=caller.headers)
+    with the response for an id that does not exist (under the same X-Request-ID, which
+    the error body quotes)."""
+    headers = {**caller.headers, "X-Request-ID": "refusal"}
+    response = world.client.get(f"{url}?limit=1&after_id={after_id}", headers=headers)
     return response.status_code, response.text.replace(after_id, MISSING)
 
 
@@ -305,10 +308,12 @@ def test_pages_show_only_what_the_caller_may_see(world: World) -> None:
     # pages of a list the caller may not read are refused as the list itself is
     not_granted = world.analysts[2]
     hidden_releases = f"/v1/datasets/{d1}/releases"
-    missing = client.get(f"/v1/datasets/{MISSING}/releases", headers=not_granted.headers)
+    # (under one X-Request-ID, which the error bodies quote)
+    not_granted_headers = {**not_granted.headers, "X-Request-ID": "hidden"}
+    missing = client.get(f"/v1/datasets/{MISSING}/releases", headers=not_granted_headers)
     assert missing.status_code == 404
     for query in ("", f"?limit=1&after_id={world.releases[0]}", "?limit=1"):
-        response = client.get(hidden_releases + query, headers=not_granted.headers)
+        response = client.get(hidden_releases + query, headers=not_granted_headers)
         assert (response.status_code, response.json()) == (404, missing.json())
         response = client.get(f"/v1/datasets/{d0}/grants{query}", headers=reader.headers)
         assert response.status_code == 403

@@ -1,6 +1,7 @@
 """One error base class and the handlers that render every error the same way.
 
-Every client-facing error is ``{"error": {"code": ..., "message": ..., ...}}``.
+Every client-facing error is ``{"error": {"code": ..., "message": ..., ..., "request_id":
+...}}`` (:func:`error_body`).
 4xx are the client's mistakes; 422 is payload validation; a 5xx is a bug, and its
 response says nothing about the cause (the log has the traceback, without the
 exception message, which could quote a data value).
@@ -24,6 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
+from app.core.logs import request_id
+
 log = logging.getLogger("curator.errors")
 
 
@@ -32,6 +35,17 @@ def frames_only(exc: BaseException) -> str:
     causes, which can carry data values (privacy rule 5). Every failure the service logs
     (a request, a task, a release stage) goes through here."""
     return "".join(traceback.format_tb(exc.__traceback__))
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The body of an error response, with the id of the request being handled
+    (:class:`app.core.logs.RequestIds`, also in its ``X-Request-ID``), which a user quotes
+    to the operator to find the request's log lines."""
+    detail = {"code": code, "message": message, **extra}
+    identifier = request_id.get()
+    if identifier is not None:
+        detail["request_id"] = identifier
+    return {"error": detail}
 
 
 class ServiceError(Exception):
@@ -46,7 +60,7 @@ class ServiceError(Exception):
         self.extra = extra
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, **self.extra}}
+        return error_body(self.code, self.message, **self.extra)
 
 
 class Unauthorized(ServiceError):
@@ -224,12 +238,14 @@ class InvalidUpload(ServiceError):
 
 class ErrorDetail(BaseModel):
     """What went wrong: a stable ``code`` and a message for people (never a data value);
-    some errors add fields (``problems`` of an upload, what remains of a budget)."""
+    some errors add fields (``problems`` of an upload, what remains of a budget).
+    ``request_id`` is the request's ``X-Request-ID``: quote it to the operator."""
 
     model_config = ConfigDict(extra="allow")
 
     code: str
     message: str
+    request_id: str
 
 
 class ErrorOut(BaseModel):
@@ -390,8 +406,7 @@ def install_error_handlers(app: FastAPI) -> None:
         message = describe_errors(errors)
         if _not_sent_as_json(request, errors):
             message = NOT_JSON_MESSAGE
-        body = {"error": {"code": "validation_error", "message": message}}
-        return JSONResponse(body, status_code=422)
+        return JSONResponse(error_body("validation_error", message), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -399,18 +414,14 @@ def install_error_handlers(app: FastAPI) -> None:
             # a JSON body FastAPI could not decode at all (not UTF-8, or nested past the
             # parser's depth): the 422 of any other body that is not JSON, which every
             # JSON route documents (it was an undocumented 400 "bad_request")
-            body = {"error": {"code": "validation_error", "message": BODY_NOT_PARSED_MESSAGE}}
+            body = error_body("validation_error", BODY_NOT_PARSED_MESSAGE)
             return JSONResponse(body, status_code=422)
         code = _STATUS_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
         headers = getattr(exc, "headers", None)
         if exc.status_code == 405:
             headers = {**(headers or {}), **_allowed(request)}
-        return JSONResponse(
-            {"error": {"code": code, "message": message}},
-            status_code=exc.status_code,
-            headers=headers,
-        )
+        return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=headers)
 
     # Any other exception is answered by ErrorBarrier (an exception handler for Exception
     # would run in Starlette's ServerErrorMiddleware, which re-raises after it).
@@ -420,9 +431,10 @@ class ErrorBarrier:
     """Outermost ASGI guard for unhandled exceptions. Starlette's ``ServerErrorMiddleware``
     re-raises every exception after its 500 handler has answered, and the server (uvicorn)
     then logs it with its message and chained causes, which can carry data values (privacy
-    rule 5). This middleware, added last but two (only ``app.main.SecurityHeaders`` and
-    ``app.core.metrics.HttpMetrics``, which raise nothing, run before it), answers the
-    generic 500 itself, logs the exception by type and frames only, and does not re-raise."""
+    rule 5). This middleware, added last but three (only ``app.core.logs.RequestIds``,
+    ``app.main.SecurityHeaders`` and ``app.core.metrics.HttpMetrics``, which raise nothing,
+    run before it), answers the generic 500 itself, logs the exception by type and frames
+    only, and does not re-raise."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -462,7 +474,5 @@ class ErrorBarrier:
                 return
             log.error("unhandled %s on %s %s\n%s", name, method, path, frames_only(exc))
             if not started:
-                body = {
-                    "error": {"code": "internal_error", "message": "internal error; this is a bug"}
-                }
+                body = error_body("internal_error", "internal error; this is a bug")
                 await JSONResponse(body, status_code=500)(scope, receive, send)

@@ -36,6 +36,7 @@ with its measurements kept, re-synthesised for free once space is freed.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
@@ -62,6 +63,7 @@ from app.core.errors import (
     frames_only,
     is_storage_full,
 )
+from app.core.logs import release_context
 from app.core.services import Services
 from app.datasets.service import remove_stray_files
 from app.ledger import service as ledger
@@ -309,7 +311,13 @@ class Heartbeat:
         self.cancelled = False
         self._cancel_seen_at: float | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+        # run in a copy of the stage's context: its lines carry the release (app.core.logs)
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self._run,),
+            name="lease-heartbeat",
+            daemon=True,
+        )
 
     def set_progress(self, fraction: float) -> None:
         self.progress = min(max(float(fraction), 0.0), 1.0)
@@ -485,6 +493,13 @@ def _start_reading(services: Services, claim: Claim, mechanism: registry.Mechani
 
 
 def run_measure(services: Services, release_id: uuid.UUID) -> None:
+    """The measure stage of ``release_id``; its log lines carry the release's id and the
+    stage's name (:func:`app.core.logs.release_context`)."""
+    with release_context(release_id, "measure"):
+        _measure(services, release_id)
+
+
+def _measure(services: Services, release_id: uuid.UUID) -> None:
     if _postpone_measure(services, release_id):
         return
     claim = _claim(services, release_id, "measure")
@@ -675,6 +690,12 @@ def enqueue_after_commit(
 
 
 def run_synthesize(services: Services, release_id: uuid.UUID) -> None:
+    """The synthesis stage of ``release_id``, logged as :func:`run_measure` is."""
+    with release_context(release_id, "synthesize"):
+        _synthesize(services, release_id)
+
+
+def _synthesize(services: Services, release_id: uuid.UUID) -> None:
     claim = _claim(services, release_id, "synthesize")
     if claim is None:
         return

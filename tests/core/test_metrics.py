@@ -119,9 +119,11 @@ def add_release(
 def test_metrics_are_not_served_without_a_token(settings: Settings) -> None:
     """Unset ``CURATOR_METRICS_TOKEN``: no ``/metrics`` at all, the 404 of any unknown path."""
     with TestClient(create_app(settings)) as plain:
-        response = plain.get("/metrics", headers=AUTH)
+        # under one X-Request-ID, which the error bodies quote
+        headers = {**AUTH, "X-Request-ID": "unknown-path"}
+        response = plain.get("/metrics", headers=headers)
         assert response.status_code == 404
-        assert response.json() == plain.get("/no-such-path").json()
+        assert response.json() == plain.get("/no-such-path", headers=headers).json()
 
 
 def test_metrics_answer_only_the_bearer_of_the_token(client: TestClient, admin: Caller) -> None:

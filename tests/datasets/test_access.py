@@ -27,12 +27,17 @@ def test_analyst_without_grant_gets_404_everywhere(
     for path in (f"/v1/datasets/{dataset_id}", f"/v1/datasets/{dataset_id}/budget"):
         response = client.get(path, headers=analyst.headers)
         assert response.status_code == 404, path
-        assert response.json() == {"error": {"code": "not_found", "message": "dataset not found"}}
-    # indistinguishable from a dataset that does not exist
-    missing = client.get(f"/v1/datasets/{uuid.uuid4()}", headers=analyst.headers)
-    assert (
-        missing.json() == client.get(f"/v1/datasets/{dataset_id}", headers=analyst.headers).json()
-    )
+        assert response.json() == {
+            "error": {
+                "code": "not_found",
+                "message": "dataset not found",
+                "request_id": response.headers["x-request-id"],
+            }
+        }
+    # indistinguishable from a dataset that does not exist (under one X-Request-ID)
+    headers = {**analyst.headers, "X-Request-ID": "access"}
+    missing = client.get(f"/v1/datasets/{uuid.uuid4()}", headers=headers)
+    assert missing.json() == client.get(f"/v1/datasets/{dataset_id}", headers=headers).json()
     assert client.get("/v1/datasets", headers=analyst.headers).json() == []
     assert (
         client.post(
