@@ -964,6 +964,20 @@ def test_a_download_that_read_the_version_before_a_resynthesis_published_is_serv
     assert _served(client, analyst, release_id)[0] == 200
 
 
+def _two_publishes(client: TestClient, curator: Caller, release_id: str) -> None:
+    """Publish the re-synthesis requested (version 1), then another (version 2): the
+    publish of version 2 prunes version 0."""
+    services = services_of(client)
+    run_synthesize(services, uuid.UUID(release_id))
+    again = client.post(
+        f"/v1/releases/{release_id}/resynthesize",
+        headers=curator.headers,
+        json={"params": {"rows": 4}},
+    )
+    assert again.status_code == 202, again.text
+    run_synthesize(services, uuid.UUID(release_id))
+
+
 def test_a_download_whose_version_two_publishes_pruned_before_it_opened_serves_the_newest(
     client: TestClient, curator: Caller, analyst: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -973,19 +987,11 @@ def test_a_download_whose_version_two_publishes_pruned_before_it_opened_serves_t
     from app.releases import downloads
 
     _, release_id, _, _ = _released_then_resynthesizing(client, curator, analyst)
-    services = services_of(client)
     path_of = downloads.ArtifactStore.path
 
     def two_publishes_meanwhile(self: Any, *args: Any) -> Path:
         monkeypatch.setattr(downloads.ArtifactStore, "path", path_of)
-        run_synthesize(services, uuid.UUID(release_id))  # version 1
-        again = client.post(
-            f"/v1/releases/{release_id}/resynthesize",
-            headers=curator.headers,
-            json={"params": {"rows": 4}},
-        )
-        assert again.status_code == 202, again.text
-        run_synthesize(services, uuid.UUID(release_id))  # version 2: version 0 pruned
+        _two_publishes(client, curator, release_id)
         gone = path_of(self, *args)
         assert not gone.exists()
         return gone
@@ -1015,20 +1021,12 @@ def test_a_download_outlives_two_publishes_after_its_response_was_made(
     from app.releases import downloads
 
     _, release_id, first, _ = _released_then_resynthesizing(client, curator, analyst)
-    services = services_of(client)
     made = downloads.OpenedFileResponse.__init__
 
     def then_two_publishes(self: Any, path: Path, **kwargs: Any) -> None:
         made(self, path, **kwargs)
         monkeypatch.setattr(downloads.OpenedFileResponse, "__init__", made)
-        run_synthesize(services, uuid.UUID(release_id))  # version 1
-        again = client.post(
-            f"/v1/releases/{release_id}/resynthesize",
-            headers=curator.headers,
-            json={"params": {"rows": 4}},
-        )
-        assert again.status_code == 202, again.text
-        run_synthesize(services, uuid.UUID(release_id))  # version 2: version 0 pruned
+        _two_publishes(client, curator, release_id)
         assert not path.exists()
 
     url = f"/v1/releases/{release_id}/artifacts/means.json"
