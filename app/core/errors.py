@@ -13,6 +13,7 @@ import errno
 import logging
 import sqlite3
 import traceback
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -46,6 +47,14 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     if identifier is not None:
         detail["request_id"] = identifier
     return {"error": detail}
+
+
+def logged_path(scope: Mapping[str, Any]) -> str:
+    """The request's path for a log line, percent-encoded as uvicorn's access line quotes
+    it: the scope's path is the client's, percent-decoded, and a ``%0A`` in it would start
+    a line of the client's choosing (one ending with another request's id, say) and a
+    ``%1B`` a terminal escape."""
+    return urllib.parse.quote(str(scope.get("path", "")))
 
 
 class ServiceError(Exception):
@@ -456,10 +465,10 @@ class ErrorBarrier:
         except ClientDisconnect:
             # the client went away while its body streamed (an aborted upload): not a bug,
             # and there is nobody to answer
-            method, path = scope.get("method", ""), scope.get("path", "")
+            method, path = scope.get("method", ""), logged_path(scope)
             log.info("client disconnected during %s %s", method, path)
         except Exception as exc:
-            method, path = scope.get("method", ""), scope.get("path", "")
+            method, path = scope.get("method", ""), logged_path(scope)
             name = type(exc).__name__
             refusal = unavailable(exc)
             if refusal is not None:

@@ -282,3 +282,30 @@ def test_configure_logging_writes_json_lines_to_standard_error() -> None:
         ("curator", "INFO"),
         ("py.warnings", "WARNING"),
     ]
+
+
+def test_a_path_cannot_forge_a_line_of_another_request(
+    client: TestClient, records: Records
+) -> None:
+    """The path a line quotes is the client's, percent-decoded: a ``%0A`` in it started a
+    new line of the client's choosing, which could end with another request's id and so
+    be found by a grep for it. The path is logged percent-encoded, as uvicorn's access
+    line quotes it."""
+
+    def boom(name: str) -> None:
+        raise ValueError("bug")
+
+    client.app.add_api_route("/boom/{name}", boom)  # type: ignore[attr-defined]
+    forged = "2026-11-29T13:14:04.512Z INFO curator.releases: all good [victim-1]"
+    response = client.get(f"/boom/x%1B[2J%0A{forged.replace(' ', '%20')}")
+    assert response.status_code == 500
+    stream = io.StringIO()
+    handler = log_handler("text", stream)
+    for record in records.records:
+        handler.handle(record)
+    lines = stream.getvalue().splitlines()
+    unhandled = [line for line in lines if "unhandled ValueError on GET /boom/x" in line]
+    assert len(unhandled) == 1
+    assert unhandled[0].endswith(f"[{response.headers['x-request-id']}]")
+    assert not any(line.endswith("[victim-1]") for line in lines)
+    assert "\x1b" not in stream.getvalue()
