@@ -153,7 +153,7 @@ class JSONFormatter(UTCFormatter):
     record has one (a multi-line message stays on its line, its newlines escaped)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, str] = {
+        line: dict[str, object] = {
             "time": self.formatTime(record),
             "level": record.levelname,
             "logger": record.name,
@@ -164,7 +164,9 @@ class JSONFormatter(UTCFormatter):
             line["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line)
+        # default=str: a context field a caller passed itself (``extra={"release_id":
+        # uuid}``, stamped as it is) would have lost the whole line
+        return json.dumps(line, default=str)
 
 
 def log_handler(log_format: LogFormat, stream: Any) -> logging.Handler:

@@ -256,6 +256,24 @@ def test_text_lines_end_with_their_context_and_json_lines_are_objects() -> None:
     assert "request_id" not in objects[2]
 
 
+def test_a_json_line_keeps_a_context_field_passed_as_an_object() -> None:
+    """A record stamped by its caller (``extra=``) keeps its stamp (:class:`LogContext`);
+    a release id passed as a UUID made ``json.dumps`` raise, and logging dropped the line
+    (printing "--- Logging error ---" to standard error instead)."""
+    log = logging.getLogger("curator.format-test")
+    log.propagate = False
+    lines = io.StringIO()
+    log.addHandler(log_handler("json", lines))
+    release = uuid.uuid4()
+    try:
+        log.warning("stamped", extra={"request_id": None, "release_id": release})
+    finally:
+        log.handlers.clear()
+        log.propagate = True
+    (line,) = lines.getvalue().splitlines()
+    assert json.loads(line)["release_id"] == str(release)
+
+
 def test_the_log_format_is_a_validated_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CURATOR_LOG_FORMAT", raising=False)
     assert load_settings().log_format == "text"
