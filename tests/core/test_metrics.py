@@ -4,6 +4,7 @@ no name or id in any label or value (DESIGN rule 5)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -24,6 +25,7 @@ from app import main as main_module
 from app.answers import service as answers
 from app.config import Settings
 from app.core import metrics as metrics_module
+from app.core.errors import Forbidden
 from app.core.metrics import InstallationCollector
 from app.ledger import service as ledger
 from app.ledger.service import Actor
@@ -140,6 +142,25 @@ def test_metrics_answer_only_the_bearer_of_the_token(client: TestClient, admin: 
     assert client.get("/metrics", headers=AUTH).status_code == 200
     # not one of the API's operations
     assert "/metrics" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_the_token_is_compared_as_digests_of_one_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hmac.compare_digest`` returns at once for arguments of different lengths: the
+    tokens are compared as SHA-256 digests, whatever the length sent."""
+    metrics = metrics_module
+    compared: list[tuple[int, int]] = []
+    real = metrics.hmac.compare_digest
+
+    def recorded(a: bytes, b: bytes) -> bool:
+        compared.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(metrics.hmac, "compare_digest", recorded)
+    expected = "t" * 40
+    for sent in ("t" * 24, "t" * 40, "u" * 400):
+        with pytest.raises(Forbidden) if sent != expected else contextlib.nullcontext():
+            metrics.check_token(expected, f"Bearer {sent}")
+    assert compared == [(32, 32)] * 3
 
 
 @pytest.mark.parametrize("token", ["short", "x" * 23, " " + "x" * 30, "x" * 15 + " " + "x" * 15])
