@@ -147,8 +147,10 @@ def read_installation(session: Session) -> Installation:
     tables (migration 0016: 10^5 releases and their ledger in tens of ms,
     ``bench/results/metrics_scrape_*.md``); the oldest queued release and the running ones
     whose lease ran out are read through ``ix_releases_status_lease`` (few rows: the live
-    work), as are the stages enqueued and waiting for a worker. Times are the database's
-    clock (:func:`db_now`), as leases'."""
+    work), as are the stages enqueued and waiting for a worker. "Now" is the database's
+    clock (:func:`db_now`), as leases' are; a release's ``created_at`` is the clock of the
+    API host that wrote it, so the oldest queued age is off by their skew (README
+    "Clocks")."""
     started = time.perf_counter()
     now = db_now(session)
     add = adder(session)
