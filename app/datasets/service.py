@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 from pydantic import ValidationError
@@ -57,6 +57,7 @@ from app.ledger.units import delta_units, delta_value, epsilon_units, epsilon_va
 from app.models import Dataset, Grant, Release, Role, User
 from app.models.base import utcnow
 from app.storage import tables
+from app.storage.held import create_held, unheld
 
 log = logging.getLogger("curator.datasets")
 
@@ -97,6 +98,9 @@ class StoredDataset:
     #: the file's fingerprints (:attr:`ReceivedUpload.fingerprints`), the current key's first
     fingerprints: list[str] = field(default_factory=list)
     recorded: bool = False  # set once the transaction that recorded it has committed
+    #: holds the file (:mod:`app.storage.held`) until it is recorded or removed: the
+    #: sweeper does not take it for a leftover, whatever its age
+    held: BinaryIO | None = None
 
     def discard(self) -> None:
         """Remove the stored file of an upload whose dataset was not recorded; a no-op once
@@ -104,9 +108,15 @@ class StoredDataset:
         not leave a recorded dataset without its file)."""
         if not self.recorded:
             self.path.unlink(missing_ok=True)
+        self._release()
 
     def _mark_recorded(self) -> None:
         self.recorded = True
+        self._release()  # its dataset's row, committed, keeps it from the sweeper now
+
+    def _release(self) -> None:
+        if self.held is not None:
+            self.held.close()
 
 
 def store_dataset(
@@ -116,7 +126,10 @@ def store_dataset(
     a transaction: this takes minutes for a large file. Nothing is left behind if it fails.
 
     Until :func:`record_dataset` has committed, the stored file is the caller's: it must
-    :meth:`~StoredDataset.discard` it if the dataset is not recorded.
+    :meth:`~StoredDataset.discard` it if the dataset is not recorded. Until then it is
+    held (:mod:`app.storage.held`) from its creation, before a byte is validated, so that
+    :func:`remove_stray_files` leaves it alone however long this takes and whatever the
+    clocks say.
     """
     if upload.file is None:
         raise InvalidRequest("the 'file' part is missing")
@@ -134,6 +147,8 @@ def store_dataset(
         "file_keys": tables.seal_file_keys(services.data_key, [file_key]),
         "fingerprint": upload.fingerprints[0] if upload.fingerprints else None,
     }
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    held = create_held(destination)
     try:
         with upload.file.open() as reader:
             if isinstance(declaration, GraphDeclaration):
@@ -176,8 +191,11 @@ def store_dataset(
                 )
     except BaseException:
         destination.unlink(missing_ok=True)
+        held.close()
         raise
-    return StoredDataset(dataset, report, destination, declaration, list(upload.fingerprints))
+    return StoredDataset(
+        dataset, report, destination, declaration, list(upload.fingerprints), held=held
+    )
 
 
 def declaration_hash(declaration: Declaration) -> str:
@@ -628,9 +646,9 @@ def delete_data(
 
 
 #: How old an unrecorded dataset file or an upload spool must be before
-#: :func:`remove_stray_files` takes it for a leftover. An upload writes its file while it
-#: is validated and records it right after, and its spool lives as long as the upload, so
-#: a live upload's files are far younger than this.
+#: :func:`remove_stray_files` takes it for a leftover. A live upload holds its files
+#: (:mod:`app.storage.held`), which are never removed, whatever their age; this age guards
+#: them where the filesystem does not honour that lock (a network filesystem).
 STRAY_FILE_AGE = timedelta(hours=24)
 
 
@@ -639,36 +657,46 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     dataset row names, upload spools (encrypted with a key that died with the process) and
     the files of a killed key rotation (:func:`app.storage.tables.rotate`) and the
     temporary copy of a generated data key (:meth:`app.config.Settings.prepare`), each once older
-    than :data:`STRAY_FILE_AGE` by its modification time. A failing upload
+    than :data:`STRAY_FILE_AGE` by its modification time and held by no process
+    (:mod:`app.storage.held`). A failing upload
     cleans up after itself (:func:`store_dataset`, the endpoint); this catches the uploads
-    that could not. The candidates are listed before the dataset rows are read, so a file
-    recorded meanwhile is never among them. The files of datasets whose data were deleted
+    that could not. A live upload holds its spool and its stored file until its dataset's
+    row is committed (or the file removed), so neither goes, however old its modification
+    time looks (a clock stepped forward by days, a validation longer than a day). A stored
+    file is found not held before the dataset rows are read: a file recorded before then is
+    among the rows read, even on SQLite, whose transaction reads the database as it was at
+    its first read; so this must be the transaction's first read. Each file is removed
+    while this holds it. The files of datasets whose data were deleted
     (:func:`delete_data`) go at once. Returns how many files were removed.
 
     Its cost follows the files that exist, not the datasets ever recorded: the rows read
     are those the listed files name (by primary key: a dataset's file is
     ``<dataset id>.parquet``, :func:`store_dataset`; an old file not found so is looked up
     by its name too before it is removed), where every dataset's storage name was read,
-    and every deleted dataset's file looked for on disk, at each pass."""
+    and every deleted dataset's file looked for on disk, at each pass. Each stored file
+    older than :data:`STRAY_FILE_AGE` is opened and its lock tried, at each pass."""
     cutoff = (now or utcnow()).timestamp() - STRAY_FILE_AGE.total_seconds()
 
+    def aged(path: Path) -> bool:
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            return path.stat().st_mtime < cutoff
+        return False
+
     def old(directory: Path, pattern: str) -> list[Path]:
-        return [p for p in directory.glob(pattern) if p.is_file() and p.stat().st_mtime < cutoff]
+        return [p for p in directory.glob(pattern) if p.is_file() and aged(p)]
 
     spools = old(services.settings.tmp_dir, "upload-*.spool")
     # a key rotation killed before its rename (tables.rotate)
     spools += old(services.settings.datasets_dir, "*" + tables.ROTATING_SUFFIX)
     # every stored file, whatever its age: a deleted dataset's goes at once
     files = [p for p in services.settings.datasets_dir.glob("*.parquet") if p.is_file()]
+    # before the first read of a row: an upload releases its file once its row is committed
+    unheld_old = [path for path in files if aged(path) and not _held(path)]
     # the temporary copy of a generated data key, left by a process killed while it
     # published it (Settings.load_key): a key never used, or a second name of data.key
     keys = old(services.settings.data_dir, f".{KEY_FILE_NAME}.*")
     recorded = _recorded_files(session, [p.name for p in files], Dataset.id)
-    unmatched: list[Path] = []
-    for path in files:
-        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
-            if path.name not in recorded and path.stat().st_mtime < cutoff:
-                unmatched.append(path)
+    unmatched = [path for path in unheld_old if path.name not in recorded]
     # a candidate is looked up by its name too before it goes: no row's file is ever
     # removed, even one named otherwise than by its id (none is)
     recorded |= _recorded_files(session, [p.name for p in unmatched], Dataset.storage_name)
@@ -676,16 +704,26 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     # the files of datasets whose data were deleted, whatever their age: a process that
     # died between the deletion's commit and the file's removal left them
     deleted = [path for path in files if recorded.get(path.name)]
+    removed = 0
     for path in spools + stored:
-        path.unlink(missing_ok=True)
-        log.warning("removed a stray upload file %s (no dataset records it)", path.name)
+        with unheld(path) as free:
+            if free:
+                path.unlink(missing_ok=True)
+                log.warning("removed a stray upload file %s (no dataset records it)", path.name)
+                removed += 1
     for path in deleted:
         path.unlink(missing_ok=True)
         log.warning("removed the file %s of a dataset whose data were deleted", path.name)
     for path in keys:
         path.unlink(missing_ok=True)
         log.warning("removed %s, a copy of a generated data key left by a killed start", path.name)
-    return len(spools) + len(stored) + len(deleted) + len(keys)
+    return removed + len(deleted) + len(keys)
+
+
+def _held(path: Path) -> bool:
+    """Whether a live upload holds ``path`` (:mod:`app.storage.held`)."""
+    with unheld(path) as free:
+        return not free
 
 
 #: Names looked up per statement by :func:`_recorded_files` (below every backend's limit

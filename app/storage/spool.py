@@ -6,6 +6,8 @@ reader streams it; the Parquet reader seeks to the footer). Each fixed-size plai
 chunk is sealed with AES-256-GCM under a key that exists only in this process's memory,
 with the chunk index as associated data (chunks cannot be reordered or truncated
 unnoticed). If the process dies, what is left on disk cannot be decrypted by anyone.
+The spool is held (:mod:`app.storage.held`) from its creation until :meth:`remove`, so the
+sweeper never takes a live upload's spool for a leftover.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from app.storage.held import hold
 
 CHUNK_BYTES = 1 << 20
 _NONCE = 12
@@ -35,7 +39,13 @@ class EncryptedSpool:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"upload-{secrets.token_hex(16)}.spool"
         self._aead = AESGCM(AESGCM.generate_key(bit_length=256))
-        self._file = open(self.path, "xb")  # noqa: SIM115 - closed in close()/remove()
+        # open until remove(): it holds the spool's lock
+        self._file = open(self.path, "xb")  # noqa: SIM115 - closed in remove()
+        try:
+            hold(self._file, self.path)
+        except BaseException:
+            self.remove()
+            raise
         self._pending = bytearray()
         self._chunks = 0
         self.size = 0
@@ -60,7 +70,7 @@ class EncryptedSpool:
             if self._pending:
                 self._seal(bytes(self._pending))
                 self._pending.clear()
-            self._file.close()
+            self._file.flush()  # for the reader's own handle; this one holds the lock
             self._closed_for_writing = True
 
     def open(self) -> SpoolReader:

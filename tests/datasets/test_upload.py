@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import uuid
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -898,3 +899,141 @@ def test_stray_upload_files_are_removed_once_old(client: TestClient, curator: Ca
     assert key_now.exists()
     with services.db.transaction(read_only=True) as session:
         assert remove_stray_files(session, services) == 0
+
+
+class _PausedUpload:
+    """An upload run in a thread, paused once its file is validated and stored (held,
+    not yet recorded) until :meth:`finish`; its files' modification times set 10 days
+    back (a clock stepped forward, a validation of days)."""
+
+    def __init__(
+        self, client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import os
+
+        from app.datasets import service
+
+        self.services = _services(client)
+        validated, self._finish = threading.Event(), threading.Event()
+        validate = service.validate_and_store
+
+        def paused_validate(*args: Any, **kwargs: Any) -> Any:
+            stored = validate(*args, **kwargs)  # the stored file written
+            validated.set()
+            self._finish.wait(timeout=60)
+            return stored
+
+        monkeypatch.setattr(service, "validate_and_store", paused_validate)
+        self.codes: list[int] = []
+        self._thread = threading.Thread(
+            target=lambda: self.codes.append(upload(client, curator, csv_bytes()).status_code)
+        )
+        self._thread.start()
+        assert validated.wait(timeout=30)
+        (self.stored,) = self.services.settings.datasets_dir.glob("*.parquet")
+        (self.spool,) = self.services.settings.tmp_dir.glob("upload-*.spool")
+        self.long_ago = (utcnow() - timedelta(days=10)).timestamp()
+        for path in (self.stored, self.spool):
+            os.utime(path, (self.long_ago, self.long_ago))
+
+    def finish(self) -> None:
+        self._finish.set()
+        self._thread.join(timeout=60)
+
+    def recorded(self) -> None:
+        """The upload recorded its dataset, with its file."""
+        assert self.codes == [201]
+        assert not self.spool.exists()  # removed by the upload itself
+        with self.services.db.transaction(read_only=True) as session:
+            (dataset,) = session.scalars(select(Dataset))
+            assert dataset.storage_name == self.stored.name
+        assert self.stored.exists()
+
+
+def test_a_live_uploads_files_are_not_removed_however_old(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload holds its spool and its stored file until its dataset is recorded: a
+    sweep while it validates leaves them, however old they look, and removes an old file
+    no one holds (README "Clocks")."""
+    import os
+
+    from app.datasets.service import remove_stray_files
+
+    live = _PausedUpload(client, curator, monkeypatch)
+    services = live.services
+    try:
+        stray = services.settings.datasets_dir / f"{uuid.uuid4()}.parquet"
+        stray.write_bytes(b"ciphertext")
+        os.utime(stray, (live.long_ago, live.long_ago))
+        with services.db.transaction(read_only=True) as session:
+            assert remove_stray_files(session, services) == 1
+        assert live.stored.exists()
+        assert live.spool.exists()
+        assert not stray.exists()
+    finally:
+        live.finish()
+    live.recorded()
+    with services.db.transaction(read_only=True) as session:
+        assert remove_stray_files(session, services) == 0
+    assert live.stored.exists()
+
+
+def test_a_live_key_rotations_copy_is_not_removed_however_old(
+    client: TestClient, curator: Caller
+) -> None:
+    """A key rotation holds the re-encrypted copy it writes beside a file until its
+    rename: a sweep before the rename leaves it, however old it looks."""
+    import os
+
+    from app.datasets.service import remove_stray_files
+
+    assert upload(client, curator, csv_bytes()).status_code == 201
+    services = _services(client)
+    with services.db.transaction(read_only=True) as session:
+        (dataset,) = session.scalars(select(Dataset))
+    path = services.settings.datasets_dir / dataset.storage_name
+    long_ago = (utcnow() - timedelta(days=10)).timestamp()
+    left: list[bool] = []
+
+    def sweep() -> None:
+        (copy,) = services.settings.datasets_dir.glob("*" + tables.ROTATING_SUFFIX)
+        os.utime(copy, (long_ago, long_ago))
+        with services.db.transaction(read_only=True) as session:
+            assert remove_stray_files(session, services) == 0
+        left.append(copy.exists())
+
+    ring = tables.file_ring(services.data_key, dataset.file_keys)
+    tables.rotate(path, ring, tables.new_file_key(), before_replace=sweep)
+    assert left == [True]
+
+
+def test_an_upload_recorded_during_a_sweep_keeps_its_file(
+    client: TestClient, curator: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload that records its dataset, and lets its file go, after the sweep read the
+    dataset rows keeps its file: the sweep found it held before it read a row (on SQLite,
+    a transaction reads the rows as they were at its first read: a file found unheld after
+    that could be a dataset's recorded since)."""
+    from app.datasets import service
+
+    live = _PausedUpload(client, curator, monkeypatch)
+    recorded_files = service._recorded_files
+    calls = 0
+
+    def then_record(*args: Any) -> Any:
+        nonlocal calls
+        found = recorded_files(*args)
+        calls += 1
+        if calls == 1:  # the sweep has read rows: the upload records its dataset now
+            live.finish()
+            assert live.codes == [201]
+        return found
+
+    monkeypatch.setattr(service, "_recorded_files", then_record)
+    try:
+        with live.services.db.transaction(read_only=True) as session:
+            service.remove_stray_files(session, live.services)
+    finally:
+        live.finish()
+    live.recorded()

@@ -55,6 +55,7 @@ def test_tampering_is_detected(tmp_path: Path) -> None:
     spool.path.write_bytes(bytes(raw))
     with spool.open() as reader, pytest.raises(InvalidTag):
         reader.read()
+    spool.remove()
 
 
 def test_chunks_cannot_be_reordered(tmp_path: Path) -> None:
@@ -65,6 +66,7 @@ def test_chunks_cannot_be_reordered(tmp_path: Path) -> None:
     spool.path.write_bytes(raw[record : 2 * record] + raw[:record])
     with spool.open() as reader, pytest.raises(InvalidTag):
         reader.read()
+    spool.remove()
 
 
 def test_empty_spool(tmp_path: Path) -> None:
