@@ -674,7 +674,9 @@ def remove_stray_files(session: Session, services: Services, now: datetime | Non
     ``<dataset id>.parquet``, :func:`store_dataset`; an old file not found so is looked up
     by its name too before it is removed), where every dataset's storage name was read,
     and every deleted dataset's file looked for on disk, at each pass. Each stored file
-    older than :data:`STRAY_FILE_AGE` is opened and its lock tried, at each pass."""
+    older than :data:`STRAY_FILE_AGE` is opened and its lock tried, at each pass: 10^4 such
+    files take 0.30 s a pass on SQLite, 0.17 s without the lock
+    (``bench/results/sweeper_history_held_*sqlite.md``)."""
     cutoff = (now or utcnow()).timestamp() - STRAY_FILE_AGE.total_seconds()
 
     def aged(path: Path) -> bool:
