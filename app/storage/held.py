@@ -53,7 +53,9 @@ def unheld(path: Path) -> Iterator[bool]:
     without waiting, until the block ends (a file removed meanwhile is held by none);
     False if the file is held, by a live upload."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # for writing, never written: where flock is a byte-range lock (NFS, SMB) an
+        # exclusive one needs it (flock(2)); read-only if this may not write it
+        fd = _open_for_lock(path)
     except FileNotFoundError:
         yield True
         return
@@ -63,6 +65,17 @@ def unheld(path: Path) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
+        except OSError:
+            # no lock on this filesystem (NFS without its lock daemon: ENOLCK; some FUSE
+            # mounts): its age alone guards the file, as the module says
+            pass
         yield True
     finally:
         os.close(fd)
+
+
+def _open_for_lock(path: Path) -> int:
+    try:
+        return os.open(path, os.O_WRONLY)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY)
