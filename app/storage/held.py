@@ -17,18 +17,28 @@ some CIFS and FUSE mounts): there the age rule alone guards a live upload's file
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+#: What ``flock`` says where the filesystem takes no lock (NFS without its lock daemon:
+#: ENOLCK)
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP)
+
 
 def hold(handle: BinaryIO, path: Path) -> None:
     """Lock ``handle``, the file just created at ``path`` (``open(path, "xb")``), for as long
     as it is open. Raises :class:`FileNotFoundError` if the sweeper removed the file in the
     instant between its creation and the lock (it takes the lock to remove it)."""
-    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno not in _NO_LOCKS:
+            raise
+        # no lock on this filesystem: the file's age alone guards it (module doc)
     opened = os.fstat(handle.fileno())
     now = os.stat(path)  # FileNotFoundError if it was removed
     if (opened.st_dev, opened.st_ino) != (now.st_dev, now.st_ino):
@@ -65,10 +75,10 @@ def unheld(path: Path) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
-        except OSError:
-            # no lock on this filesystem (NFS without its lock daemon: ENOLCK; some FUSE
-            # mounts): its age alone guards the file, as the module says
-            pass
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise
+            # no lock on this filesystem: its age alone guards the file (module doc)
         yield True
     finally:
         os.close(fd)

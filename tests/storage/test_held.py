@@ -45,14 +45,14 @@ def test_a_filesystem_without_locks_leaves_the_age_alone_to_guard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the lock cannot be taken at all (NFS without its lock daemon: ENOLCK), a
-    file is taken for unheld (the age alone guards it, README "Clocks"): the sweep goes
-    on rather than failing every pass."""
+    file is created (an upload goes on rather than failing) and taken for unheld (the
+    age alone guards it, README "Clocks"): the sweep goes on rather than failing every
+    pass."""
     path = tmp_path / "upload-x.spool"
-    path.write_bytes(b"ciphertext")
 
     def no_locks(fd: int, operation: int) -> None:
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
-    with unheld(path) as free:
+    with create_held(path), unheld(path) as free:
         assert free
