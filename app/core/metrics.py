@@ -72,6 +72,7 @@ from starlette.routing import compile_path
 from app.core.db import Database, db_now
 from app.core.errors import Forbidden, Unauthorized
 from app.core.threads import ThreadLimit
+from app.ledger.service import spent_and_reserved
 from app.ledger.units import DELTA_SCALE, EPSILON_SCALE
 from app.models import Dataset, LedgerEntry, Release
 from app.models.release import ACTIVE_STATUSES, RELEASE_STATUSES
@@ -189,14 +190,14 @@ def read_installation(session: Session) -> Installation:
         kind: (float(eps or 0), float(dlt or 0))
         for kind, eps, dlt in session.execute(ledger_by_kind(add))
     }
-    # as app.ledger.service.balances, summed over every dataset
-    reserve, commit, refund = (sums.get(k, (0.0, 0.0)) for k in ("reserve", "commit", "refund"))
+    # a dataset's balance, summed over every dataset
+    spent, reserved = spent_and_reserved(sums, 0.0)
     for index, (values, scale, total) in enumerate(
         ((out.epsilon, EPSILON_SCALE, eps_total), (out.delta, DELTA_SCALE, delta_total))
     ):
         values["total"] = float(total or 0) / scale
-        values["spent"] = commit[index] / scale
-        values["reserved"] = (reserve[index] - commit[index] - refund[index]) / scale
+        values["spent"] = spent[index] / scale
+        values["reserved"] = reserved[index] / scale
     out.read_seconds = time.perf_counter() - started
     return out
 

@@ -18,8 +18,9 @@ commit, a dataset's entries get their ids in commit order. Lock order: a release
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -91,10 +92,25 @@ def balance(session: Session, dataset: Dataset) -> Balance:
     return balances(session, [dataset])[dataset.id]
 
 
+#: A ledger sum: exact integer units, or a float where the database sums in floats.
+Units = TypeVar("Units", int, float)
+
+
+def spent_and_reserved(
+    sums: Mapping[str, tuple[Units, Units]], zero: Units
+) -> tuple[tuple[Units, Units], tuple[Units, Units]]:
+    """``(spent, reserved)``, each ``(epsilon, delta)``, from a ledger's sums by kind
+    (``reserve``, ``commit``, ``refund``): ``spent = sum commit``, ``reserved = sum reserve
+    - sum commit - sum refund``. A dataset's balance (:func:`balances`) and the
+    installation's (:mod:`app.core.metrics`) both read it so."""
+    reserve, commit, refund = (sums.get(k, (zero, zero)) for k in ("reserve", "commit", "refund"))
+    reserved = (reserve[0] - commit[0] - refund[0], reserve[1] - commit[1] - refund[1])
+    return commit, reserved
+
+
 def balances(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID, Balance]:
     """:func:`balance` of each dataset, by id, from one grouped query (a page of datasets
-    took one query each). ``spent = sum commit``, ``reserved = sum reserve - sum commit -
-    sum refund``, each over the dataset's own entries."""
+    took one query each): :func:`spent_and_reserved` of the dataset's own entries."""
     sums: dict[uuid.UUID, dict[str, tuple[int, int]]] = {d.id: {} for d in datasets}
     if sums:
         rows = session.execute(
@@ -111,15 +127,14 @@ def balances(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID, B
             sums[dataset_id][kind] = (int(eps or 0), int(dlt or 0))
     out = {}
     for dataset in datasets:
-        of = sums[dataset.id]
-        reserve, commit, refund = (of.get(k, (0, 0)) for k in ("reserve", "commit", "refund"))
+        spent, reserved = spent_and_reserved(sums[dataset.id], 0)
         out[dataset.id] = Balance(
             epsilon_total=dataset.epsilon_total,
             delta_total=dataset.delta_total,
-            epsilon_spent=commit[0],
-            delta_spent=commit[1],
-            epsilon_reserved=reserve[0] - commit[0] - refund[0],
-            delta_reserved=reserve[1] - commit[1] - refund[1],
+            epsilon_spent=spent[0],
+            delta_spent=spent[1],
+            epsilon_reserved=reserved[0],
+            delta_reserved=reserved[1],
         )
     return out
 
