@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -23,6 +23,7 @@ from app import __version__
 from app.answers.endpoints import router as answers_router
 from app.answers.service import answer_slots
 from app.config import Settings, load_settings
+from app.core.asgi import ASGIApp, Headers, Message, Receive, ResponseHeaders, Scope, Send
 from app.core.deps import key_authenticates, request_connections
 from app.core.disk import space_is_low
 from app.core.errors import (
@@ -66,12 +67,6 @@ GZIP_MINIMUM_BYTES = 4096
 GZIP_LEVEL = 1
 #: Already compressed artifacts (Parquet, NumPy archives) are served as stored.
 GZIP_EXCLUDED = ("application/vnd.apache.parquet", "application/octet-stream")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class WithheldMultipartDetail(logging.Filter):
@@ -227,33 +222,6 @@ SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"),)
 #: What the API's own responses (``/v1``) carry unless they set it: a new API key, rows of
 #: synthetic data and budgets are not for a shared or browser cache to keep.
 API_CACHE_CONTROL = (b"cache-control", b"no-store")
-
-
-Headers = list[tuple[bytes, bytes]]
-
-
-class ResponseHeaders:
-    """ASGI middleware that rewrites the headers of each HTTP response
-    (:meth:`rewrite`, given the request's scope) as it starts; the body passes as it is."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    def rewrite(self, scope: Scope, headers: Headers) -> Headers:
-        raise NotImplementedError
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def rewritten(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = self.rewrite(scope, list(message.get("headers", [])))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, rewritten)
 
 
 class SecurityHeaders(ResponseHeaders):

@@ -19,12 +19,16 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Literal
 
+from app.core.asgi import Headers, Receive, ResponseHeaders, Scope, Send
+
 REQUEST_ID_HEADER = b"x-request-id"
+#: Where :class:`RequestIds` keeps the request's id in its scope, for its response.
+SCOPE_KEY = "curator.request_id"
 #: A client's ``X-Request-ID`` that is used as it is; any other is replaced.
 WELL_FORMED_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
@@ -56,21 +60,11 @@ def release_context(release_id: uuid.UUID, stage: str) -> Iterator[None]:
         release_stage.reset(token)
 
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class RequestIds:
+class RequestIds(ResponseHeaders):
     """ASGI middleware: each HTTP request runs with its id in :data:`request_id`, and its
     response carries it in ``X-Request-ID`` (replacing one the application set). Added
     outside ``app.core.errors.ErrorBarrier``, so the generic 500 and its log line have it
     too, and so does uvicorn's access line (logged as the response starts)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,19 +73,16 @@ class RequestIds:
         headers = scope.get("headers", [])
         sent = next((v for k, v in headers if k.lower() == REQUEST_ID_HEADER), None)
         identifier = accepted_request_id(sent)
-        header = (REQUEST_ID_HEADER, identifier.encode("ascii"))
-
-        async def stamped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != header[0]]
-                message = {**message, "headers": [*headers, header]}
-            await send(message)
-
+        scope[SCOPE_KEY] = identifier
         token = request_id.set(identifier)
         try:
-            await self.app(scope, receive, stamped)
+            await super().__call__(scope, receive, send)
         finally:
             request_id.reset(token)
+
+    def rewrite(self, scope: Scope, headers: Headers) -> Headers:
+        kept = [(k, v) for k, v in headers if k.lower() != REQUEST_ID_HEADER]
+        return [*kept, (REQUEST_ID_HEADER, str(scope[SCOPE_KEY]).encode("ascii"))]
 
 
 class LogContext(logging.Filter):

@@ -69,6 +69,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import compile_path
 
+from app.core.asgi import Scope
 from app.core.db import Database, db_now
 from app.core.errors import Forbidden, Unauthorized
 from app.core.threads import ThreadLimit
@@ -408,9 +409,6 @@ class ProcessMetrics:
             self._gate.set(gate)
         async with gate:
             return await run_in_threadpool(self.exposition)
-
-
-Scope = dict[str, Any]
 
 
 def route_templates(app: Any) -> list[tuple[re.Pattern[str], str]]:
